@@ -1,0 +1,71 @@
+"""Scaled dot-product attention (Eq. 1) and multi-head attention (§3.2.2).
+
+Notation: B batch, h heads, T query length, S key length, d_k / d_v head sizes.
+Masks are boolean, broadcastable to (B, h, T, S), True where a query may attend.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
+    dropout_p: float = 0.0, need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Eq. 1: softmax(Q Kᵀ / √d_k) V.
+
+    q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v) -> (B, h, T, d_v), weights (B, h, T, S).
+    The fast path is `F.scaled_dot_product_attention`; ``need_weights`` takes the explicit path
+    and also returns the attention weights.
+    """
+    if not need_weights:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None
+        )
+        return out, None
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, T, S)
+    if causal:
+        T, S = q.size(-2), k.size(-2)
+        future = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+        mask = future if mask is None else mask & future
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    out = F.dropout(weights, dropout_p) @ v if dropout_p > 0 else weights @ v
+    return out, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """§3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(QW^Q_i, KW^K_i, VW^V_i)."""
+
+    def __init__(self, d_model: int, h: int, d_k: int, d_v: int, dropout: float = 0.0):
+        super().__init__()
+        self.h, self.d_k, self.d_v, self.dropout = h, d_k, d_v, dropout
+        self.w_q = nn.Linear(d_model, h * d_k)
+        self.w_k = nn.Linear(d_model, h * d_k)
+        self.w_v = nn.Linear(d_model, h * d_v)
+        self.w_o = nn.Linear(h * d_v, d_model)
+
+    def _split(self, x: Tensor, d: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.h, d).transpose(1, 2)  # (B, h, T, d)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of a memory x (B, S, d_model) -> (B, h, S, d_k), (B, h, S, d_v)."""
+        return self._split(self.w_k(x), self.d_k), self._split(self.w_v(x), self.d_v)
+
+    def forward(
+        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Queries from x (B, T, d_model) over projected k, v -> (B, T, d_model), weights."""
+        q = self._split(self.w_q(x), self.d_k)  # (B, h, T, d_k)
+        p = self.dropout if self.training else 0.0
+        out, weights = attention(q, k, v, mask, causal, p, need_weights)  # (B, h, T, d_v)
+        B, _, T, _ = out.shape
+        return self.w_o(out.transpose(1, 2).reshape(B, T, self.h * self.d_v)), weights

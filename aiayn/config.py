@@ -1,0 +1,277 @@
+"""Plain dataclass configs, one per stage, with the paper's presets (Table 3) and YAML in/out.
+
+Every default is the paper's choice (base model, §3 and §5). Presets are plain data: a dict of
+dotted overrides applied on top of the defaults, so ``big`` reads exactly as Table 3 describes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value or override is invalid; the message names the field."""
+
+
+@dataclass
+class ModelConfig:
+    """§3: the encoder-decoder Transformer; defaults are the base model of Table 3."""
+
+    vocab_size: int = 37000  # §5.1 shared BPE vocabulary (set by `aiayn prepare`)
+    d_model: int = 512
+    d_ff: int = 2048  # §3.3
+    h: int = 8  # §3.2.2
+    d_k: int | None = None  # None -> d_model / h
+    d_v: int | None = None  # None -> d_model / h
+    N: int = 6  # layers in each stack (§3.1)
+    N_dec: int | None = None  # None -> N
+    p_drop: float = 0.1  # §5.4 residual dropout
+    attn_drop: float = 0.0  # dropout on attention weights (not in the paper)
+    pre_norm: bool = False  # §3.1 uses post-norm LayerNorm(x + Sublayer(x))
+    learned_positions: bool = False  # Table 3 row (E)
+    share_embeddings: bool = True  # §3.4 one matrix for both embeddings and the softmax
+    max_positions: int = 1024
+    pad_id: int = 0
+
+    @property
+    def head_dim_k(self) -> int:
+        return self.d_k if self.d_k is not None else self.d_model // self.h
+
+    @property
+    def head_dim_v(self) -> int:
+        return self.d_v if self.d_v is not None else self.d_model // self.h
+
+    @property
+    def n_dec(self) -> int:
+        return self.N_dec if self.N_dec is not None else self.N
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "d_model", "d_ff", "h", "N", "max_positions"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.d_k is None and self.d_model % self.h:
+            raise ConfigError(
+                f"model.d_model ({self.d_model}) must be divisible by model.h ({self.h}) "
+                "unless model.d_k and model.d_v are set"
+            )
+        if self.d_model % 2:
+            raise ConfigError(f"model.d_model must be even for sinusoidal positions, got {self.d_model}")
+        for name in ("p_drop", "attn_drop"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass
+class DataConfig:
+    """§5.1: a joint subword vocabulary and length-bucketed token-count batches."""
+
+    vocab_size: int = 37000
+    max_len: int = 256  # subwords per side; longer training pairs are dropped and counted
+    max_tokens: int = 4096  # padded tokens per batch (per side)
+    strict: bool = False  # fail on an empty line instead of dropping the pair
+
+
+@dataclass
+class TrainConfig:
+    """§5.2-5.4: Adam with the Eq. 3 warm-up schedule, label smoothing, checkpoints."""
+
+    seed: int = 1
+    max_steps: int = 100_000  # base: 100k updates (§5.2)
+    max_epochs: int = 0  # 0 = no limit
+    max_minutes: float = 0.0  # 0 = no limit; wall-clock budget of the training loop
+    update_freq: int = 1  # gradient accumulation: batches per update
+    lr_scale: float = 1.0  # factor on Eq. 3
+    warmup_steps: int = 4000  # Eq. 3
+    adam_betas: tuple[float, float] = (0.9, 0.98)  # §5.3
+    adam_eps: float = 1e-9
+    label_smoothing: float = 0.1  # §5.4
+    clip_norm: float = 0.0  # 0 = no clipping (the paper does not clip)
+    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    compile: bool = False  # torch.compile the model
+    threads: int = 0  # CPU threads; 0 = all cores
+    log_every: int = 50
+    valid_every: int = 1000  # steps; 0 = only at the end
+    valid_bleu_sentences: int = 500  # greedy BLEU on the first K validation pairs; 0 = off
+    save_every: int = 0  # steps; 0 = off
+    save_every_minutes: float = 10.0  # §6.1: checkpoints every 10 minutes
+    keep_last: int = 5
+
+    def validate(self) -> None:
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"train.precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        if self.update_freq < 1:
+            raise ConfigError(f"train.update_freq must be >= 1, got {self.update_freq}")
+        if self.warmup_steps < 1:
+            raise ConfigError(f"train.warmup_steps must be >= 1, got {self.warmup_steps}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.lr_scale <= 0:
+            raise ConfigError(f"train.lr_scale must be positive, got {self.lr_scale}")
+        if self.keep_last < 1:
+            raise ConfigError(f"train.keep_last must be >= 1, got {self.keep_last}")
+
+
+@dataclass
+class DecodeConfig:
+    """§6.1: beam 4, length penalty alpha 0.6, max output length = input length + 50."""
+
+    beam: int = 4
+    alpha: float = 0.6
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    nbest: int = 1
+    max_tokens: int = 4096  # source tokens per translation batch
+
+    def validate(self) -> None:
+        if self.beam < 1:
+            raise ConfigError(f"decode.beam must be >= 1, got {self.beam}")
+        if not 1 <= self.nbest <= self.beam:
+            raise ConfigError(f"decode.nbest must be in [1, beam={self.beam}], got {self.nbest}")
+        if self.alpha < 0:
+            raise ConfigError(f"decode.alpha must be >= 0, got {self.alpha}")
+
+
+@dataclass
+class Config:
+    """Everything a run needs, one dataclass per stage."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def validate(self) -> Config:
+        self.model.validate()
+        self.train.validate()
+        self.decode.validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save_yaml(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+# Presets: dotted overrides of the defaults (the base model). Table 3 rows are named after the
+# row and the value changed; `multi30k` is a small model sized for a 2-core CPU and 30 minutes.
+_BIG = {"model.d_model": 1024, "model.d_ff": 4096, "model.h": 16, "model.p_drop": 0.3,
+        "train.max_steps": 300_000}
+PRESETS: dict[str, dict[str, Any]] = {
+    "base": {},
+    "big": _BIG,
+    "table3-A-h1": {"model.h": 1, "model.d_k": 512, "model.d_v": 512},
+    "table3-A-h4": {"model.h": 4, "model.d_k": 128, "model.d_v": 128},
+    "table3-A-h16": {"model.h": 16, "model.d_k": 32, "model.d_v": 32},
+    "table3-A-h32": {"model.h": 32, "model.d_k": 16, "model.d_v": 16},
+    "table3-B-dk16": {"model.d_k": 16, "model.d_v": 64},
+    "table3-B-dk32": {"model.d_k": 32, "model.d_v": 64},
+    "table3-C-N2": {"model.N": 2},
+    "table3-C-N4": {"model.N": 4},
+    "table3-C-N8": {"model.N": 8},
+    "table3-C-dmodel256": {"model.d_model": 256, "model.d_k": 32, "model.d_v": 32},
+    "table3-C-dmodel1024": {"model.d_model": 1024, "model.d_k": 128, "model.d_v": 128},
+    "table3-C-dff1024": {"model.d_ff": 1024},
+    "table3-C-dff4096": {"model.d_ff": 4096},
+    "table3-D-pdrop0.0": {"model.p_drop": 0.0},
+    "table3-D-pdrop0.2": {"model.p_drop": 0.2},
+    "table3-D-ls0.0": {"train.label_smoothing": 0.0},
+    "table3-D-ls0.2": {"train.label_smoothing": 0.2},
+    "table3-E": {"model.learned_positions": True},
+    "multi30k": {
+        "model.d_model": 256, "model.d_ff": 1024, "model.h": 4, "model.N": 3,
+        "model.p_drop": 0.3,
+        "data.vocab_size": 8000, "data.max_len": 128, "data.max_tokens": 4096,
+        "train.precision": "bf16", "train.max_minutes": 30.0, "train.max_steps": 1_000_000,
+        "train.warmup_steps": 1000, "train.lr_scale": 1.0,
+        "train.valid_every": 500, "train.valid_bleu_sentences": 200,
+        "train.save_every_minutes": 1.5, "train.keep_last": 5, "train.log_every": 25,
+    },
+}
+
+# The paper's parameter counts (Table 3, millions), for `aiayn params`.
+PAPER_PARAMS_M: dict[str, float] = {
+    "base": 65, "big": 213, "table3-B-dk16": 58, "table3-B-dk32": 60, "table3-C-N2": 36,
+    "table3-C-N4": 50, "table3-C-N8": 80, "table3-C-dmodel256": 28, "table3-C-dmodel1024": 168,
+    "table3-C-dff1024": 53, "table3-C-dff4096": 90,
+}
+
+
+def _coerce(value: Any, current: Any, key: str) -> Any:
+    """Parse a command-line string into the type of the field it overrides."""
+    if not isinstance(value, str):
+        return value
+    if isinstance(current, bool):
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    parsed = yaml.safe_load(value)
+    if current is None or isinstance(parsed, type(current)):
+        return parsed
+    if isinstance(current, float) and isinstance(parsed, int):
+        return float(parsed)
+    if isinstance(current, tuple) and isinstance(parsed, list):
+        return tuple(parsed)
+    raise ConfigError(f"{key}: expected {type(current).__name__}, got {value!r}")
+
+
+def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
+    """Set dotted keys (``train.lr_scale``) on a config; unknown keys are an error."""
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        sub = getattr(cfg, section, None)
+        if sub is None or not dataclasses.is_dataclass(sub) or not name:
+            raise ConfigError(f"unknown config section in {key!r} (use model./data./train./decode.)")
+        if name not in {f.name for f in dataclasses.fields(sub)}:
+            raise ConfigError(f"unknown config key {key!r}")
+        current = getattr(sub, name)
+        value = _coerce(value, current, key)
+        if isinstance(current, tuple) and isinstance(value, list):
+            value = tuple(value)
+        setattr(sub, name, value)
+    return cfg
+
+
+def preset(name: str) -> Config:
+    """A fresh Config for a named preset (see PRESETS)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose from: {', '.join(PRESETS)}")
+    return apply_overrides(Config(), PRESETS[name])
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def from_dict(d: dict[str, Any], base: Config | None = None) -> Config:
+    """Build a Config from a nested dict (as written by `to_dict` / YAML)."""
+    return apply_overrides(base or Config(), _flatten(d))
+
+
+def load_yaml(path: str | Path, base: Config | None = None) -> Config:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        return from_dict(data, base)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

@@ -1,0 +1,267 @@
+"""The Transformer (§3, Figure 1): embeddings, positions, encoder and decoder stacks.
+
+Notation: B batch, S source length, T target length, d = d_model, V vocabulary, h heads.
+Token tensors are right-padded with ``pad_id``. Attention weights are returned as values
+(``need_weights=True``), never stored on modules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import MultiHeadAttention
+from .config import ModelConfig
+
+
+def sinusoidal_positions(n: int, d: int) -> Tensor:
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
+    pos = torch.arange(n, dtype=torch.float64).unsqueeze(1)  # (n, 1)
+    div = torch.pow(10000.0, torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    pe = torch.zeros(n, d, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos / div)
+    pe[:, 1::2] = torch.cos(pos / div)
+    return pe.float()
+
+
+class FeedForward(nn.Module):
+    """§3.3, Eq. 2: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w_1 = nn.Linear(d_model, d_ff)
+        self.w_2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_2(F.relu(self.w_1(x)))
+
+
+class Residual(nn.Module):
+    """§3.1, §5.4: LayerNorm(x + Dropout(Sublayer(x))); pre-norm: x + Dropout(Sublayer(LayerNorm(x)))."""
+
+    def __init__(self, d_model: int, p_drop: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(p_drop)
+        self.pre_norm = pre_norm
+
+    def inp(self, x: Tensor) -> Tensor:
+        """What the sub-layer sees."""
+        return self.norm(x) if self.pre_norm else x
+
+    def out(self, x: Tensor, y: Tensor) -> Tensor:
+        """Combine the residual x with the sub-layer output y."""
+        x = x + self.dropout(y)
+        return x if self.pre_norm else self.norm(x)
+
+
+class EncoderLayer(nn.Module):
+    """§3.1: multi-head self-attention, then the position-wise feed-forward network."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.self_attn = MultiHeadAttention(d, cfg.h, cfg.head_dim_k, cfg.head_dim_v, cfg.attn_drop)
+        self.ffn = FeedForward(d, cfg.d_ff)
+        self.res_attn = Residual(d, cfg.p_drop, cfg.pre_norm)
+        self.res_ffn = Residual(d, cfg.p_drop, cfg.pre_norm)
+
+    def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        y = self.res_attn.inp(x)
+        k, v = self.self_attn.project_kv(y)
+        a, w = self.self_attn(y, k, v, mask=mask, need_weights=need_weights)
+        x = self.res_attn.out(x, a)
+        x = self.res_ffn.out(x, self.ffn(self.res_ffn.inp(x)))
+        return x, w
+
+
+@dataclass
+class LayerCache:
+    """Incremental-decoding state of one decoder layer (§3.2.3): self-attention keys/values so
+    far, and the encoder-decoder keys/values computed once from the encoder output."""
+
+    cross_k: Tensor  # (B, h, S, d_k)
+    cross_v: Tensor  # (B, h, S, d_v)
+    self_k: Tensor | None = None  # (B, h, t, d_k)
+    self_v: Tensor | None = None  # (B, h, t, d_v)
+
+
+@dataclass
+class DecoderCache:
+    """State for one-token-at-a-time decoding: per-layer caches, the source mask, the step."""
+
+    layers: list[LayerCache]
+    src_mask: Tensor  # (B, 1, 1, S)
+    step: int = 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (e.g. surviving beams): every cached tensor is indexed along dim 0."""
+        for c in self.layers:
+            c.cross_k, c.cross_v = c.cross_k.index_select(0, index), c.cross_v.index_select(0, index)
+            if c.self_k is not None:
+                c.self_k, c.self_v = c.self_k.index_select(0, index), c.self_v.index_select(0, index)
+        self.src_mask = self.src_mask.index_select(0, index)
+
+
+class DecoderLayer(nn.Module):
+    """§3.1: masked self-attention, encoder-decoder attention, feed-forward network."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, dk, dv = cfg.d_model, cfg.head_dim_k, cfg.head_dim_v
+        self.self_attn = MultiHeadAttention(d, cfg.h, dk, dv, cfg.attn_drop)
+        self.cross_attn = MultiHeadAttention(d, cfg.h, dk, dv, cfg.attn_drop)
+        self.ffn = FeedForward(d, cfg.d_ff)
+        self.res_self = Residual(d, cfg.p_drop, cfg.pre_norm)
+        self.res_cross = Residual(d, cfg.p_drop, cfg.pre_norm)
+        self.res_ffn = Residual(d, cfg.p_drop, cfg.pre_norm)
+
+    def forward(
+        self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor,
+        cache: LayerCache | None = None, need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        # Masked self-attention. Full sequence: causal mask alone suffices because targets are
+        # right-padded, so a real query never sees a padded key. Incremental: the new token
+        # may see every cached position.
+        y = self.res_self.inp(x)
+        k, v = self.self_attn.project_kv(y)
+        if cache is not None:
+            if cache.self_k is not None:
+                k, v = torch.cat([cache.self_k, k], 2), torch.cat([cache.self_v, v], 2)
+            cache.self_k, cache.self_v = k, v
+        a, w_self = self.self_attn(y, k, v, causal=cache is None, need_weights=need_weights)
+        x = self.res_self.out(x, a)
+        # Encoder-decoder attention: queries from the decoder, keys/values from the encoder.
+        a, w_cross = self.cross_attn(self.res_cross.inp(x), cross_k, cross_v, mask=src_mask,
+                                     need_weights=need_weights)
+        x = self.res_cross.out(x, a)
+        x = self.res_ffn.out(x, self.ffn(self.res_ffn.inp(x)))
+        return x, w_self, w_cross
+
+
+@dataclass
+class AttentionMaps:
+    """Attention weights of every layer, each (B, h, query, key) — Figures 3-5."""
+
+    encoder_self: list[Tensor]
+    decoder_self: list[Tensor]
+    cross: list[Tensor]
+
+
+class Transformer(nn.Module):
+    """§3, Figure 1: the encoder-decoder Transformer with shared embeddings (§3.4).
+
+    Initialization (common practice for this model, as in fairseq and tensor2tensor):
+    Xavier-uniform for every projection matrix, zero biases, embeddings N(0, d_model^-0.5).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        d, V = cfg.d_model, cfg.vocab_size
+        self.src_embed = nn.Embedding(V, d, padding_idx=cfg.pad_id)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(V, d, padding_idx=cfg.pad_id)
+        self.out_proj = nn.Linear(d, V, bias=False)
+        if cfg.share_embeddings:
+            self.out_proj.weight = self.src_embed.weight  # §3.4: one matrix, three uses
+        if cfg.learned_positions:  # Table 3 row (E)
+            self.src_pos = nn.Parameter(torch.empty(cfg.max_positions, d))
+            self.tgt_pos = nn.Parameter(torch.empty(cfg.max_positions, d))
+        else:
+            self.register_buffer("pe", sinusoidal_positions(cfg.max_positions, d), persistent=False)
+        self.emb_dropout = nn.Dropout(cfg.p_drop)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.N))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec))
+        self.enc_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
+        self.dec_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for name, p in self.named_parameters():
+            if "embed" in name or name.endswith("_pos"):
+                nn.init.normal_(p, 0.0, self.cfg.d_model ** -0.5)
+            elif p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+            elif "norm" not in name:
+                nn.init.zeros_(p)
+        if not self.cfg.share_embeddings:
+            nn.init.normal_(self.out_proj.weight, 0.0, self.cfg.d_model ** -0.5)
+        with torch.no_grad():  # the padding row starts at zero (fairseq practice)
+            self.src_embed.weight[self.cfg.pad_id].zero_()
+            self.tgt_embed.weight[self.cfg.pad_id].zero_()
+
+    # -- embeddings ------------------------------------------------------------------------
+    def _embed(self, tokens: Tensor, embed: nn.Embedding, side: str, offset: int = 0) -> Tensor:
+        """§3.4-3.5: Dropout(Embedding(x)·√d_model + PE) for positions offset..offset+T."""
+        T = tokens.size(1)
+        if offset + T > self.cfg.max_positions:
+            raise ValueError(
+                f"sequence of {offset + T} tokens exceeds model.max_positions={self.cfg.max_positions}"
+            )
+        pos = (self.src_pos if side == "src" else self.tgt_pos) if self.cfg.learned_positions else self.pe
+        x = embed(tokens) * math.sqrt(self.cfg.d_model) + pos[offset:offset + T]
+        return self.emb_dropout(x)
+
+    # -- encoder ---------------------------------------------------------------------------
+    def source_mask(self, src: Tensor) -> Tensor:
+        return (src != self.cfg.pad_id)[:, None, None, :]  # (B, 1, 1, S)
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """src (B, S) -> memory (B, S, d), src_mask (B, 1, 1, S), per-layer self-attention weights."""
+        mask = self.source_mask(src)
+        x = self._embed(src, self.src_embed, "src")
+        weights = []
+        for layer in self.encoder:
+            x, w = layer(x, mask, need_weights)
+            weights.append(w)
+        return self.enc_norm(x), mask, weights
+
+    # -- decoder ---------------------------------------------------------------------------
+    def _decode(
+        self, tgt: Tensor, cross: list[tuple[Tensor, Tensor]], src_mask: Tensor,
+        caches: list[LayerCache] | None, offset: int, need_weights: bool,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        x = self._embed(tgt, self.tgt_embed, "tgt", offset)
+        w_self, w_cross = [], []
+        for i, layer in enumerate(self.decoder):
+            k, v = cross[i]
+            x, ws, wc = layer(x, k, v, src_mask, caches[i] if caches else None, need_weights)
+            w_self.append(ws)
+            w_cross.append(wc)
+        x = self.dec_norm(x)
+        return self.out_proj(x), w_self, w_cross  # logits (B, T, V)
+
+    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Encoder-decoder keys and values of every decoder layer, computed once per source."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.decoder]
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits: src (B, S), tgt_in (B, T) -> (B, T, V)."""
+        memory, mask, _ = self.encode(src)
+        logits, _, _ = self._decode(tgt_in, self.cross_kv(memory), mask, None, 0, False)
+        return logits
+
+    def attention_maps(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionMaps]:
+        """Logits and every attention map, through the explicit attention path."""
+        memory, mask, w_enc = self.encode(src, need_weights=True)
+        logits, w_self, w_cross = self._decode(tgt_in, self.cross_kv(memory), mask, None, 0, True)
+        return logits, AttentionMaps(w_enc, w_self, w_cross)
+
+    # -- incremental decoding ----------------------------------------------------------------
+    def start_decoding(self, src: Tensor) -> DecoderCache:
+        """Encode src once and prepare per-layer caches for `decode_step`."""
+        memory, mask, _ = self.encode(src)
+        layers = [LayerCache(k, v) for k, v in self.cross_kv(memory)]
+        return DecoderCache(layers, mask)
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """Feed the next token of each row, tokens (B,) -> next-token logits (B, V)."""
+        cross = [(c.cross_k, c.cross_v) for c in cache.layers]
+        logits, _, _ = self._decode(tokens[:, None], cross, cache.src_mask, cache.layers, cache.step, False)
+        cache.step += 1
+        return logits[:, -1]

@@ -1,0 +1,46 @@
+import pytest
+
+from aiayn.config import PRESETS, Config, ConfigError, apply_overrides, load_yaml, preset
+
+
+def test_yaml_round_trip(tmp_path):
+    cfg = preset("big")
+    cfg.train.adam_betas = (0.9, 0.997)
+    cfg.save_yaml(tmp_path / "c.yaml")
+    back = load_yaml(tmp_path / "c.yaml")
+    assert back == cfg
+
+
+def test_presets_follow_table3():
+    assert preset("base").model.d_model == 512 and preset("base").model.head_dim_k == 64
+    big = preset("big").model
+    assert (big.d_model, big.d_ff, big.h, big.p_drop) == (1024, 4096, 16, 0.3)
+    a1 = preset("table3-A-h1").model
+    assert a1.h * a1.head_dim_k == 512 and a1.head_dim_v == 512
+    assert preset("table3-C-N2").model.N == 2 and preset("table3-C-N2").model.n_dec == 2
+    assert preset("table3-D-ls0.2").train.label_smoothing == 0.2
+    for name in PRESETS:
+        preset(name).validate()
+
+
+def test_overrides_are_typed_and_checked():
+    cfg = apply_overrides(Config(), {"train.lr_scale": "2", "model.pre_norm": "true", "model.d_k": "32"})
+    assert cfg.train.lr_scale == 2.0 and cfg.model.pre_norm is True and cfg.model.d_k == 32
+    with pytest.raises(ConfigError, match="train.nope"):
+        apply_overrides(Config(), {"train.nope": "1"})
+    with pytest.raises(ConfigError, match="model.N"):
+        apply_overrides(Config(), {"model.N": "many"})
+    with pytest.raises(ConfigError, match="precision"):
+        apply_overrides(Config(), {"train.precision": "fp8"}).validate()
+    with pytest.raises(ConfigError, match="divisible"):
+        apply_overrides(Config(), {"model.h": "7"}).validate()
+
+
+def test_bad_yaml_names_the_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("model: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml"):
+        load_yaml(p)
+    p.write_text("model:\n  d_modle: 3\n")
+    with pytest.raises(ConfigError, match="d_modle"):
+        load_yaml(p)

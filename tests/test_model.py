@@ -1,0 +1,157 @@
+"""§3 model invariants: positions, causality, padding, incremental decoding, tying, counts."""
+
+import math
+
+import pytest
+import torch
+
+from aiayn.cli import count_parameters, main
+from aiayn.config import ModelConfig, preset
+from aiayn.loss import label_smoothed_loss
+from aiayn.model import Transformer, sinusoidal_positions
+
+
+def tiny(**kw) -> Transformer:
+    cfg = ModelConfig(vocab_size=13, d_model=16, d_ff=32, h=4, N=2, p_drop=0.0, max_positions=64)
+    for k, v in kw.items():
+        setattr(cfg, k, v)
+    torch.manual_seed(0)
+    return Transformer(cfg).eval()
+
+
+@pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (50, 10), (999, 255), (123, 100)])
+def test_positional_encoding_formula(pos, i):
+    d = 512
+    pe = sinusoidal_positions(1000, d)
+    angle = pos / 10000 ** (2 * i / d)
+    assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+    assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_decoder_is_causal(pre_norm):
+    m = tiny(pre_norm=pre_norm)
+    src = torch.randint(4, 13, (2, 6))
+    tgt = torch.randint(4, 13, (2, 7))
+    out = m(src, tgt)
+    for t in range(7):
+        changed = tgt.clone()
+        changed[:, t] = (changed[:, t] - 4 + 1) % 9 + 4
+        out2 = m(src, changed)
+        torch.testing.assert_close(out2[:, :t], out[:, :t], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(out2[:, t:], out[:, t:], atol=1e-4)
+
+
+def test_padding_does_not_change_outputs():
+    m = tiny()
+    src = torch.randint(4, 13, (1, 5))
+    tgt = torch.randint(4, 13, (1, 4))
+    alone = m(src, tgt)
+    # Batch it with a longer pair so both sides get right-padding.
+    src_b = torch.full((2, 9), 0)
+    tgt_b = torch.full((2, 8), 0)
+    src_b[0, :5], tgt_b[0, :4] = src[0], tgt[0]
+    src_b[1], tgt_b[1] = torch.randint(4, 13, (9,)), torch.randint(4, 13, (8,))
+    batched = m(src_b, tgt_b)
+    torch.testing.assert_close(batched[0, :4], alone[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_incremental_decoding_equals_full_forward(pre_norm):
+    m = tiny(pre_norm=pre_norm)
+    src = torch.randint(4, 13, (3, 6))
+    src[1, 4:] = 0  # padding in one source
+    tgt = torch.randint(4, 13, (3, 8))
+    full = m(src, tgt)
+    cache = m.start_decoding(src)
+    steps = torch.stack([m.decode_step(tgt[:, t], cache) for t in range(8)], 1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+def test_cache_reorder_selects_rows():
+    m = tiny()
+    src = torch.randint(4, 13, (3, 5))
+    tgt = torch.randint(4, 13, (3, 6))
+    cache = m.start_decoding(src)
+    for t in range(3):
+        m.decode_step(tgt[:, t], cache)
+    index = torch.tensor([2, 0, 0, 1])
+    cache.reorder(index)
+    rest = torch.stack([m.decode_step(tgt[index, t], cache) for t in range(3, 6)], 1)
+    full = m(src[index], tgt[index])
+    torch.testing.assert_close(rest, full[:, 3:], atol=1e-5, rtol=1e-5)
+
+
+def closed_form_params(V, d, d_ff, h, d_k, d_v, N):
+    """Parameter count from the paper's dimensions: shared V×d embedding (§3.4), per layer
+    attention projections with biases, FFN (Eq. 2), and LayerNorm gains/biases."""
+    attn = 2 * (d * h * d_k + h * d_k) + (d * h * d_v + h * d_v) + (h * d_v * d + d)
+    ffn = d * d_ff + d_ff + d_ff * d + d
+    enc_layer = attn + ffn + 2 * 2 * d
+    dec_layer = 2 * attn + ffn + 3 * 2 * d
+    return V * d + N * enc_layer + N * dec_layer
+
+
+def test_parameter_counts_match_closed_form():
+    assert count_parameters("base", 37000) == closed_form_params(37000, 512, 2048, 8, 64, 64, 6)
+    assert count_parameters("big", 37000) == closed_form_params(37000, 1024, 4096, 16, 64, 64, 6)
+    assert count_parameters("table3-B-dk16", 37000) == closed_form_params(37000, 512, 2048, 8, 16, 64, 6)
+
+
+def test_params_command_reports_paper_counts(capsys):
+    assert main(["params", "--preset", "base", "--vocab-size", "37000"]) == 0
+    base = int(capsys.readouterr().out.strip().splitlines()[-1])
+    assert abs(base / 65e6 - 1) < 0.04
+    assert main(["params", "--preset", "big"]) == 0
+    big = int(capsys.readouterr().out.strip().splitlines()[-1])
+    assert abs(big / 213e6 - 1) < 0.01
+    assert main(["params"]) == 0
+    table = capsys.readouterr().out
+    assert "table3-C-N2" in table and "table3-E" in table
+
+
+def test_weight_tying_is_one_tensor_with_three_gradient_paths():
+    m = tiny()
+    assert m.src_embed.weight is m.tgt_embed.weight is m.out_proj.weight
+    src, tgt = torch.tensor([[5, 6]]), torch.tensor([[7]])
+    # Each use alone contributes gradient to the shared tensor on its own rows.
+    logits = m(src, tgt)
+    logits[0, 0, 9].backward()
+    g = m.src_embed.weight.grad
+    assert g[5].abs().sum() > 0 and g[6].abs().sum() > 0  # source embedding
+    assert g[7].abs().sum() > 0  # target embedding
+    assert g[9].abs().sum() > 0  # pre-softmax projection
+    assert g[11].abs().sum() == 0  # unused row
+    untied = tiny(share_embeddings=False)
+    assert untied.src_embed.weight is not untied.tgt_embed.weight
+    assert untied.out_proj.weight is not untied.src_embed.weight
+
+
+def test_embeddings_are_scaled_by_sqrt_d_model():
+    m = tiny()
+    tokens = torch.tensor([[5, 6, 7]])
+    x = m._embed(tokens, m.src_embed, "src")
+    expected = m.src_embed.weight[tokens] * 4.0 + m.pe[:3]
+    torch.testing.assert_close(x, expected)
+
+
+def test_learned_positions_option():
+    m = tiny(learned_positions=True)
+    assert m.src_pos.requires_grad and not hasattr(m, "pe")
+    assert preset("table3-E").model.learned_positions and not preset("base").model.learned_positions
+
+
+def test_tiny_model_overfits_a_few_pairs():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=20, d_model=32, d_ff=64, h=4, N=1, p_drop=0.0, max_positions=32)
+    m = Transformer(cfg)
+    src = torch.randint(4, 20, (4, 6))
+    tgt = torch.cat([torch.full((4, 1), 2), torch.randint(4, 20, (4, 5)), torch.full((4, 1), 3)], 1)
+    opt = torch.optim.Adam(m.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss, _, n = label_smoothed_loss(m(src, tgt[:, :-1]), tgt[:, 1:], 0.0, 0)
+        opt.zero_grad()
+        (loss / n).backward()
+        opt.step()
+    assert (loss / n).item() < 0.05
+    assert torch.equal(m.eval()(src, tgt[:, :-1]).argmax(-1), tgt[:, 1:])
