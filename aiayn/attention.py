@@ -15,15 +15,19 @@ from torch import Tensor, nn
 
 def attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
-    dropout_p: float = 0.0, need_weights: bool = False,
+    dropout_p: float = 0.0, need_weights: bool = False, use_sdpa: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Eq. 1: softmax(Q Kᵀ / √d_k) V.
 
     q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v) -> (B, h, T, d_v), weights (B, h, T, S).
-    The fast path is `F.scaled_dot_product_attention`; ``need_weights`` takes the explicit path
-    and also returns the attention weights.
+    The fast path is `F.scaled_dot_product_attention` (flash / memory-efficient kernels on GPU);
+    ``need_weights`` takes the explicit path and also returns the weights. On the CPU the explicit
+    path is the fast one for sentence-length inputs: fwd+bwd of (130, 4, 30, 64) in bf16 took
+    6 ms against 22 ms for SDPA's CPU flash kernel (bench/attention_cpu.py).
     """
-    if not need_weights:
+    if use_sdpa is None:
+        use_sdpa = q.device.type != "cpu"
+    if use_sdpa and not need_weights:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None
         )
@@ -37,7 +41,7 @@ def attention(
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     out = F.dropout(weights, dropout_p) @ v if dropout_p > 0 else weights @ v
-    return out, weights
+    return out, (weights if need_weights else None)
 
 
 class MultiHeadAttention(nn.Module):

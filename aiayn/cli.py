@@ -1,14 +1,22 @@
-"""`aiayn` command line: prepare, train, translate, score, average, params."""
+"""`aiayn` command line: prepare, train, average, translate, score, params."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
+import time
+import unicodedata
+from pathlib import Path
 
 import torch
 
+from .checkpoint import CheckpointError
 from .config import PAPER_PARAMS_M, PRESETS, Config, ConfigError, apply_overrides, load_yaml, preset
+from .data import DataError
+from .tokenizer import TokenizerError
 
 log = logging.getLogger("aiayn")
 
@@ -81,6 +89,156 @@ def cmd_params(args: argparse.Namespace, extra: list[str]) -> None:
         print(f"{name:<22}{n:>14,}{n / 1e6:>9.1f}{paper if paper else '':>9}{diff:>8}")
 
 
+def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
+    """Validate parallel text, learn the joint BPE vocabulary (§5.1), cache every split."""
+    from .data import CORPORA, fetch_corpus, find_file, prepare
+
+    cfg = build_config(args, extra)
+    data_dir = args.data_dir
+    names = {"train": args.train, "valid": args.valid}
+    tests = args.test
+    if args.corpus:
+        spec = CORPORA[args.corpus]
+        if data_dir is None and os.environ.get(spec["env"]):
+            data_dir = Path(os.environ[spec["env"]])
+        if data_dir is None:
+            cache = Path(os.environ.get("AIAYN_CACHE", Path.home() / ".cache" / "aiayn"))
+            data_dir = fetch_corpus(args.corpus, args.src, args.tgt, cache)
+        names = {"train": args.train or spec["train"], "valid": args.valid or spec["valid"]}
+        tests = tests or list(spec["test"])
+    names = {"train": names["train"] or "train", "valid": names["valid"] or "valid"}
+    tests = tests or []
+    splits: dict[str, tuple[Path, Path]] = {}
+
+    def resolve(value: str) -> tuple[Path, Path]:
+        if "," in value:  # explicit files: SRC_FILE,TGT_FILE
+            s, t = value.split(",", 1)
+            for f in (s, t):
+                if not Path(f).is_file():
+                    raise UserError(f"file not found: {f}")
+            return Path(s), Path(t)
+        prefix = Path(value) if data_dir is None else Path(data_dir) / value
+        return find_file(prefix, args.src), find_file(prefix, args.tgt)
+
+    for key, value in names.items():
+        splits[key] = resolve(value)
+    for value in tests:
+        try:
+            pair = resolve(value)
+        except DataError as e:
+            if args.corpus:  # e.g. Multi30k's test_2017 has no Czech side
+                log.warning("skipping test set %s: %s", value, e)
+                continue
+            raise
+        splits[Path(value.split(",")[0]).name.split(".")[0]] = pair
+    manifest = prepare(splits, Path(args.out), args.src, args.tgt, cfg.data.vocab_size, cfg.data.max_len,
+                       cfg.data.strict or args.strict, cfg.train.seed)
+    print(json.dumps(manifest["splits"], indent=1))
+
+
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
+    """Train (§5), or continue a run with --resume RUN_DIR."""
+    from .train import train
+
+    if args.resume:
+        train(None, Path(args.data) if args.data else None, Path(args.resume), resume=True, device=args.device,
+              overrides=_parse_overrides(extra))
+        return
+    if not args.data or not args.run:
+        raise UserError("train needs --data PREPARED_DIR and --run RUN_DIR (or --resume RUN_DIR)")
+    if (Path(args.run) / "checkpoints").exists() and any((Path(args.run) / "checkpoints").iterdir()):
+        raise UserError(f"{args.run} already has checkpoints; use --resume {args.run} or another --run")
+    train(build_config(args, extra), Path(args.data), Path(args.run), device=args.device)
+
+
+def cmd_average(args: argparse.Namespace, extra: list[str]) -> None:
+    """§6.1: average the last N checkpoints of a run into one model file."""
+    from .checkpoint import list_checkpoints, write_averaged
+
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    paths = list_checkpoints(Path(args.run_dir))
+    if not paths:
+        raise UserError(f"{args.run_dir}: no checkpoints found (expected checkpoints/step-*.safetensors)")
+    if len(paths) < args.last:
+        log.warning("only %d checkpoints in %s; averaging them all", len(paths), args.run_dir)
+    chosen = paths[-args.last:]
+    write_averaged(chosen, Path(args.output))
+    print(f"averaged {len(chosen)} checkpoints ({chosen[0].name} .. {chosen[-1].name}) -> {args.output}")
+
+
+def _read_input(path: str | None) -> list[str]:
+    if path in (None, "-"):
+        data = sys.stdin.buffer.read()
+        name = "<stdin>"
+    else:
+        p = Path(path)
+        if not p.exists() or p.is_dir():
+            raise UserError(f"input file not found: {path}")
+        data, name = p.read_bytes(), path
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise UserError(f"{name}:{line}: invalid UTF-8") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [unicodedata.normalize("NFC", x.rstrip("\r")) for x in lines]
+
+
+def _score_lines(hyps: list[str], refs: list[str], hyp_name: str, ref_name: str) -> str:
+    from .score import score
+
+    if len(hyps) != len(refs):
+        raise UserError(f"{hyp_name} has {len(hyps)} lines but {ref_name} has {len(refs)}")
+    return score(hyps, refs)
+
+
+def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
+    """§6.1: beam search (beam 4, alpha 0.6, max length input + 50) over raw text."""
+    from .translate import Translator
+
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
+                                   "nbest": args.nbest, "max_tokens": args.max_tokens}.items() if v is not None}
+    translator = Translator.load(args.checkpoint, device=args.device, precision=args.precision, **overrides)
+    lines = _read_input(args.input)
+    refs = _read_input(args.ref) if args.ref else None
+    start = time.perf_counter()
+    ids = translator.encode_sources(lines)
+    hyps = translator.translate_ids(ids, progress=args.input not in (None, "-") and sys.stderr.isatty())
+    seconds = time.perf_counter() - start
+    nbest = translator.decode_cfg.nbest
+    out_lines = []
+    for h in hyps:
+        texts = translator.tokenizer.decode([x.tokens for x in h]) if h else []
+        if nbest == 1:
+            out_lines.append(texts[0] if texts else "")
+        else:
+            out_lines.extend(f"{t}\t{x.score:.4f}" for t, x in zip(texts, h))
+            out_lines.extend("\t" for _ in range(nbest - len(h)))
+    out_text = "".join(x + "\n" for x in out_lines)
+    if args.output:
+        Path(args.output).write_text(out_text)
+    else:
+        sys.stdout.write(out_text)
+    n_tok = sum(len(h[0].tokens) + 1 for h in hyps if h)
+    log.info("translated %d lines in %.1fs: %.1f sentences/s, %.0f target tokens/s", len(lines), seconds,
+             len(lines) / seconds, n_tok / seconds)
+    if refs is not None:
+        best = out_lines if nbest == 1 else [h for h in out_lines[::nbest]]
+        print(_score_lines([x.split("\t")[0] for x in best], refs, "translation", args.ref), file=sys.stderr)
+
+
+def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
+    """sacreBLEU BLEU and chrF of detokenized hypotheses against references."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    print(_score_lines(_read_input(args.hyp), _read_input(args.ref), args.hyp, args.ref))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of Attention Is All You Need.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -91,12 +249,61 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab-size", type=int, default=37000)
     p.set_defaults(func=cmd_params)
 
+    p = sub.add_parser("prepare", help="validate parallel text, learn joint BPE, cache subwords")
+    p.add_argument("--data-dir", help="folder with {split}.{lang}[.gz] files")
+    p.add_argument("--corpus", choices=["multi30k"], help="a public corpus (downloaded unless --data-dir "
+                   "or its environment variable, AIAYN_MULTI30K, points to a local copy)")
+    p.add_argument("--src", required=True, help="source language suffix, e.g. en")
+    p.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
+    p.add_argument("--train", help="train split name/prefix, or SRC_FILE,TGT_FILE")
+    p.add_argument("--valid", help="validation split name/prefix, or SRC_FILE,TGT_FILE")
+    p.add_argument("--test", action="append", help="test split (repeatable)")
+    p.add_argument("--out", required=True, help="output folder for the prepared data")
+    p.add_argument("--strict", action="store_true", help="fail on an empty line instead of dropping the pair")
+    p.add_argument("--preset", choices=list(PRESETS))
+    p.add_argument("--config", help="YAML config")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("train", help="train a model (config overrides: --train.lr_scale 2 ...)")
+    p.add_argument("--data", help="prepared data folder (from `aiayn prepare`)")
+    p.add_argument("--run", help="run folder for config, logs, metrics and checkpoints")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--preset", choices=list(PRESETS))
+    p.add_argument("--config", help="YAML config")
+    p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("average", help="average the last checkpoints of a run (§6.1)")
+    p.add_argument("run_dir")
+    p.add_argument("--last", type=int, default=5)
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=cmd_average)
+
+    p = sub.add_parser("translate", help="translate raw text with beam search (§6.1)")
+    p.add_argument("--checkpoint", required=True, help="a .safetensors model from train or average")
+    p.add_argument("--input", help="input file (default: standard input)")
+    p.add_argument("--output", help="output file (default: standard output)")
+    p.add_argument("--ref", help="reference file: print sacreBLEU BLEU and chrF to stderr")
+    p.add_argument("--beam", type=int, help="beam size (default 4; 1 = greedy)")
+    p.add_argument("--alpha", type=float, help="length penalty alpha (default 0.6)")
+    p.add_argument("--max-len-b", type=int, help="max output length = input length + B (default 50)")
+    p.add_argument("--nbest", type=int, help="hypotheses per line, written as TEXT<TAB>SCORE")
+    p.add_argument("--max-tokens", type=int, help="source tokens per batch")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("score", help="sacreBLEU BLEU and chrF")
+    p.add_argument("--hyp", required=True)
+    p.add_argument("--ref", required=True)
+    p.set_defaults(func=cmd_score)
+
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     try:
         args.func(args, extra)
-    except (UserError, ConfigError) as e:
+    except (UserError, ConfigError, DataError, CheckpointError, TokenizerError) as e:
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -28,6 +28,26 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
     return pe.float()
 
 
+class Dropout(nn.Module):
+    """§5.4 dropout: zero each element with probability p, scale the rest by 1/(1-p).
+
+    Same as `nn.Dropout`, but the mask comes from `torch.rand`, which on this CPU is about 3x
+    faster than the `bernoulli_` behind `F.dropout`; on GPU it defers to `F.dropout`.
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, True)
+        keep = torch.rand(x.shape, device=x.device) >= self.p
+        return x * keep * (1.0 / (1.0 - self.p))
+
+
 class FeedForward(nn.Module):
     """§3.3, Eq. 2: FFN(x) = max(0, x W1 + b1) W2 + b2."""
 
@@ -46,7 +66,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, p_drop: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(p_drop)
+        self.dropout = Dropout(p_drop)
         self.pre_norm = pre_norm
 
     def inp(self, x: Tensor) -> Tensor:
@@ -174,7 +194,7 @@ class Transformer(nn.Module):
             self.tgt_pos = nn.Parameter(torch.empty(cfg.max_positions, d))
         else:
             self.register_buffer("pe", sinusoidal_positions(cfg.max_positions, d), persistent=False)
-        self.emb_dropout = nn.Dropout(cfg.p_drop)
+        self.emb_dropout = Dropout(cfg.p_drop)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.N))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec))
         self.enc_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()

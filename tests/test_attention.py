@@ -23,7 +23,9 @@ def test_attention_matches_formula_with_padding_mask():
     lengths = torch.tensor([7, 4])
     mask = (torch.arange(7)[None, :] < lengths[:, None])[:, None, None, :]
     ref, ref_w = reference_attention(q, k, v, mask)
-    fast, none = attention(q, k, v, mask)
+    fast, none = attention(q, k, v, mask, use_sdpa=True)
+    cpu_default, _ = attention(q, k, v, mask)
+    torch.testing.assert_close(cpu_default, ref, atol=1e-5, rtol=1e-5)
     slow, w = attention(q, k, v, mask, need_weights=True)
     assert none is None
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
@@ -37,7 +39,7 @@ def test_causal_paths_agree_and_match_formula():
     q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()
     ref, ref_w = reference_attention(q, k, v, causal)
-    fast, _ = attention(q, k, v, causal=True)
+    fast, _ = attention(q, k, v, causal=True, use_sdpa=True)
     slow, w = attention(q, k, v, causal=True, need_weights=True)
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(slow, ref, atol=1e-5, rtol=1e-5)

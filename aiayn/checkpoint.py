@@ -1,0 +1,162 @@
+"""Checkpoints that carry everything needed to rebuild, written atomically; averaging (§6.1).
+
+A checkpoint is `NAME.safetensors` (weights; the config, vocabulary and step in its metadata,
+so `translate` needs nothing else) plus, for training, `NAME.state.pt` (optimizer, RNG and data
+position, loaded with `weights_only=True`). Neither load executes pickled code.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from .config import Config, from_dict
+from .model import Transformer
+from .tokenizer import Tokenizer
+
+
+class CheckpointError(ValueError):
+    """A missing, corrupt or incompatible checkpoint; the message names the file."""
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, fsync, rename over `path`, fsync the folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters (tied weights once, under their first name) and persistent buffers."""
+    model = getattr(model, "module", model)  # unwrap DDP
+    model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
+    tensors = {k: v.detach().float().cpu().contiguous() for k, v in model.named_parameters()}
+    return tensors
+
+
+def save_weights(path: Path, tensors: dict[str, torch.Tensor], cfg: Config, tokenizer: Tokenizer,
+                 step: int, extra: dict[str, Any] | None = None) -> None:
+    meta = {
+        "format": "aiayn-1",
+        "config": json.dumps(cfg.to_dict()),
+        "spm_model": base64.b64encode(tokenizer.proto).decode("ascii"),
+        "step": str(step),
+        "extra": json.dumps(extra or {}),
+    }
+    atomic_write(path, st_save(tensors, metadata=meta))
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write(path, buf.getvalue())
+
+
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    data = path.read_bytes()
+    try:
+        tensors = st_load(data)
+        header_len = int.from_bytes(data[:8], "little")
+        meta = json.loads(data[8:8 + header_len]).get("__metadata__") or {}
+    except (SafetensorError, ValueError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors checkpoint ({e})") from None
+    if meta.get("format") != "aiayn-1":
+        raise CheckpointError(f"{path}: not an aiayn checkpoint (no aiayn metadata)")
+    return tensors, meta
+
+
+def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[Transformer, Config, Tokenizer, int]:
+    """Rebuild the model, config and tokenizer from one `.safetensors` file."""
+    tensors, meta = read_weights(path)
+    try:
+        cfg = from_dict(json.loads(meta["config"]))
+        tokenizer = Tokenizer(base64.b64decode(meta["spm_model"]))
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{path}: damaged metadata ({e})") from None
+    model = Transformer(cfg.model)
+    load_into(model, tensors, path)
+    return model.to(device).eval(), cfg, tokenizer, int(meta.get("step", 0))
+
+
+def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor], path: Path | str) -> None:
+    model = getattr(model, "module", model)
+    model = getattr(model, "_orig_mod", model)
+    params = dict(model.named_parameters())
+    missing, unexpected = set(params) - set(tensors), set(tensors) - set(params)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the model (missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]})"
+        )
+    with torch.no_grad():
+        for name, p in params.items():
+            if p.shape != tensors[name].shape:
+                raise CheckpointError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, "
+                                      f"model expects {tuple(p.shape)}")
+            p.copy_(tensors[name])
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    if not Path(path).is_file():
+        raise CheckpointError(f"training state not found: {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for corrupt files
+        raise CheckpointError(f"{path}: corrupt training state ({type(e).__name__}: {e})") from None
+
+
+def average_checkpoints(paths: list[Path]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """§6.1: the element-wise mean of the parameters of several checkpoints of one run."""
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    meta: dict[str, str] = {}
+    for path in paths:
+        tensors, meta_i = read_weights(path)
+        if total and (set(tensors) != set(total) or any(tensors[k].shape != total[k].shape for k in total)):
+            raise CheckpointError(f"{path}: parameters differ from {paths[0]}; cannot average")
+        for k, v in tensors.items():
+            total[k] = total[k] + v.double() if k in total else v.double()
+        meta = meta_i  # config/vocabulary of the last checkpoint
+    return {k: (v / len(paths)).float() for k, v in total.items()}, meta
+
+
+def write_averaged(paths: list[Path], out: Path) -> None:
+    tensors, meta = average_checkpoints(paths)
+    extra = json.loads(meta.get("extra", "{}"))
+    extra["averaged"] = [str(p) for p in paths]
+    meta = {**meta, "extra": json.dumps(extra)}
+    atomic_write(out, st_save(tensors, metadata=meta))
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Step checkpoints of a run, oldest first."""
+    return sorted((Path(run_dir) / "checkpoints").glob("step-*.safetensors"))

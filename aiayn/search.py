@@ -1,0 +1,147 @@
+"""Greedy and beam search with a key/value cache (§6.1).
+
+The model only needs two methods: ``start_decoding(src) -> cache`` (with ``cache.reorder(index)``)
+and ``decode_step(tokens, cache) -> logits (B, V)``; a scripted decoder in the tests has them too.
+Scores are sums of log-probabilities; beam search ranks finished hypotheses by
+score / lp(|Y|), |Y| counting the end-of-sentence token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .tokenizer import BOS, EOS, PAD
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # output ids, without BOS/EOS
+    score: float  # length-normalized log-probability (beam) or raw log-probability (greedy)
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT length penalty (Wu et al., 2016), used in §6.1: lp(Y) = ((5 + |Y|) / 6)^α."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_lengths(src: Tensor, a: float, b: int, limit: int) -> Tensor:
+    """§6.1: maximum output length = a · input length + b (input without EOS/padding), capped."""
+    n_src = ((src != PAD) & (src != EOS)).sum(1)
+    return (a * n_src + b).long().clamp(1, limit)
+
+
+def _next_lprobs(model, tokens: Tensor, cache) -> Tensor:
+    lprobs = torch.log_softmax(model.decode_step(tokens, cache).float(), dim=-1)
+    lprobs[:, PAD] = float("-inf")
+    lprobs[:, BOS] = float("-inf")
+    return lprobs
+
+
+@torch.no_grad()
+def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
+                  limit: int = 1023) -> list[Hypothesis]:
+    """Pick the most probable next token until EOS or the maximum length."""
+    B = src.size(0)
+    max_len = max_lengths(src, max_len_a, max_len_b, limit)
+    cache = model.start_decoding(src)
+    tokens = torch.full((B,), BOS, dtype=torch.long, device=src.device)
+    out = torch.full((B, int(max_len.max()) + 1), PAD, dtype=torch.long, device=src.device)
+    scores = torch.zeros(B, device=src.device)
+    done = torch.zeros(B, dtype=torch.bool, device=src.device)
+    for t in range(int(max_len.max()) + 1):
+        lprobs = _next_lprobs(model, tokens, cache)
+        force_eos = t >= max_len
+        lprobs[force_eos] = float("-inf")
+        lprobs[force_eos, EOS] = 0.0
+        best, tokens = lprobs.max(-1)
+        scores += torch.where(done, 0.0, best)
+        out[:, t] = torch.where(done, PAD, tokens)
+        done |= tokens == EOS
+        if done.all():
+            break
+    return [Hypothesis([i for i in row if i not in (PAD, EOS)], s)
+            for row, s in zip(out.tolist(), scores.tolist())]
+
+
+@torch.no_grad()
+def beam_search(model, src: Tensor, beam: int = 4, alpha: float = 0.6, max_len_a: float = 1.0,
+                max_len_b: int = 50, nbest: int = 1, limit: int = 1023) -> list[list[Hypothesis]]:
+    """Batched beam search (§6.1) over src (B, S); returns the `nbest` best hypotheses per row.
+
+    Each step expands every live beam, keeps the 2·beam best candidates, sets aside those that
+    end in EOS among the top `beam`, and continues with the best `beam` that do not. A sentence
+    stops when it has `nbest` finished hypotheses and no live one can still beat them: a live
+    score can only fall, so its best possible final value is score / lp(max length) (the
+    early-stopping rule of tensor2tensor, which the paper used). Sentences that stop leave the
+    batch, so their rows cost nothing afterwards.
+    """
+    B, k, dev = src.size(0), beam, src.device
+    max_len = max_lengths(src, max_len_a, max_len_b, limit)  # (B,)
+    cache = model.start_decoding(src)
+    cache.reorder(torch.arange(B, device=dev).repeat_interleave(k))
+    active = torch.arange(B, device=dev)  # sentence id of each active group of k rows
+    scores = torch.full((B, k), float("-inf"), device=dev)
+    scores[:, 0] = 0.0  # one live beam at the start
+    hist = torch.full((B * k, 0), BOS, dtype=torch.long, device=dev)
+    tokens = torch.full((B * k,), BOS, dtype=torch.long, device=dev)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    max_len_l = max_len.tolist()
+    # Largest length penalty a hypothesis can still get: |Y| = max length + EOS.
+    bound_lp = [float(length_penalty(m + 1, alpha)) for m in max_len_l]
+    t = 0
+    while active.numel():
+        n = active.numel()
+        lprobs = _next_lprobs(model, tokens, cache)  # (n*k, V)
+        V = lprobs.size(-1)
+        force = (t >= max_len[active]).repeat_interleave(k)
+        lprobs[force] = float("-inf")
+        lprobs[force, EOS] = 0.0
+        cand = (scores.unsqueeze(-1) + lprobs.view(n, k, V)).view(n, k * V)
+        top_scores, top_idx = cand.topk(min(2 * k, k * V), dim=1)  # (n, 2k)
+        top_beam, top_tok = top_idx // V, top_idx % V
+        is_eos = (top_tok == EOS) & torch.isfinite(top_scores)
+        # Finished hypotheses: EOS among the first k candidates.
+        eos_rank = is_eos.clone()
+        eos_rank[:, k:] = False
+        if eos_rank.any():
+            lp = float(length_penalty(t + 1, alpha))
+            for g, c in eos_rank.nonzero().tolist():
+                row = g * k + int(top_beam[g, c])
+                finished[int(active[g])].append((float(top_scores[g, c]) / lp, hist[row].tolist()))
+        # Live beams: the k best candidates that are not EOS.
+        rank = torch.arange(top_scores.size(1), device=dev).expand_as(top_scores)
+        live = (rank + is_eos.long() * 10_000).topk(k, dim=1, largest=False).indices  # (n, k)
+        new_scores = top_scores.gather(1, live)
+        new_tok = top_tok.gather(1, live)
+        src_rows = (torch.arange(n, device=dev).unsqueeze(1) * k + top_beam.gather(1, live)).view(-1)
+        # Which sentences are done?
+        keep = []
+        live_best, ids = new_scores[:, 0].tolist(), active.tolist()
+        for g, sid in enumerate(ids):
+            fin = finished[sid]
+            if t >= max_len_l[sid]:  # EOS was forced: every live beam has finished
+                continue
+            if len(fin) >= nbest:
+                fin.sort(key=lambda x: -x[0])
+                del fin[max(k, nbest):]
+                if live_best[g] / bound_lp[sid] <= fin[nbest - 1][0]:
+                    continue  # no live hypothesis can beat the finished ones
+            keep.append(g)
+        t += 1
+        if len(keep) < n:
+            keep_t = torch.tensor(keep, dtype=torch.long, device=dev)
+            src_rows = src_rows.view(n, k)[keep_t].view(-1)
+            new_scores, new_tok, active = new_scores[keep_t], new_tok[keep_t], active[keep_t]
+        if not active.numel():
+            break
+        hist = torch.cat([hist[src_rows], new_tok.view(-1, 1)], 1)
+        cache.reorder(src_rows)
+        scores, tokens = new_scores, new_tok.view(-1)
+    results = []
+    for fin in finished:
+        fin.sort(key=lambda x: -x[0])
+        results.append([Hypothesis(toks, s) for s, toks in fin[:nbest]])
+    return results

@@ -1,0 +1,101 @@
+"""Raw text in, translations out: batching by tokens, search, detokenization (§6.1)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .config import DecodeConfig
+from .model import Transformer
+from .search import Hypothesis, beam_search, greedy_search
+from .tokenizer import EOS, PAD, Tokenizer
+
+log = logging.getLogger("aiayn")
+
+
+class Translator:
+    """A trained model, its vocabulary and decoding settings, ready to translate sentences.
+
+    >>> t = Translator.load("model.safetensors")
+    >>> t.translate(["A man is riding a bike."])
+    """
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig | None = None,
+                 device: str | torch.device = "cpu", precision: str = "fp32"):
+        self.model = model.eval().to(device)
+        self.tokenizer = tokenizer
+        self.decode_cfg = decode or DecodeConfig()
+        self.device = torch.device(device)
+        self.precision = precision
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu", precision: str = "fp32",
+             **decode_overrides) -> Translator:
+        from .checkpoint import load_checkpoint
+
+        model, cfg, tokenizer, _ = load_checkpoint(Path(path), device)
+        for k, v in decode_overrides.items():
+            setattr(cfg.decode, k, v)
+        cfg.decode.validate()
+        return cls(model, tokenizer, cfg.decode, device, precision)
+
+    def encode_sources(self, lines: list[str]) -> list[list[int]]:
+        """Subword ids + EOS; sources longer than the model allows are truncated with a warning."""
+        limit = self.model.cfg.max_positions - 1
+        ids = self.tokenizer.encode([line.strip() for line in lines])
+        out = []
+        for n, x in enumerate(ids, 1):
+            if len(x) > limit:
+                log.warning("input line %d has %d subwords; truncated to the model's maximum %d", n, len(x), limit)
+                x = x[:limit]
+            out.append(x + [EOS] if x else [])
+        return out
+
+    def _batches(self, ids: list[list[int]], max_tokens: int) -> Iterable[list[int]]:
+        order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: len(ids[i]))
+        batch: list[int] = []
+        for i in order:
+            if batch and (len(batch) + 1) * len(ids[i]) > max_tokens:
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
+
+    @torch.no_grad()
+    def translate_ids(self, ids: list[list[int]], beam: int | None = None, alpha: float | None = None,
+                      nbest: int | None = None, progress: bool = False) -> list[list[Hypothesis]]:
+        """Search for every source (ids with EOS); empty sources give no hypotheses."""
+        d = self.decode_cfg
+        beam, alpha, nbest = beam or d.beam, d.alpha if alpha is None else alpha, nbest or d.nbest
+        results: list[list[Hypothesis]] = [[] for _ in ids]
+        limit = self.model.cfg.max_positions - 1
+        ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self.precision == "bf16"
+               else torch.autocast(self.device.type, enabled=False))
+        bar = tqdm(total=sum(1 for x in ids if x), unit="sent", disable=not progress, leave=False)
+        for batch in self._batches(ids, d.max_tokens):
+            S = max(len(ids[i]) for i in batch)
+            src = torch.full((len(batch), S), PAD, dtype=torch.long)
+            for b, i in enumerate(batch):
+                src[b, :len(ids[i])] = torch.tensor(ids[i])
+            src = src.to(self.device)
+            with ctx:
+                if beam == 1:
+                    hyps = [[h] for h in greedy_search(self.model, src, d.max_len_a, d.max_len_b, limit)]
+                else:
+                    hyps = beam_search(self.model, src, beam, alpha, d.max_len_a, d.max_len_b, nbest, limit)
+            for i, h in zip(batch, hyps):
+                results[i] = h
+            bar.update(len(batch))
+        bar.close()
+        return results
+
+    def translate(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
+                  progress: bool = False) -> list[str]:
+        """Translate raw sentences; one output line per input line (empty in, empty out)."""
+        hyps = self.translate_ids(self.encode_sources(lines), beam, alpha, 1, progress)
+        return self.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
