@@ -220,6 +220,8 @@ def train(cfg: Config, data_dir: Path | None, run_dir: Path, resume: bool = Fals
         handler = logging.FileHandler(run.path / "train.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
+        if log.getEffectiveLevel() > logging.INFO:
+            log.setLevel(logging.INFO)
 
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
@@ -339,6 +341,7 @@ def train(cfg: Config, data_dir: Path | None, run_dir: Path, resume: bool = Fals
                 better = False
                 if env.is_main and t_cfg.valid_every and state["step"] % t_cfg.valid_every == 0:
                     better = run_validation()
+                    window_tokens, window_start = 0, time.perf_counter()  # keep tok/s honest
                 now = time.perf_counter()
                 if env.is_main and ((t_cfg.save_every and state["step"] % t_cfg.save_every == 0) or better or (
                         t_cfg.save_every_minutes and now - last_save_time >= t_cfg.save_every_minutes * 60)):
@@ -348,16 +351,25 @@ def train(cfg: Config, data_dir: Path | None, run_dir: Path, resume: bool = Fals
                 state["epoch"] += 1
                 state["cursor"] = 0
                 log.info("epoch %d done at step %d", state["epoch"], state["step"])
+        bar.close()
+        if env.is_main:
+            validated = t_cfg.valid_every and state["step"] % t_cfg.valid_every == 0
+            better = False if validated else run_validation()
+            if better or not (run.ckpt_dir / f"step-{state['step']:08d}.safetensors").exists():
+                save(tag_best=better)
+        log.info("finished at step %d, epoch %d, %.1f minutes", state["step"], state["epoch"],
+                 state["elapsed"] / 60)
     except KeyboardInterrupt:
         log.warning("interrupted at step %d; writing a checkpoint", state["step"])
         save()
         raise
     finally:
         bar.close()
-    better = run_validation() if env.is_main else False
-    save(tag_best=better)
-    if tb:
-        tb.close()
+        if tb:
+            tb.close()
+        if env.is_main:
+            log.removeHandler(handler)
+            handler.close()
     if env.world > 1:
         dist.barrier()
     return state

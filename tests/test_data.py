@@ -1,0 +1,158 @@
+"""Data preparation: validation with file:line messages, joint BPE, cache, batches."""
+
+import gzip
+import json
+import unicodedata
+
+import numpy as np
+import pytest
+
+from aiayn.cli import main
+from aiayn.data import DataError, TokenData, collate, make_batches, prepare, read_lines, read_parallel
+from aiayn.tokenizer import BOS, EOS, PAD, Tokenizer
+
+SENTS_EN = [f"the {a} dog runs to the {b} house number {i}" for i, (a, b) in
+            enumerate(zip(["big", "small", "red", "old"] * 20, ["blue", "green", "white", "new"] * 20))]
+SENTS_DE = [f"der {a} hund läuft zum {b} haus nummer {i}" for i, (a, b) in
+            enumerate(zip(["große", "kleine", "rote", "alte"] * 20, ["blaue", "grüne", "weiße", "neue"] * 20))]
+
+
+def write(path, lines, gz=False):
+    data = "".join(x + "\n" for x in lines).encode("utf-8")
+    if gz:
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def corpus(tmp_path, n_valid=10):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    write(d / "train.en.gz", SENTS_EN, gz=True)
+    write(d / "train.de.gz", SENTS_DE, gz=True)
+    write(d / "valid.en", SENTS_EN[:n_valid])
+    write(d / "valid.de", SENTS_DE[:n_valid])
+    return d
+
+
+def test_misaligned_files_name_both(tmp_path):
+    a = write(tmp_path / "a.en", ["x", "y", "z"])
+    b = write(tmp_path / "b.de", ["x", "y"])
+    with pytest.raises(DataError, match=r"a\.en has 3 lines but .*b\.de has 2"):
+        read_parallel(a, b)
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    p = tmp_path / "bad.en"
+    p.write_bytes(b"fine\nalso fine\nbroken \xff here\n")
+    with pytest.raises(DataError, match=r"bad\.en:3: invalid UTF-8"):
+        read_lines(p)
+
+
+def test_empty_lines_dropped_and_counted_or_strict(tmp_path):
+    a = write(tmp_path / "a.en", ["one", "", "three", "four"])
+    b = write(tmp_path / "b.de", ["eins", "zwei", "  ", "vier"])
+    s, t, dropped = read_parallel(a, b)
+    assert (s, t, dropped) == (["one", "four"], ["eins", "vier"], 2)
+    with pytest.raises(DataError, match=r"a\.en:2: empty line"):
+        read_parallel(a, b, strict=True)
+
+
+def test_nfc_normalization(tmp_path):
+    decomposed = unicodedata.normalize("NFD", "Mädchen")
+    assert decomposed != "Mädchen"
+    p = write(tmp_path / "x.de", [decomposed])
+    assert read_lines(p) == ["Mädchen"]
+
+
+def test_joint_vocabulary_round_trips_both_languages():
+    tok = Tokenizer.train(SENTS_EN + SENTS_DE, 120)
+    assert (tok.sp.pad_id(), tok.sp.unk_id(), tok.sp.bos_id(), tok.sp.eos_id()) == (PAD, 1, BOS, EOS)
+    ids = tok.encode([SENTS_EN[3], SENTS_DE[3]])
+    assert tok.decode(ids) == [SENTS_EN[3], SENTS_DE[3]]
+    assert Tokenizer(tok.proto).encode([SENTS_DE[5]]) == tok.encode([SENTS_DE[5]])
+
+
+def test_prepare_filters_long_pairs_and_reuses_cache(tmp_path):
+    d = corpus(tmp_path)
+    long_en = write(d / "train2.en", SENTS_EN + ["word " * 200])
+    long_de = write(d / "train2.de", SENTS_DE + ["wort " * 200])
+    out = tmp_path / "prep"
+    m = prepare({"train": (long_en, long_de), "valid": (d / "valid.en", d / "valid.de")}, out, "en", "de",
+                vocab_size=120, max_len=40)
+    assert m["splits"]["train"]["dropped_too_long"] == 1
+    assert m["splits"]["train"]["pairs"] == len(SENTS_EN)
+    data = TokenData(out, "train")
+    tok = Tokenizer.load(str(out / "spm.model"))
+    assert len(data) == len(SENTS_EN)
+    assert tok.decode([data.src(7).tolist(), data.tgt(7).tolist()]) == [SENTS_EN[7], SENTS_DE[7]]
+    stamp = (out / "train.src.tok.npy").stat().st_mtime_ns
+    again = prepare({"train": (long_en, long_de), "valid": (d / "valid.en", d / "valid.de")}, out, "en", "de",
+                    vocab_size=120, max_len=40)
+    assert again == m and (out / "train.src.tok.npy").stat().st_mtime_ns == stamp
+    changed = prepare({"train": (long_en, long_de), "valid": (d / "valid.en", d / "valid.de")}, out, "en",
+                      "de", vocab_size=120, max_len=500)
+    assert changed["splits"]["train"]["dropped_too_long"] == 0
+
+
+def test_batches_cover_every_pair_once_within_budget():
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 60, 1000), rng.integers(1, 60, 1000)
+    batches = make_batches(src, tgt, 500, seed=3, epoch=0)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(1000))
+    for b in batches:
+        assert len(b) * max(src[b].max(), tgt[b].max()) <= 500
+    # grouped by length: padding stays small compared with random batches
+    pad = sum(len(b) * tgt[b].max() - tgt[b].sum() for b in batches)
+    assert pad < 0.1 * tgt.sum()
+    assert all(np.array_equal(x, y) for x, y in zip(batches, make_batches(src, tgt, 500, 3, 0)))
+    other = make_batches(src, tgt, 500, 3, 1)
+    assert any(len(x) != len(y) or not np.array_equal(x, y) for x, y in zip(batches, other))
+
+
+def test_collate_adds_bos_eos_and_padding(tmp_path):
+    d = corpus(tmp_path)
+    out = tmp_path / "prep"
+    prepare({"train": (d / "train.en.gz", d / "train.de.gz"), "valid": (d / "valid.en", d / "valid.de")},
+            out, "en", "de", vocab_size=120, max_len=60)
+    data = TokenData(out, "train")
+    b = collate(data, np.array([3, 10]))
+    for row, i in enumerate([3, 10]):
+        s, t = data.src(i).tolist(), data.tgt(i).tolist()
+        assert b.src[row, :len(s) + 1].tolist() == s + [EOS] and (b.src[row, len(s) + 1:] == PAD).all()
+        assert b.tgt_in[row, :len(t) + 1].tolist() == [BOS] + t
+        assert b.tgt_out[row, :len(t) + 1].tolist() == t + [EOS]
+    assert b.n_tokens == int((b.tgt_out != PAD).sum())
+
+
+def test_prepare_cli_local_corpus_and_errors(tmp_path, capsys):
+    d = corpus(tmp_path)
+    out = tmp_path / "prep"
+    args = ["prepare", "--data-dir", str(d), "--src", "en", "--tgt", "de", "--out", str(out),
+            "--data.vocab_size", "120"]
+    assert main(args) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["splits"]["valid"]["pairs"] == 10 and manifest["vocab_size"] <= 120
+    assert len(manifest["inputs"]["train"]["src_sha256"]) == 64
+    write(d / "valid.de", SENTS_DE[:9])
+    assert main(args) == 2
+    assert "valid.de has 9" in capsys.readouterr().err
+    assert main(["prepare", "--data-dir", str(d), "--src", "en", "--tgt", "fr", "--out", str(out)]) == 2
+    assert "train.fr" in capsys.readouterr().err
+
+
+def test_prepare_multi30k_from_local_copy_without_network(multi30k_dir, tmp_path, monkeypatch):
+    def no_network(*a, **k):
+        raise AssertionError("network used")
+
+    monkeypatch.setattr("urllib.request.urlopen", no_network)
+    monkeypatch.setenv("AIAYN_MULTI30K", str(multi30k_dir))
+    out = tmp_path / "m30k"
+    assert main(["prepare", "--corpus", "multi30k", "--src", "en", "--tgt", "cs", "--out", str(out),
+                 "--data.vocab_size", "500"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["pairs_in"] == 29000
+    assert manifest["tests"] == ["test_2016_flickr"]  # test_2017 has no Czech side: skipped

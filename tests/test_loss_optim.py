@@ -1,0 +1,67 @@
+"""§5.3 Eq. 3 and §5.4 label smoothing against their formulas."""
+
+import math
+
+import pytest
+import torch
+
+from aiayn.loss import label_smoothed_loss
+from aiayn.optim import noam_lr
+
+
+@pytest.mark.parametrize("step", [1, 10, 3999, 4000, 4001, 10_000, 100_000])
+def test_schedule_is_eq3(step):
+    d, warm = 512, 4000
+    expected = d ** -0.5 * min(step ** -0.5, step * warm ** -1.5)
+    assert noam_lr(step, d, warm) == pytest.approx(expected, rel=1e-12)
+    assert noam_lr(step, d, warm, scale=2.0) == pytest.approx(2 * expected, rel=1e-12)
+
+
+def test_schedule_peaks_at_warmup():
+    rates = [noam_lr(s, 512, 4000) for s in range(1, 20_000)]
+    assert max(range(len(rates)), key=rates.__getitem__) + 1 == 4000
+    assert rates[3999] == pytest.approx(512 ** -0.5 * 4000 ** -0.5)
+
+
+def direct_smoothed_loss(logits, target, eps, pad):
+    """Σ over non-pad tokens of -Σ_v q_v log p_v, q = (1-ε)·onehot + ε/V, written out."""
+    V = logits.size(-1)
+    total = 0.0
+    for row, y in zip(logits.double(), target.tolist()):
+        if y == pad:
+            continue
+        logp = row - torch.log(torch.exp(row).sum())
+        q = torch.full((V,), eps / V, dtype=torch.float64)
+        q[y] += 1 - eps
+        total = total - (q * logp).sum()
+    return total
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.2])
+def test_label_smoothing_value_and_gradient(eps):
+    torch.manual_seed(0)
+    logits = torch.randn(300, 11, requires_grad=True)  # > one chunk of rows
+    target = torch.randint(0, 11, (300,))
+    target[::7] = 0  # padding
+    loss, nll, n = label_smoothed_loss(logits, target, eps, pad_id=0)
+    ref = direct_smoothed_loss(logits, target, eps, 0)
+    assert n == int((target != 0).sum())
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert nll.item() == pytest.approx(direct_smoothed_loss(logits, target, 0.0, 0).item(), rel=1e-5)
+    loss.backward()
+    g = logits.grad.clone()
+    logits.grad = None
+    ref.backward()
+    torch.testing.assert_close(g, logits.grad, atol=1e-6, rtol=1e-4)
+    assert torch.all(g[::7] == 0)
+
+
+def test_label_smoothing_bf16_logits():
+    torch.manual_seed(1)
+    logits = torch.randn(50, 40).bfloat16().requires_grad_()
+    target = torch.randint(1, 40, (50,))
+    loss, _, _ = label_smoothed_loss(logits, target, 0.1, 0)
+    ref = direct_smoothed_loss(logits.float(), target, 0.1, 0)
+    assert loss.dtype == torch.float32 and loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    loss.backward()
+    assert logits.grad.dtype == torch.bfloat16 and math.isfinite(logits.grad.float().sum().item())

@@ -1,0 +1,155 @@
+"""Training: exact resume, averaging, DDP equivalence, atomic and safe checkpoints."""
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from conftest import tiny_config
+
+from aiayn import checkpoint
+from aiayn.checkpoint import CheckpointError, atomic_write, list_checkpoints, load_checkpoint, read_weights
+from aiayn.cli import main
+from aiayn.data import TokenData, collate, make_batches
+from aiayn.model import Transformer
+from aiayn.optim import make_optimizer
+from aiayn.train import train, train_step
+
+
+def weights(path):
+    return read_weights(path)[0]
+
+
+def test_resume_gives_identical_parameters(toy_prepared, tmp_path):
+    # dropout on, so the restored RNG state matters; 11 steps cross an epoch boundary.
+    def cfg(steps):
+        c = tiny_config(max_steps=steps)
+        c.data.max_tokens = 800  # about 8 updates per epoch
+        return c
+
+    train(cfg(11), toy_prepared, tmp_path / "straight")
+    train(cfg(4), toy_prepared, tmp_path / "broken")
+    state = train(None, None, tmp_path / "broken", resume=True, overrides={"train.max_steps": "11"})
+    assert state["step"] == 11 and state["epoch"] >= 1
+    a = weights(list_checkpoints(tmp_path / "straight")[-1])
+    b = weights(list_checkpoints(tmp_path / "broken")[-1])
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    steps = [json.loads(x)["step"] for x in (tmp_path / "broken/metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(x)]
+    assert steps == [5, 10]  # logging picked up where it left off
+
+
+def test_training_lowers_validation_loss(toy_prepared, tmp_path):
+    train(tiny_config(max_steps=60, valid_every=30), toy_prepared, tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    valid = [r["valid_loss"] for r in rows if "valid_loss" in r]
+    assert len(valid) == 2 and valid[-1] < valid[0] - 0.5
+    assert any("tgt_tok_s" in r for r in rows)
+    assert (tmp_path / "run/train.log").read_text().count("validation step") == 2
+    assert (tmp_path / "run/checkpoints/best.safetensors").exists()
+
+
+def test_keep_last_and_average_matches_hand_average(toy_prepared, tmp_path, capsys):
+    train(tiny_config(max_steps=12, save_every=3, keep_last=3), toy_prepared, tmp_path / "run")
+    paths = list_checkpoints(tmp_path / "run")
+    assert [p.name for p in paths] == [f"step-{s:08d}.safetensors" for s in (6, 9, 12)]
+    out = tmp_path / "avg.safetensors"
+    assert main(["average", str(tmp_path / "run"), "--last", "2", "-o", str(out)]) == 0
+    w9, w12, avg = weights(paths[1]), weights(paths[2]), weights(out)
+    for k in avg:
+        torch.testing.assert_close(avg[k], (w9[k] + w12[k]) / 2, atol=1e-7, rtol=0)
+    model, cfg, tok, step = load_checkpoint(out)
+    assert step == 12 and cfg.model.d_model == 32 and len(tok) == cfg.model.vocab_size
+
+
+def test_new_run_refuses_to_overwrite(toy_prepared, tmp_path, capsys):
+    train(tiny_config(max_steps=1), toy_prepared, tmp_path / "run")
+    assert main(["train", "--data", str(toy_prepared), "--run", str(tmp_path / "run")]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_bad_checkpoints_get_clear_errors(tmp_path, capsys):
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "nope.safetensors")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(os.urandom(300))
+    with pytest.raises(CheckpointError, match="bad.safetensors"):
+        load_checkpoint(bad)
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, tmp_path / "foreign.safetensors")
+    with pytest.raises(CheckpointError, match="not an aiayn checkpoint"):
+        load_checkpoint(tmp_path / "foreign.safetensors")
+    (tmp_path / "in.txt").write_text("hello\n")
+    assert main(["translate", "--checkpoint", str(bad), "--input", str(tmp_path / "in.txt")]) == 2
+    assert "bad.safetensors" in capsys.readouterr().err
+    state = tmp_path / "x.state.pt"
+    state.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="corrupt training state"):
+        checkpoint.load_state(state)
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "ckpt.bin"
+    atomic_write(target, b"old")
+
+    def boom(*a):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        atomic_write(target, b"new")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.bin"]
+
+
+def test_resume_from_missing_run_is_an_error(tmp_path, capsys):
+    assert main(["train", "--resume", str(tmp_path / "none")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
+# -- DDP -------------------------------------------------------------------------------------
+def _setup_model(data_dir):
+    cfg = tiny_config()
+    cfg.model.p_drop = 0.0
+    cfg.model.vocab_size = 60
+    data = TokenData(data_dir, "train")
+    batches = make_batches(data.src_lens, data.tgt_lens, 160, 1, 0)[:2]
+    torch.manual_seed(0)
+    model = Transformer(cfg.model)
+    return cfg, model, make_optimizer(model, cfg.train), [collate(data, b) for b in batches]
+
+
+def _ddp_worker(rank, world, port, data_dir, out):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cfg, model, opt, batches = _setup_model(data_dir)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    total = sum(b.n_tokens for b in batches)
+    train_step(ddp, opt, [batches[rank]], total, cfg, 1e-3, world, torch.device("cpu"))
+    if rank == 0:
+        torch.save({k: v.detach() for k, v in model.named_parameters()}, out)
+    dist.destroy_process_group()
+
+
+def test_two_rank_ddp_update_equals_one_rank_on_both_shards(toy_prepared, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ddp.pt"
+    mp.spawn(_ddp_worker, args=(2, port, str(toy_prepared), str(out)), nprocs=2, join=True)
+    cfg, model, opt, batches = _setup_model(toy_prepared)
+    total = sum(b.n_tokens for b in batches)
+    train_step(model, opt, batches, total, cfg, 1e-3, 1, torch.device("cpu"))
+    ddp = torch.load(out, weights_only=True)
+    changed = 0
+    for k, v in model.named_parameters():
+        torch.testing.assert_close(ddp[k], v.detach(), atol=2e-6, rtol=1e-5)
+        changed += int(not torch.equal(v.detach(), _setup_model(toy_prepared)[1].state_dict()[k]))
+    assert changed > 10  # the update really moved the weights
