@@ -40,6 +40,14 @@ def _next_lprobs(model, tokens: Tensor, cache) -> Tensor:
     return lprobs
 
 
+def _force_eos(lprobs: Tensor, rows: Tensor) -> None:
+    """At the maximum length only EOS may follow; it keeps its own log-probability."""
+    if rows.any():
+        eos = lprobs[rows, EOS]
+        lprobs[rows] = float("-inf")
+        lprobs[rows, EOS] = eos
+
+
 @torch.no_grad()
 def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
                   limit: int = 1023) -> list[Hypothesis]:
@@ -53,9 +61,7 @@ def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 5
     done = torch.zeros(B, dtype=torch.bool, device=src.device)
     for t in range(int(max_len.max()) + 1):
         lprobs = _next_lprobs(model, tokens, cache)
-        force_eos = t >= max_len
-        lprobs[force_eos] = float("-inf")
-        lprobs[force_eos, EOS] = 0.0
+        _force_eos(lprobs, t >= max_len)
         best, tokens = lprobs.max(-1)
         scores += torch.where(done, 0.0, best)
         out[:, t] = torch.where(done, PAD, tokens)
@@ -96,9 +102,7 @@ def beam_search(model, src: Tensor, beam: int = 4, alpha: float = 0.6, max_len_a
         n = active.numel()
         lprobs = _next_lprobs(model, tokens, cache)  # (n*k, V)
         V = lprobs.size(-1)
-        force = (t >= max_len[active]).repeat_interleave(k)
-        lprobs[force] = float("-inf")
-        lprobs[force, EOS] = 0.0
+        _force_eos(lprobs, (t >= max_len[active]).repeat_interleave(k))
         cand = (scores.unsqueeze(-1) + lprobs.view(n, k, V)).view(n, k * V)
         top_scores, top_idx = cand.topk(min(2 * k, k * V), dim=1)  # (n, 2k)
         top_beam, top_tok = top_idx // V, top_idx % V

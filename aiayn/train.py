@@ -14,6 +14,8 @@ import logging
 import math
 import os
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +178,10 @@ class Run:
         return None
 
 
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 def _rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
             "python_pos": random.getstate()[2],
@@ -307,6 +313,10 @@ def train(cfg: Config, data_dir: Path | None, run_dir: Path, resume: bool = Fals
         return (state["step"] >= t_cfg.max_steps or (t_cfg.max_epochs and state["epoch"] >= t_cfg.max_epochs)
                 or (limit_s and state["elapsed"] >= limit_s))
 
+    def on_sigterm(signum, frame):  # a scheduler's kill: checkpoint like Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
     try:
         while not done():
             groups = update_groups(train_data, cfg, state["epoch"], env.world)
@@ -364,6 +374,8 @@ def train(cfg: Config, data_dir: Path | None, run_dir: Path, resume: bool = Fals
         save()
         raise
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         bar.close()
         if tb:
             tb.close()

@@ -1,0 +1,69 @@
+"""End to end through the command line: prepare -> train -> average -> translate -> score."""
+
+import subprocess
+import sys
+
+import pytest
+import sacrebleu
+
+from aiayn.cli import main
+
+
+@pytest.fixture(scope="module")
+def trained(toy_corpus, tmp_path_factory):
+    work = tmp_path_factory.mktemp("e2e")
+    prep, run = work / "prep", work / "run"
+    assert main(["prepare", "--data-dir", str(toy_corpus), "--src", "en", "--tgt", "de", "--out", str(prep),
+                 "--test", "test", "--data.vocab_size", "60"]) == 0
+    assert main(["train", "--data", str(prep), "--run", str(run), "--model.d_model", "64", "--model.d_ff", "128",
+                 "--model.h", "4", "--model.N", "2", "--model.p_drop", "0", "--train.max_steps", "300",
+                 "--train.warmup_steps", "50", "--train.lr_scale", "0.5", "--data.max_tokens", "600",
+                 "--train.save_every", "20", "--train.valid_every", "150", "--train.valid_bleu_sentences", "10",
+                 "--train.threads", "1"]) == 0
+    assert main(["average", str(run), "--last", "3", "-o", str(work / "avg.safetensors")]) == 0
+    return work, prep
+
+
+def test_translate_and_score_agree_with_sacrebleu(trained, capsys):
+    work, prep = trained
+    hyp, ref = work / "hyp.txt", prep / "test.de.txt"
+    assert main(["translate", "--checkpoint", str(work / "avg.safetensors"), "--input", str(prep / "test.en.txt"),
+                 "--output", str(hyp)]) == 0
+    hyps = hyp.read_text().splitlines()
+    refs = ref.read_text().splitlines()
+    assert len(hyps) == len(refs) == 20
+    capsys.readouterr()
+    assert main(["score", "--hyp", str(hyp), "--ref", str(ref)]) == 0
+    out = capsys.readouterr().out
+    expected = sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert f"BLEU = {expected:.2f}" in out and "chrF2" in out and "version:" in out
+    assert expected > 20  # the toy task is word-for-word: the model must have learned it
+
+
+def test_translate_stdin_nbest_and_greedy(trained, tmp_path):
+    work, _ = trained
+    cmd = [sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(work / "avg.safetensors")]
+    res = subprocess.run(cmd + ["--nbest", "2"], input="the big dog runs\n\na cat\n", capture_output=True,
+                         text=True, check=True)
+    rows = res.stdout.split("\n")[:-1]
+    assert len(rows) == 6  # 3 lines x 2 hypotheses
+    assert rows[2] == "\t" and rows[3] == "\t"  # the empty line keeps its place
+    first, second = float(rows[0].split("\t")[1]), float(rows[1].split("\t")[1])
+    assert first >= second
+    greedy = subprocess.run(cmd + ["--beam", "1"], input="the big dog runs\n", capture_output=True, text=True,
+                            check=True)
+    assert greedy.stdout.count("\n") == 1
+
+
+def test_score_rejects_mismatched_files(tmp_path, capsys):
+    (tmp_path / "h").write_text("a\nb\n")
+    (tmp_path / "r").write_text("a\n")
+    assert main(["score", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r")]) == 2
+    assert "2 lines" in capsys.readouterr().err
+
+
+def test_bad_override_is_a_clear_error(toy_corpus, tmp_path, capsys):
+    assert main(["train", "--data", str(tmp_path), "--run", str(tmp_path / "r"), "--train.warmup", "3"]) == 2
+    assert "train.warmup" in capsys.readouterr().err
+    assert main(["train", "--data", str(tmp_path), "--run", str(tmp_path / "r")]) == 2
+    assert "manifest.json" in capsys.readouterr().err

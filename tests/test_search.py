@@ -1,0 +1,194 @@
+"""Search (§6.1) against independent truth: exhaustive enumeration, a scripted decoder with
+hand-computed scores, an uncached decoder, and one-by-one decoding."""
+
+import itertools
+import logging
+import math
+
+import pytest
+import torch
+
+from aiayn.config import DecodeConfig, ModelConfig
+from aiayn.model import Transformer
+from aiayn.search import beam_search, greedy_search, length_penalty
+from aiayn.tokenizer import BOS, EOS, PAD, Tokenizer
+from aiayn.translate import Translator
+
+
+def random_model(vocab=7, seed=0, max_positions=64):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab, d_model=16, d_ff=32, h=2, N=2, p_drop=0.0, max_positions=max_positions)
+    m = Transformer(cfg).eval()
+    with torch.no_grad():  # sharper distributions make the ranking non-trivial
+        m.out_proj.weight.mul_(3.0)
+    return m
+
+
+def full_logprobs(model, src, prefix):
+    """Next-token log-probabilities by a full forward pass over BOS + prefix (no cache)."""
+    tgt = torch.tensor([[BOS] + prefix])
+    with torch.no_grad():
+        return torch.log_softmax(model(src, tgt)[0, -1].float(), -1)
+
+
+def exhaustive(model, src, max_len, alpha):
+    """Every output of up to max_len tokens followed by EOS, scored by uncached forwards."""
+    alphabet = [i for i in range(model.cfg.vocab_size) if i not in (PAD, BOS, EOS)]
+    results = []
+    for n in range(max_len + 1):
+        for seq in itertools.product(alphabet, repeat=n):
+            logp = 0.0
+            for t in range(n + 1):
+                lp = full_logprobs(model, src, list(seq[:t]))
+                logp += float(lp[seq[t]] if t < n else lp[EOS])
+            results.append((logp / length_penalty(n + 1, alpha), list(seq)))
+    return sorted(results, key=lambda x: -x[0])
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_wide_beam_equals_exhaustive_search(alpha):
+    model = random_model(vocab=7, seed=1)  # 4 real tokens (UNK included) + EOS
+    src = torch.tensor([[4, 5, 6, EOS]])
+    truth = exhaustive(model, src, 3, alpha)
+    hyps = beam_search(model, src, beam=128, alpha=alpha, max_len_a=0, max_len_b=3, nbest=5)[0]
+    assert [h.tokens for h in hyps] == [t for _, t in truth[:5]]
+    for h, (score, _) in zip(hyps, truth):
+        assert h.score == pytest.approx(score, abs=1e-4)
+
+
+def test_beam_one_equals_greedy():
+    model = random_model(vocab=11, seed=2)
+    src = torch.tensor([[4, 5, 6, 7, EOS], [8, 9, EOS, PAD, PAD], [10, EOS, PAD, PAD, PAD]])
+    greedy = greedy_search(model, src, 1.0, 6)
+    beam = beam_search(model, src, beam=1, alpha=0.0, max_len_a=1.0, max_len_b=6)
+    for g, b in zip(greedy, beam):
+        assert b[0].tokens == g.tokens
+        assert b[0].score == pytest.approx(g.score, abs=1e-4)
+
+
+def test_cached_greedy_equals_uncached_greedy():
+    model = random_model(vocab=11, seed=3)
+    src = torch.tensor([[4, 9, 6, 7, EOS]])
+    cached = greedy_search(model, src, 0.0, 8)[0].tokens
+    prefix = []
+    for _ in range(8):
+        nxt = int(full_logprobs(model, src, prefix)[[i for i in range(11)]].masked_fill(
+            torch.tensor([i in (PAD, BOS) for i in range(11)]), float("-inf")).argmax())
+        if nxt == EOS:
+            break
+        prefix.append(nxt)
+    assert cached == prefix
+
+
+def test_batch_equals_one_by_one():
+    model = random_model(vocab=13, seed=4)
+    srcs = [[4, 5, 6, 7, 8, 9, EOS], [10, 11, EOS], [12, 4, 4, 5, EOS]]
+    S = max(map(len, srcs))
+    batch = torch.tensor([s + [PAD] * (S - len(s)) for s in srcs])
+    together = beam_search(model, batch, beam=4, alpha=0.6, max_len_b=5, nbest=2)
+    for s, hyps in zip(srcs, together):
+        alone = beam_search(model, torch.tensor([s]), beam=4, alpha=0.6, max_len_b=5, nbest=2)[0]
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+        for a, b in zip(hyps, alone):
+            assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+# -- a scripted decoder with hand-set probabilities -------------------------------------------
+A, B = 4, 5
+TABLE = {  # P(next | prefix); UNK never
+    (): {A: 0.5, B: 0.4, EOS: 0.1},
+    (A,): {EOS: 0.6, A: 0.2, B: 0.2},
+    (B,): {A: 0.7, EOS: 0.05, B: 0.25},
+    (B, A): {EOS: 0.9, A: 0.05, B: 0.05},
+}
+OTHER = {EOS: 0.8, A: 0.1, B: 0.1}
+
+
+class ScriptedDecoder:
+    """Has the two methods search needs; its log-probabilities come from TABLE."""
+
+    def __init__(self):
+        self.calls = 0
+
+    class Cache:
+        def __init__(self, n):
+            self.prefixes = [() for _ in range(n)]
+
+        def reorder(self, index):
+            self.prefixes = [self.prefixes[i] for i in index.tolist()]
+
+    def start_decoding(self, src):
+        return self.Cache(src.size(0))
+
+    def decode_step(self, tokens, cache):
+        self.calls += 1
+        out = torch.full((len(cache.prefixes), 6), float("-inf"))
+        for row, tok in enumerate(tokens.tolist()):
+            if tok != BOS:
+                cache.prefixes[row] = cache.prefixes[row] + (tok,)
+            for nxt, p in TABLE.get(cache.prefixes[row], OTHER).items():
+                out[row, nxt] = math.log(p)
+        return out
+
+
+def run_scripted(alpha, nbest=1, beam=2):
+    dec = ScriptedDecoder()
+    hyps = beam_search(dec, torch.tensor([[4, 4, EOS]]), beam=beam, alpha=alpha, max_len_a=0, max_len_b=5,
+                       nbest=nbest)[0]
+    return hyps, dec.calls
+
+
+def test_scripted_no_length_penalty_stops_early():
+    hyps, calls = run_scripted(alpha=0.0)
+    # Step 1 finishes "A EOS" (0.5 * 0.6); the best live prefix "B A" has 0.4 * 0.7 = 0.28 < 0.3
+    # already and can only fall, so the search stops after two steps.
+    assert [h.tokens for h in hyps] == [[A]]
+    assert hyps[0].score == pytest.approx(math.log(0.5 * 0.6))
+    assert calls == 2
+
+
+def test_scripted_length_penalty_prefers_longer():
+    # With alpha = 2: "A EOS" = log(0.3) / (7/6)^2 = -0.885, "B A EOS" = log(0.252) / (8/6)^2 = -0.775.
+    hyps, _ = run_scripted(alpha=2.0, nbest=2)
+    assert [h.tokens for h in hyps] == [[B, A], [A]]
+    assert hyps[0].score == pytest.approx(math.log(0.4 * 0.7 * 0.9) / ((5 + 3) / 6) ** 2)
+    assert hyps[1].score == pytest.approx(math.log(0.5 * 0.6) / ((5 + 2) / 6) ** 2)
+
+
+def test_scripted_nbest_collects_in_order():
+    hyps, calls = run_scripted(alpha=0.0, nbest=2)
+    assert [h.tokens for h in hyps] == [[A], [B, A]]
+    assert [h.score for h in hyps] == pytest.approx([math.log(0.3), math.log(0.252)])
+    assert calls == 3  # the third step finishes "B A EOS"; every live score is then below it
+
+
+def test_scripted_max_length_forces_eos():
+    dec = ScriptedDecoder()
+    hyps = beam_search(dec, torch.tensor([[4, EOS]]), beam=2, alpha=0.0, max_len_a=0, max_len_b=1, nbest=2)[0]
+    # At most one token before EOS: "A EOS" (0.3), "B EOS" (0.4 * 0.05 = 0.02).
+    assert [h.tokens for h in hyps] == [[A], [B]]
+    assert hyps[1].score == pytest.approx(math.log(0.4 * 0.05))
+
+
+# -- the Translator on raw text --------------------------------------------------------------
+@pytest.fixture
+def translator(toy_prepared):
+    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=len(tok), d_model=16, d_ff=32, h=2, N=1, p_drop=0.0, max_positions=20)
+    return Translator(Transformer(cfg), tok, DecodeConfig(max_len_b=5, max_tokens=50))
+
+
+def test_translator_preserves_lines_and_order(translator):
+    lines = ["the dog runs", "", "a big red house near the park", "   ", "cat"]
+    out = translator.translate(lines)
+    assert len(out) == 5 and out[1] == "" and out[3] == ""
+    for i in (0, 2, 4):
+        assert out[i] == translator.translate([lines[i]])[0]
+
+
+def test_translator_truncates_long_lines_and_handles_unknown_characters(translator, caplog):
+    with caplog.at_level(logging.WARNING, logger="aiayn"):
+        out = translator.translate(["dog " * 60, "猫 ☃ émoji 🙂"])
+    assert len(out) == 2
+    assert "truncated" in caplog.text
