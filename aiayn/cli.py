@@ -1,4 +1,4 @@
-"""`aiayn` command line: prepare, train, average, translate, score, params."""
+"""`aiayn` command line: prepare, train, average, translate, score, plot, serve, params."""
 
 from __future__ import annotations
 
@@ -239,6 +239,44 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
     print(_score_lines(_read_input(args.hyp), _read_input(args.ref), args.hyp, args.ref))
 
 
+def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
+    """Attention maps (Figures 3-5) or training curves."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    from .plot import attention_data, plot_attention, plot_curves
+
+    if args.what == "curves":
+        if not args.run_dir:
+            raise UserError("plot curves needs a RUN_DIR")
+        try:
+            out = plot_curves(Path(args.run_dir), Path(args.output))
+        except (FileNotFoundError, ValueError) as e:
+            raise UserError(str(e)) from None
+        print(f"wrote {out}")
+        return
+    if not args.checkpoint or args.src is None:
+        raise UserError("plot attention needs --checkpoint FILE and --src SENTENCE")
+    if not args.src.strip():
+        raise UserError("--src is empty")
+    from .checkpoint import load_checkpoint
+
+    model, cfg, tokenizer, _ = load_checkpoint(Path(args.checkpoint))
+    data = attention_data(model, tokenizer, args.src, args.tgt, cfg.decode.beam, cfg.decode.alpha)
+    files = plot_attention(data, Path(args.output))
+    print(f"target: {data.translation}")
+    print(f"wrote {len(files)} files to {args.output}")
+
+
+def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
+    """HTTP API (FastAPI) and a page to try the model."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    from .serve import Limits, serve
+
+    serve(args.checkpoint, args.host, args.port, args.device,
+          Limits(max_sentences=args.max_sentences, max_chars=args.max_chars))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of Attention Is All You Need.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -297,6 +335,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hyp", required=True)
     p.add_argument("--ref", required=True)
     p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("plot", help="attention maps or training curves")
+    p.add_argument("what", choices=["attention", "curves"])
+    p.add_argument("run_dir", nargs="?", help="run directory (curves)")
+    p.add_argument("--checkpoint", help="model file (attention)")
+    p.add_argument("--src", help="source sentence (attention)")
+    p.add_argument("--tgt", help="force this target (teacher forcing); default: the model's translation")
+    p.add_argument("-o", "--output", required=True, help="folder (attention) or .png file (curves)")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("serve", help="translation server with a web page")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-sentences", type=int, default=64, help="per request (413 above)")
+    p.add_argument("--max-chars", type=int, default=1000, help="per sentence (413 above)")
+    p.set_defaults(func=cmd_serve)
 
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

@@ -1,0 +1,61 @@
+"""Attention forward+backward on the CPU: explicit matmul path vs F.scaled_dot_product_attention.
+
+Why aiayn takes the explicit path on the CPU (aiayn/attention.py). Alternates the two paths,
+reports medians over repetitions and their ratio, writes JSON.
+
+    .venv/bin/python bench/attention_cpu.py [--out bench/attention_cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+from aiayn.attention import attention
+
+
+def time_once(use_sdpa: bool, q, k, v, mask, iters: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iters):
+        out, _ = attention(q, k, v, mask, use_sdpa=use_sdpa)
+        out.sum().backward()
+    return (time.perf_counter() - start) / iters * 1000
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="bench/attention_cpu.json")
+    p.add_argument("--reps", type=int, default=5)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for B, h, T, d in ((130, 4, 30, 64), (64, 8, 60, 64)):
+            q, k, v = (torch.randn(B, h, T, d, dtype=dtype, requires_grad=True) for _ in range(3))
+            mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
+            mask[: B // 2, :, :, T * 3 // 4:] = False
+            for flag in (True, False):
+                time_once(flag, q, k, v, mask, 2)  # warm-up
+            times = {True: [], False: []}
+            for _ in range(args.reps):  # alternate A B A B
+                for flag in (True, False):
+                    times[flag].append(time_once(flag, q, k, v, mask, 5))
+            sdpa, explicit = statistics.median(times[True]), statistics.median(times[False])
+            rows.append({"dtype": str(dtype).split(".")[1], "shape": [B, h, T, d], "sdpa_ms": sdpa,
+                         "explicit_ms": explicit, "speedup": sdpa / explicit})
+    print(f"{'dtype':<9}{'B,h,T,d':<16}{'sdpa ms':>9}{'explicit ms':>13}{'ratio':>7}")
+    for r in rows:
+        print(f"{r['dtype']:<9}{','.join(map(str, r['shape'])):<16}{r['sdpa_ms']:>9.2f}"
+              f"{r['explicit_ms']:>13.2f}{r['speedup']:>7.2f}")
+    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.processor()}
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
