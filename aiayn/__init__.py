@@ -2,6 +2,8 @@
 
 from .config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig, preset
 from .model import Transformer
+from .translate import Translator
 
 __version__ = "0.1.0"
-__all__ = ["Config", "DataConfig", "DecodeConfig", "ModelConfig", "TrainConfig", "Transformer", "preset"]
+__all__ = ["Config", "DataConfig", "DecodeConfig", "ModelConfig", "TrainConfig", "Transformer", "Translator",
+           "preset"]

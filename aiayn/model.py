@@ -118,13 +118,19 @@ class DecoderCache:
     src_mask: Tensor  # (B, 1, 1, S)
     step: int = 0
 
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows (e.g. surviving beams): every cached tensor is indexed along dim 0."""
+    def reorder(self, index: Tensor, sources_changed: bool = True) -> None:
+        """Select batch rows (e.g. surviving beams): every cached tensor is indexed along dim 0.
+
+        When every row keeps the source it had (beams reordered within one sentence), the
+        encoder-side tensors are left alone: `sources_changed=False` skips copying them.
+        """
         for c in self.layers:
-            c.cross_k, c.cross_v = c.cross_k.index_select(0, index), c.cross_v.index_select(0, index)
             if c.self_k is not None:
                 c.self_k, c.self_v = c.self_k.index_select(0, index), c.self_v.index_select(0, index)
-        self.src_mask = self.src_mask.index_select(0, index)
+            if sources_changed:
+                c.cross_k, c.cross_v = c.cross_k.index_select(0, index), c.cross_v.index_select(0, index)
+        if sources_changed:
+            self.src_mask = self.src_mask.index_select(0, index)
 
 
 class DecoderLayer(nn.Module):

@@ -135,14 +135,16 @@ def beam_search(model, src: Tensor, beam: int = 4, alpha: float = 0.6, max_len_a
                     continue  # no live hypothesis can beat the finished ones
             keep.append(g)
         t += 1
-        if len(keep) < n:
+        dropped = len(keep) < n
+        if dropped:
             keep_t = torch.tensor(keep, dtype=torch.long, device=dev)
             src_rows = src_rows.view(n, k)[keep_t].view(-1)
             new_scores, new_tok, active = new_scores[keep_t], new_tok[keep_t], active[keep_t]
         if not active.numel():
             break
         hist = torch.cat([hist[src_rows], new_tok.view(-1, 1)], 1)
-        cache.reorder(src_rows)
+        # Beams move only within their sentence, so the encoder side is copied only on a drop.
+        cache.reorder(src_rows, sources_changed=dropped)
         scores, tokens = new_scores, new_tok.view(-1)
     results = []
     for fin in finished:

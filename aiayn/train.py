@@ -88,21 +88,15 @@ def autocast(device: torch.device, precision: str):
 
 
 # -- one update ----------------------------------------------------------------------------
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch | None],
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list[tuple[Batch, float]],
                total_tokens: int, cfg: Config, lr: float, world: int, device: torch.device
                ) -> tuple[float, float]:
-    """One optimizer update from this rank's micro-batches (None = no batch for this rank: a
-    zero-weight pass keeps DDP's collective calls in step). The loss is the label-smoothed sum
+    """One optimizer update from this rank's micro-batches, each with a weight (0 for a stand-in
+    batch that only keeps DDP's collective calls in step). The loss is the label-smoothed sum
     divided by the update's global target-token count. Returns (loss sum, NLL sum) of this rank."""
     model.train()
     loss_total, nll_total = 0.0, 0.0
-    dummy = next(b for b in batches if b is not None) if any(b is not None for b in batches) else None
-    for j, batch in enumerate(batches):
-        weight = 1.0
-        if batch is None:
-            batch, weight = dummy, 0.0
-        if batch is None:
-            raise RuntimeError("a rank got no batch in an update")
+    for j, (batch, weight) in enumerate(batches):
         batch = batch.to(device)
         sync = j == len(batches) - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
         with (contextlib.nullcontext() if sync else model.no_sync()):
@@ -128,11 +122,12 @@ def update_groups(data: TokenData, cfg: Config, epoch: int, world: int) -> list[
     return [batches[i:i + g] for i in range(0, len(batches), g)]
 
 
-def shard(group: list[np.ndarray], rank: int, world: int) -> list[np.ndarray | None]:
-    """This rank's batches of an update (strided), padded with None so every rank has as many."""
+def shard(group: list[np.ndarray], rank: int, world: int) -> list[tuple[np.ndarray, float]]:
+    """This rank's batches of an update (strided), with weight 1. Ranks left short get the
+    group's first batch with weight 0, so every rank runs as many forward/backward passes."""
     per_rank = math.ceil(len(group) / world)
-    mine: list[np.ndarray | None] = list(group[rank::world])
-    return mine + [None] * (per_rank - len(mine))
+    mine = [(b, 1.0) for b in group[rank::world]]
+    return mine + [(group[0], 0.0)] * (per_rank - len(mine))
 
 
 # -- validation ----------------------------------------------------------------------------
@@ -323,7 +318,7 @@ def train(cfg: Config, data_dir: Path | None, run_dir: Path, resume: bool = Fals
             while state["cursor"] < len(groups) and not done():
                 group = groups[state["cursor"]]
                 total = int(sum(train_data.tgt_lens[b].sum() for b in group))
-                mine = [None if b is None else collate(train_data, b) for b in shard(group, env.rank, env.world)]
+                mine = [(collate(train_data, b), w) for b, w in shard(group, env.rank, env.world)]
                 lr = noam_lr(state["step"] + 1, cfg.model.d_model, t_cfg.warmup_steps, t_cfg.lr_scale)
                 loss, nll = train_step(fwd_model, optimizer, mine, total, cfg, lr, env.world, env.device)
                 state["step"] += 1

@@ -114,7 +114,7 @@ class ScriptedDecoder:
         def __init__(self, n):
             self.prefixes = [() for _ in range(n)]
 
-        def reorder(self, index):
+        def reorder(self, index, sources_changed=True):
             self.prefixes = [self.prefixes[i] for i in index.tolist()]
 
     def start_decoding(self, src):

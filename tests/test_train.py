@@ -111,6 +111,20 @@ def test_resume_from_missing_run_is_an_error(tmp_path, capsys):
     assert "not a run directory" in capsys.readouterr().err
 
 
+def test_shard_gives_every_rank_the_same_number_of_passes():
+    import numpy as np
+
+    from aiayn.train import shard
+
+    group = [np.array([i]) for i in range(3)]
+    parts = [shard(group, r, 2) for r in range(2)]
+    assert [len(p) for p in parts] == [2, 2]
+    real = sorted(int(b[0]) for p in parts for b, w in p if w == 1.0)
+    assert real == [0, 1, 2]  # each batch once, with weight 1
+    assert [w for _, w in parts[1]] == [1.0, 0.0]
+    assert shard(group[:1], 1, 2) == [(group[0], 0.0)]  # a rank with nothing still takes a pass
+
+
 # -- DDP -------------------------------------------------------------------------------------
 def _setup_model(data_dir):
     cfg = tiny_config()
@@ -132,7 +146,7 @@ def _ddp_worker(rank, world, port, data_dir, out):
     cfg, model, opt, batches = _setup_model(data_dir)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     total = sum(b.n_tokens for b in batches)
-    train_step(ddp, opt, [batches[rank]], total, cfg, 1e-3, world, torch.device("cpu"))
+    train_step(ddp, opt, [(batches[rank], 1.0)], total, cfg, 1e-3, world, torch.device("cpu"))
     if rank == 0:
         torch.save({k: v.detach() for k, v in model.named_parameters()}, out)
     dist.destroy_process_group()
@@ -146,7 +160,7 @@ def test_two_rank_ddp_update_equals_one_rank_on_both_shards(toy_prepared, tmp_pa
     mp.spawn(_ddp_worker, args=(2, port, str(toy_prepared), str(out)), nprocs=2, join=True)
     cfg, model, opt, batches = _setup_model(toy_prepared)
     total = sum(b.n_tokens for b in batches)
-    train_step(model, opt, batches, total, cfg, 1e-3, 1, torch.device("cpu"))
+    train_step(model, opt, [(b, 1.0) for b in batches], total, cfg, 1e-3, 1, torch.device("cpu"))
     ddp = torch.load(out, weights_only=True)
     changed = 0
     for k, v in model.named_parameters():
