@@ -261,7 +261,7 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
     from .checkpoint import load_checkpoint
 
     model, cfg, tokenizer, _ = load_checkpoint(Path(args.checkpoint))
-    data = attention_data(model, tokenizer, args.src, args.tgt, cfg.decode.beam, cfg.decode.alpha)
+    data = attention_data(model, tokenizer, args.src, args.tgt, cfg.decode)
     files = plot_attention(data, Path(args.output))
     print(f"target: {data.translation}")
     print(f"wrote {len(files)} files to {args.output}")

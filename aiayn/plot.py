@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from .config import DecodeConfig  # noqa: E402
 from .model import Transformer  # noqa: E402
 from .tokenizer import BOS, EOS, Tokenizer  # noqa: E402
 
@@ -32,7 +33,7 @@ class AttentionData:
 
 
 def attention_data(model: Transformer, tokenizer: Tokenizer, src: str, tgt: str | None = None,
-                   beam: int = 4, alpha: float = 0.6) -> AttentionData:
+                   decode: DecodeConfig | None = None) -> AttentionData:
     """Attention weights through the explicit path, returned as values (§3.2). With `tgt` the
     decoder is teacher-forced on it; otherwise on the model's own beam-search translation."""
     from .translate import Translator
@@ -41,7 +42,7 @@ def attention_data(model: Transformer, tokenizer: Tokenizer, src: str, tgt: str 
     limit = model.cfg.max_positions - 1
     src_ids = tokenizer.encode([src.strip()])[0][:limit] + [EOS]
     if tgt is None:
-        hyps = Translator(model, tokenizer).translate_ids([src_ids], beam=beam, alpha=alpha)[0]
+        hyps = Translator(model, tokenizer, decode).translate_ids([src_ids], nbest=1)[0]
         tgt_ids = hyps[0].tokens if hyps else []
     else:
         tgt_ids = tokenizer.encode([tgt.strip()])[0][:limit - 1]

@@ -143,7 +143,7 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
             raise HTTPException(400, "sentence is empty")
         check_sentences([req.sentence])
         with batcher.lock:
-            data = attention_data(translator.model, translator.tokenizer, req.sentence, beam=d.beam, alpha=d.alpha)
+            data = attention_data(translator.model, translator.tokenizer, req.sentence, decode=d)
         return AttentionResponse(source_tokens=data.src_tokens, target_tokens=data.tgt_out_tokens,
                                  translation=data.translation, weights=data.cross.mean((0, 1)).tolist())
 

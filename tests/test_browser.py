@@ -54,7 +54,7 @@ def test_page_translates_and_draws_heatmap(server, tmp_path):
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS + [f"--user-data-dir={tmp_path}/ud"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
         try:
             page = browser.new_page()
             page.goto(url)

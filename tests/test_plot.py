@@ -48,7 +48,7 @@ def test_padded_keys_get_zero_weight(model_and_tok):
 
 def test_without_target_uses_the_models_translation(model_and_tok, tmp_path):
     model, tok = model_and_tok
-    d = attention_data(model, tok, "a small cat sits", beam=4, alpha=0.6)
+    d = attention_data(model, tok, "a small cat sits")
     assert d.translation == Translator(model, tok).translate(["a small cat sits"])[0]
     files = plot_attention(d, tmp_path / "maps")
     assert len(files) == 3 * 2 * 2 + 2  # 3 kinds x 2 layers x (png, svg) + the mean
