@@ -1,4 +1,4 @@
-"""`aiayn` command line: prepare, train, average, translate, score, plot, serve, params."""
+"""`aiayn` command line: prepare, train, average, translate, score, plot, serve, export, params."""
 
 from __future__ import annotations
 
@@ -277,6 +277,19 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
           Limits(max_sentences=args.max_sentences, max_chars=args.max_chars))
 
 
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
+    """Write a Hugging Face MarianMTModel directory (weights, config, tokenizer)."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    from .export import ExportError, export_hf
+
+    try:
+        out = export_hf(Path(args.checkpoint), Path(args.output))
+    except ExportError as e:
+        raise UserError(str(e)) from None
+    print(f"wrote {out} (load with transformers.MarianMTModel / MarianTokenizer .from_pretrained)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of Attention Is All You Need.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -353,6 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-sentences", type=int, default=64, help="per request (413 above)")
     p.add_argument("--max-chars", type=int, default=1000, help="per sentence (413 above)")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("export", help="export a checkpoint to Hugging Face MarianMTModel")
+    p.add_argument("format", choices=["hf"])
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=cmd_export)
 
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

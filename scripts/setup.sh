@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt torch
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev,bench]"
 if [ -z "${AIAYN_NO_BROWSER:-}" ] && ! command -v chromium >/dev/null 2>&1 \
    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing chromium for the browser test (AIAYN_NO_BROWSER=1 skips this)"
