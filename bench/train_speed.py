@@ -1,0 +1,139 @@
+"""Training throughput: aiayn vs Hugging Face MarianMTModel, same data, batches and sizes.
+
+Each measurement runs in its own process (so peak memory is its own), on the first batches of
+the prepared Multi30k EN-DE data (same vocabulary, same token-count batches for both), after a
+few warm-up updates. Systems alternate (A B C A B C ...); the table gives medians of target
+tokens/s, the ratio to HF Marian, and peak resident memory.
+
+    .venv/bin/pip install -e '.[bench]'
+    .venv/bin/python bench/train_speed.py --data work/multi30k-en-de [--configs small,base] [--reps 3]
+
+The HF side is a minimal loop: MarianMTModel forward with labels-shifted decoder inputs,
+F.cross_entropy with label smoothing 0.1, Adam, fp32 (as measured for the issue's reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SIZES = {"small": dict(d_model=256, d_ff=1024, h=4, N=3), "base": dict(d_model=512, d_ff=2048, h=8, N=6)}
+STEPS = {"small": (5, 25), "base": (3, 8)}  # (warm-up, measured) updates
+SYSTEMS = ["aiayn-bf16", "aiayn-fp32", "hf-fp32"]
+
+
+def worker(system: str, size: str, data_dir: str, threads: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from aiayn.config import Config
+    from aiayn.data import TokenData, collate, make_batches
+    from aiayn.model import Transformer
+    from aiayn.optim import make_optimizer
+    from aiayn.tokenizer import Tokenizer
+    from aiayn.train import train_step
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    tok = Tokenizer.load(str(Path(data_dir) / "spm.model"))
+    data = TokenData(Path(data_dir), "train")
+    warm, steps = STEPS[size]
+    batches = [collate(data, b) for b in make_batches(data.src_lens, data.tgt_lens, 4096, 1, 0)[:warm + steps]]
+    dims = SIZES[size]
+    cfg = Config()
+    cfg.model.vocab_size, cfg.model.p_drop = len(tok), 0.1
+    for k, v in dims.items():
+        setattr(cfg.model, k, v)
+    if system.startswith("aiayn"):
+        cfg.train.precision = "bf16" if system.endswith("bf16") else "fp32"
+        model = Transformer(cfg.model)
+        opt = make_optimizer(model, cfg.train)
+
+        def step(b):
+            train_step(model, opt, [(b, 1.0)], b.n_tokens, cfg, 1e-4, 1, torch.device("cpu"))
+    else:
+        from transformers import MarianConfig, MarianMTModel
+
+        hf_cfg = MarianConfig(vocab_size=len(tok), decoder_vocab_size=len(tok), d_model=dims["d_model"],
+                              encoder_layers=dims["N"], decoder_layers=dims["N"], encoder_attention_heads=dims["h"],
+                              decoder_attention_heads=dims["h"], encoder_ffn_dim=dims["d_ff"],
+                              decoder_ffn_dim=dims["d_ff"], activation_function="relu", dropout=0.1,
+                              pad_token_id=0, eos_token_id=3, decoder_start_token_id=2, scale_embedding=True,
+                              max_position_embeddings=256, share_encoder_decoder_embeddings=True)
+        model = MarianMTModel(hf_cfg).train()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+        def step(b):
+            logits = model(input_ids=b.src, attention_mask=b.src != 0, decoder_input_ids=b.tgt_in).logits
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), b.tgt_out.view(-1), ignore_index=0,
+                                   label_smoothing=0.1, reduction="sum")
+            (loss / b.n_tokens).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    for b in batches[:warm]:
+        step(b)
+    start = time.perf_counter()
+    for b in batches[warm:]:
+        step(b)
+    seconds = time.perf_counter() - start
+    tokens = sum(b.n_tokens for b in batches[warm:])
+    return {"system": system, "size": size, "tgt_tok_s": tokens / seconds, "steps": steps,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", default="work/multi30k-en-de")
+    p.add_argument("--configs", default="small,base")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="bench/train_speed.json")
+    p.add_argument("--worker", nargs=2, metavar=("SYSTEM", "SIZE"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], args.worker[1], args.data, args.threads)))
+        return
+    runs: list[dict] = []
+    for size in args.configs.split(","):
+        for rep in range(args.reps):
+            for system in args.systems.split(","):  # alternate: A B C A B C ...
+                out = subprocess.run([sys.executable, __file__, "--worker", system, size, "--data", args.data,
+                                      "--threads", str(args.threads)], capture_output=True, text=True)
+                if out.returncode:
+                    sys.exit(f"{system} {size} failed:\n{out.stderr[-2000:]}")
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                print(f"  rep {rep + 1} {size:<6}{system:<12}{r['tgt_tok_s']:>8.0f} tok/s {r['peak_rss_mb']:>7.0f} MB",
+                      flush=True)
+                runs.append(r)
+    rows = []
+    for size in args.configs.split(","):
+        ref = statistics.median(r["tgt_tok_s"] for r in runs if r["size"] == size and r["system"] == "hf-fp32") \
+            if "hf-fp32" in args.systems else None
+        for system in args.systems.split(","):
+            mine = [r for r in runs if r["size"] == size and r["system"] == system]
+            tok_s = statistics.median(r["tgt_tok_s"] for r in mine)
+            rows.append({"size": size, "system": system, "tgt_tok_s": tok_s,
+                         "vs_hf": tok_s / ref if ref else None,
+                         "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in mine)})
+    print(f"\n{'size':<7}{'system':<12}{'tok/s':>8}{'x HF':>7}{'peak MB':>9}")
+    for r in rows:
+        ratio = f"{r['vs_hf']:.2f}" if r["vs_hf"] else ""
+        print(f"{r['size']:<7}{r['system']:<12}{r['tgt_tok_s']:>8.0f}{ratio:>7}{r['peak_rss_mb']:>9.0f}")
+    import torch
+
+    meta = {"torch": torch.__version__, "threads": args.threads, "machine": platform.processor() or platform.machine(),
+            "reps": args.reps, "date": time.strftime("%Y-%m-%d")}
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
