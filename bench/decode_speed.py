@@ -1,0 +1,100 @@
+"""Beam-4 decoding speed: aiayn vs Hugging Face `generate` on the same weights (through
+`aiayn export hf`). Runs alternate (A B C A B C ...); medians of sentences/s and target tokens/s,
+sacreBLEU of each, and the ratio to HF.
+
+    .venv/bin/pip install -e '.[bench]'
+    .venv/bin/python bench/decode_speed.py --checkpoint runs/multi30k-en-de/averaged.safetensors \
+        --src work/multi30k-en-de/test_2016_flickr.en.txt --ref work/multi30k-en-de/test_2016_flickr.de.txt
+
+HF gets the same beam (4), the same maximum length (source + 50) and α = 0.6 in its own length
+penalty form (score / length^α; GNMT's ((5+|Y|)/6)^α is not available there), batches of 32
+sentences sorted by length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import sacrebleu
+import torch
+
+from aiayn.export import export_hf
+from aiayn.translate import Translator
+
+
+def hf_translate(model, tok, src: list[str], beam: int, alpha: float, batch: int = 32) -> tuple[list[str], int]:
+    order = sorted(range(len(src)), key=lambda i: len(src[i]))
+    out: list[str] = [""] * len(src)
+    n_tok = 0
+    for s in range(0, len(order), batch):
+        idx = order[s:s + batch]
+        enc = tok([src[i] for i in idx], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            gen = model.generate(**enc, num_beams=beam, length_penalty=alpha,
+                                 max_new_tokens=int(enc.attention_mask.sum(1).max()) + 50)
+        n_tok += int((gen[:, 1:] != 0).sum())
+        for i, text in zip(idx, tok.batch_decode(gen, skip_special_tokens=True)):
+            out[i] = text
+    return out, n_tok
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--src", required=True)
+    p.add_argument("--ref", required=True)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="bench/decode_speed.json")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers import MarianMTModel, MarianTokenizer
+
+    src = Path(args.src).read_text(encoding="utf-8").splitlines()
+    ref = Path(args.ref).read_text(encoding="utf-8").splitlines()
+    hf_dir = Path(tempfile.mkdtemp()) / "hf"
+    export_hf(Path(args.checkpoint), hf_dir)
+    hf_model = MarianMTModel.from_pretrained(hf_dir).eval()
+    hf_tok = MarianTokenizer.from_pretrained(hf_dir)
+    ours = {prec: Translator.load(args.checkpoint, precision=prec) for prec in ("fp32", "bf16")}
+
+    def run_ours(prec: str) -> tuple[list[str], int]:
+        t = ours[prec]
+        hyps = t.translate_ids(t.encode_sources(src), beam=4, alpha=0.6, nbest=1)
+        return t.tokenizer.decode([h[0].tokens if h else [] for h in hyps]), sum(len(h[0].tokens) + 1 for h in hyps)
+
+    systems = {"aiayn-fp32": lambda: run_ours("fp32"), "aiayn-bf16": lambda: run_ours("bf16"),
+               "hf-generate-fp32": lambda: hf_translate(hf_model, hf_tok, src, 4, 0.6)}
+    times: dict[str, list[float]] = {k: [] for k in systems}
+    outputs: dict[str, tuple[list[str], int]] = {}
+    for rep in range(args.reps):
+        for name, fn in systems.items():
+            start = time.perf_counter()
+            outputs[name] = fn()
+            times[name].append(time.perf_counter() - start)
+            print(f"  rep {rep + 1} {name:<18}{len(src) / times[name][-1]:>8.1f} sent/s", flush=True)
+    ref_speed = len(src) / statistics.median(times["hf-generate-fp32"])
+    rows = []
+    for name in systems:
+        sec = statistics.median(times[name])
+        text, n_tok = outputs[name]
+        rows.append({"system": name, "sent_per_s": len(src) / sec, "tgt_tok_per_s": n_tok / sec,
+                     "vs_hf": len(src) / sec / ref_speed, "bleu": sacrebleu.corpus_bleu(text, [ref]).score})
+    same = sum(a == b for a, b in zip(outputs["aiayn-fp32"][0], outputs["hf-generate-fp32"][0]))
+    print(f"\n{'system':<18}{'sent/s':>8}{'tok/s':>8}{'x HF':>7}{'BLEU':>7}")
+    for r in rows:
+        print(f"{r['system']:<18}{r['sent_per_s']:>8.1f}{r['tgt_tok_per_s']:>8.0f}{r['vs_hf']:>7.2f}{r['bleu']:>7.2f}")
+    print(f"aiayn fp32 and HF give the same translation for {same} of {len(src)} sentences")
+    meta = {"torch": torch.__version__, "threads": args.threads, "machine": platform.processor() or platform.machine(),
+            "sentences": len(src), "reps": args.reps, "date": time.strftime("%Y-%m-%d"), "identical_to_hf": same}
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
