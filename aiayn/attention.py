@@ -21,12 +21,13 @@ def attention(
 
     q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v) -> (B, h, T, d_v), weights (B, h, T, S).
     The fast path is `F.scaled_dot_product_attention` (flash / memory-efficient kernels on GPU);
-    ``need_weights`` takes the explicit path and also returns the weights. On the CPU the explicit
-    path is the fast one for sentence-length inputs: fwd+bwd of (130, 4, 30, 64) in bf16 took
-    6 ms against 22 ms for SDPA's CPU flash kernel (bench/attention_cpu.py).
+    ``need_weights`` takes the explicit path and also returns the weights. In bf16 on the CPU the
+    explicit path is the fast one at sentence lengths: fwd+bwd of (130, 4, 30, 64) took 4.4 ms
+    against 21.6 ms for SDPA's CPU kernel; in fp32 SDPA is faster (12.4 vs 15.9 ms), so it stays
+    the default there (bench/attention_cpu.py).
     """
     if use_sdpa is None:
-        use_sdpa = q.device.type != "cpu"
+        use_sdpa = q.device.type != "cpu" or q.dtype != torch.bfloat16
     if use_sdpa and not need_weights:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None
