@@ -145,7 +145,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
               overrides=_parse_overrides(extra))
         return
     if not args.data or not args.run:
-        raise UserError("train needs --data PREPARED_DIR and --run RUN_DIR (or --resume RUN_DIR)")
+        raise UserError("train needs --data PREPARED_DIR and --run-dir RUN_DIR (or --resume RUN_DIR)")
     if (Path(args.run) / "checkpoints").exists() and any((Path(args.run) / "checkpoints").iterdir()):
         raise UserError(f"{args.run} already has checkpoints; use --resume {args.run} or another --run")
     train(build_config(args, extra), Path(args.data), Path(args.run), device=args.device)
@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("train", help="train a model (config overrides: --train.lr_scale 2 ...)")
     p.add_argument("--data", help="prepared data folder (from `aiayn prepare`)")
-    p.add_argument("--run", help="run folder for config, logs, metrics and checkpoints")
+    p.add_argument("--run-dir", "--run", dest="run",
+                   help="run folder for config, logs, metrics and checkpoints (under torchrun, spell it --run-dir)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--config", help="YAML config")

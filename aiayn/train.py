@@ -78,6 +78,8 @@ def setup(device: str | None, threads: int) -> Dist:
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    if rank != 0:
+        log.setLevel(logging.WARNING)  # rank 0 speaks for the run
     return Dist(rank, world, dev)
 
 

@@ -167,3 +167,30 @@ def test_two_rank_ddp_update_equals_one_rank_on_both_shards(toy_prepared, tmp_pa
         torch.testing.assert_close(ddp[k], v.detach(), atol=2e-6, rtol=1e-5)
         changed += int(not torch.equal(v.detach(), _setup_model(toy_prepared)[1].state_dict()[k]))
     assert changed > 10  # the update really moved the weights
+
+
+def test_torchrun_two_processes_train_and_resume(toy_prepared, tmp_path):
+    import subprocess
+    import sys
+
+    def free_port() -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return str(s.getsockname()[1])
+
+    def base() -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                "127.0.0.1", "--master_port", free_port(), "-m", "aiayn", "train"]
+
+    run = tmp_path / "run"
+    first = subprocess.run(base() + ["--data", str(toy_prepared), "--run-dir", str(run), "--model.d_model", "32",
+                                   "--model.d_ff", "64", "--model.h", "4", "--model.N", "1", "--train.max_steps", "6",
+                                   "--data.max_tokens", "400", "--train.threads", "1", "--train.valid_bleu_sentences",
+                                   "0"], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stderr.count("finished at step 6") == 1  # only rank 0 logs
+    second = subprocess.run(base() + ["--resume", str(run), "--train.max_steps", "9"], capture_output=True, text=True,
+                            timeout=120)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resumed from step-00000006" in second.stderr
+    assert list_checkpoints(run)[-1].name == "step-00000009.safetensors"
