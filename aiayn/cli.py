@@ -278,16 +278,22 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
-    """Write a Hugging Face MarianMTModel directory (weights, config, tokenizer)."""
+    """Write a Hugging Face MarianMTModel directory, or a CTranslate2 model made from it."""
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-    from .export import ExportError, export_hf
+    from .export import ExportError, export_ct2, export_hf
 
+    if args.quantization and args.format != "ct2":
+        raise UserError("--quantization applies to `export ct2` only")
     try:
-        out = export_hf(Path(args.checkpoint), Path(args.output))
+        if args.format == "hf":
+            out = export_hf(Path(args.checkpoint), Path(args.output))
+            print(f"wrote {out} (load with transformers.MarianMTModel / MarianTokenizer .from_pretrained)")
+        else:
+            out = export_ct2(Path(args.checkpoint), Path(args.output), args.quantization)
+            print(f"wrote {out} (load with ctranslate2.Translator; subwords with {out}/source.spm)")
     except ExportError as e:
         raise UserError(str(e)) from None
-    print(f"wrote {out} (load with transformers.MarianMTModel / MarianTokenizer .from_pretrained)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,8 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-chars", type=int, default=1000, help="per sentence (413 above)")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("export", help="export a checkpoint to Hugging Face MarianMTModel")
-    p.add_argument("format", choices=["hf"])
+    p = sub.add_parser("export", help="export a checkpoint to Hugging Face MarianMTModel or CTranslate2")
+    p.add_argument("format", choices=["hf", "ct2"])
+    p.add_argument("--quantization", help="ct2 only: int8, int8_float32, float16, ... (CTranslate2's names)")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_export)

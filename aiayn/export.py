@@ -1,4 +1,4 @@
-"""Export to Hugging Face `MarianMTModel`.
+"""Export to Hugging Face `MarianMTModel`, and through it to CTranslate2.
 
 Marian's architecture is the paper's (post-norm, ReLU, √d_model-scaled shared embeddings,
 sinusoidal positions starting at 0), so an aiayn checkpoint maps onto it weight for weight. One
@@ -128,3 +128,43 @@ def write_marian_tokenizer(tokenizer: Tokenizer, out: Path) -> None:
         "tokenizer_class": "MarianTokenizer", "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
         "model_max_length": 512, "separate_vocabs": False,
     }))
+
+
+def export_ct2(checkpoint: Path, out: Path, quantization: str | None = None) -> Path:
+    """CTranslate2 model through the HF export and CTranslate2's own Transformers converter.
+
+    CTranslate2's Marian loader assumes OPUS-MT conventions that aiayn does not share: the
+    decoder starts from a zero embedding and the last vocabulary row is padding. Its BART loader
+    reads the same module layout without those assumptions (decoder starts from <s>, every row
+    kept), so the conversion runs with that loader registered for MarianConfig.
+    """
+    try:
+        from ctranslate2.converters import transformers as ct2t
+    except ImportError:
+        raise ExportError("export ct2 needs the `ctranslate2` package: pip install 'aiayn[bench]'") from None
+    out = Path(out)
+    hf_dir = out.with_name(out.name + ".hf")
+    export_hf(checkpoint, hf_dir)
+
+    class AiaynMarianLoader(ct2t.BartLoader):
+        @property
+        def architecture_name(self) -> str:
+            return "MarianMTModel"
+
+        def get_model_spec(self, model):
+            model.config.normalize_before = False  # post-norm (§3.1)
+            model.config.normalize_embedding = False
+            return super().get_model_spec(model)
+
+        def set_config(self, config, model, tokenizer):
+            config.bos_token, config.eos_token, config.unk_token = "<s>", "</s>", "<unk>"
+            config.decoder_start_token = "<s>"  # aiayn's BOS, a learned embedding
+
+    previous = ct2t._MODEL_LOADERS.get("MarianConfig")
+    ct2t.register_loader("MarianConfig")(AiaynMarianLoader)
+    try:
+        converter = ct2t.TransformersConverter(str(hf_dir), copy_files=["source.spm", "target.spm"])
+        converter.convert(str(out), quantization=quantization, force=True)
+    finally:
+        ct2t._MODEL_LOADERS["MarianConfig"] = previous
+    return out

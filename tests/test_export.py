@@ -15,26 +15,25 @@ transformers = pytest.importorskip("transformers", reason="export needs the opti
 
 @pytest.fixture(scope="module")
 def exported(toy_prepared, tmp_path_factory):
-    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
-    cfg = Config()
-    m = cfg.model
-    m.vocab_size, m.d_model, m.d_ff, m.h, m.N, m.p_drop, m.max_positions = len(tok), 32, 64, 4, 2, 0.0, 128
-    torch.manual_seed(0)
-    model = Transformer(m).eval()
-    with torch.no_grad():
-        model.out_proj.weight.mul_(4.0)  # confident outputs: beam search has real choices to make
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))  # non-trivial biases and LayerNorm gains
+    """A briefly trained toy model (so hypotheses end by EOS), exported through the CLI."""
+    from conftest import tiny_config
+
+    from aiayn.checkpoint import list_checkpoints, load_checkpoint
+    from aiayn.train import train
+
     d = tmp_path_factory.mktemp("export")
-    save_weights(d / "m.safetensors", model_tensors(model), cfg, tok, 0)
-    assert main(["export", "hf", "--checkpoint", str(d / "m.safetensors"), "-o", str(d / "hf")]) == 0
+    cfg = tiny_config(max_steps=300, lr_scale=0.5, warmup_steps=50)
+    cfg.model.d_model, cfg.model.d_ff, cfg.model.p_drop, cfg.data.max_tokens = 64, 128, 0.0, 600
+    train(cfg, toy_prepared, d / "run")
+    ckpt = list_checkpoints(d / "run")[-1]
+    model, _, tok, _ = load_checkpoint(ckpt)
+    assert main(["export", "hf", "--checkpoint", str(ckpt), "-o", str(d / "hf")]) == 0
     hf = transformers.MarianMTModel.from_pretrained(d / "hf").eval()
-    return model, tok, hf, transformers.MarianTokenizer.from_pretrained(d / "hf")
+    return model, tok, hf, transformers.MarianTokenizer.from_pretrained(d / "hf"), ckpt
 
 
 def test_logits_equal_on_random_batches(exported):
-    model, tok, hf, _ = exported
+    model, tok, hf, _, _ = exported
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
         src = torch.randint(4, len(tok), (3, 9), generator=g)
@@ -49,19 +48,19 @@ def test_logits_equal_on_random_batches(exported):
 
 
 def test_tokenizer_matches(exported):
-    _, tok, _, hf_tok = exported
+    _, tok, _, hf_tok, _ = exported
     for s in ["the big dog runs", "a cat sits near the red house"]:
         assert hf_tok(s).input_ids == tok.encode([s])[0] + [EOS]
 
 
 def test_hf_beam_search_gives_the_same_translations(exported):
-    model, tok, hf, hf_tok = exported
+    model, tok, hf, hf_tok, _ = exported
     sents = ["the big dog runs", "a cat sits near the red house", "woman", "the man runs to the park"]
     enc = hf_tok(sents, return_tensors="pt", padding=True)
     # alpha = 0: HF's length penalty (score / len^alpha) and GNMT's agree only there.
-    out = hf.generate(**enc, num_beams=4, length_penalty=0.0, max_new_tokens=12, early_stopping=True)
+    out = hf.generate(**enc, num_beams=4, length_penalty=0.0, max_new_tokens=30, early_stopping=True)
     theirs = hf_tok.batch_decode(out, skip_special_tokens=True)
-    ours = beam_search(model, enc.input_ids, beam=4, alpha=0.0, max_len_a=0.0, max_len_b=11)
+    ours = beam_search(model, enc.input_ids, beam=4, alpha=0.0, max_len_a=0.0, max_len_b=29)
     assert tok.decode([h[0].tokens for h in ours]) == theirs
 
 
@@ -73,3 +72,22 @@ def test_export_refuses_what_marian_cannot_hold(toy_prepared, tmp_path, capsys):
     save_weights(tmp_path / "p.safetensors", model_tensors(Transformer(cfg.model)), cfg, tok, 0)
     assert main(["export", "hf", "--checkpoint", str(tmp_path / "p.safetensors"), "-o", str(tmp_path / "o")]) == 2
     assert "post-norm" in capsys.readouterr().err
+
+
+def test_ctranslate2_gives_the_same_translations(exported, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="export ct2 needs the optional ctranslate2 package")
+    model, tok, _, _, ckpt = exported
+    assert main(["export", "ct2", "--checkpoint", str(ckpt), "-o", str(tmp_path / "ct2")]) == 0
+    sents = ["the big dog runs", "a cat sits near the red house", "woman", "the man runs to the park"]
+    ct2 = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    pieces = [tok.pieces(s) + ["</s>"] for s in sents]
+    # alpha = 0: CTranslate2's length penalty, like HF's, is not GNMT's form.
+    res = ct2.translate_batch(pieces, beam_size=4, length_penalty=0.0, max_decoding_length=30)
+    theirs = [tok.sp.decode(r.hypotheses[0]) for r in res]
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(x) for x in tok.encode(sents)], batch_first=True)
+    src = torch.cat([src, torch.zeros(len(sents), 1, dtype=torch.long)], 1)
+    for i, ids in enumerate(tok.encode(sents)):
+        src[i, len(ids)] = EOS
+    ours = beam_search(model, src, beam=4, alpha=0.0, max_len_a=0.0, max_len_b=30)
+    assert all(len(h[0].tokens) < 30 for h in ours)  # ended by EOS, not by the length limit
+    assert tok.decode([h[0].tokens for h in ours]) == theirs
