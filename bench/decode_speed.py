@@ -1,5 +1,6 @@
-"""Beam-4 decoding speed: aiayn vs Hugging Face `generate` on the same weights (through
-`aiayn export hf`). Runs alternate (A B C A B C ...); medians of sentences/s and target tokens/s,
+"""Beam-4 decoding speed: aiayn vs Hugging Face `generate` and CTranslate2 (float32, int8) on
+the same weights (through `aiayn export hf` / `aiayn export ct2`).
+Runs alternate (A B C A B C ...); medians of sentences/s and target tokens/s,
 sacreBLEU of each, and the ratio to HF.
 
     .venv/bin/pip install -e '.[bench]'
@@ -8,7 +9,7 @@ sacreBLEU of each, and the ratio to HF.
 
 HF gets the same beam (4), the same maximum length (source + 50) and α = 0.6 in its own length
 penalty form (score / length^α; GNMT's ((5+|Y|)/6)^α is not available there), batches of 32
-sentences sorted by length.
+sentences sorted by length; CTranslate2 the same beam, α and maximum length, batches of 64.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from aiayn.export import export_hf
+from aiayn.export import export_ct2, export_hf
 from aiayn.translate import Translator
 
 
@@ -42,6 +43,14 @@ def hf_translate(model, tok, src: list[str], beam: int, alpha: float, batch: int
         for i, text in zip(idx, tok.batch_decode(gen, skip_special_tokens=True)):
             out[i] = text
     return out, n_tok
+
+
+def ct2_translate(translator, sp, src: list[str], beam: int, alpha: float) -> tuple[list[str], int]:
+    pieces = [sp.encode(s, out_type=str) + ["</s>"] for s in src]
+    res = translator.translate_batch(pieces, beam_size=beam, length_penalty=alpha, max_batch_size=64,
+                                     batch_type="examples", max_decoding_length=max(map(len, pieces)) + 50)
+    hyps = [r.hypotheses[0] for r in res]
+    return [sp.decode(h) for h in hyps], sum(len(h) + 1 for h in hyps)
 
 
 def main() -> None:
@@ -71,6 +80,18 @@ def main() -> None:
 
     systems = {"aiayn-fp32": lambda: run_ours("fp32"), "aiayn-bf16": lambda: run_ours("bf16"),
                "hf-generate-fp32": lambda: hf_translate(hf_model, hf_tok, src, 4, 0.6)}
+    try:
+        import ctranslate2
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(hf_dir / "source.spm"))
+        for quant in ("float32", "int8"):
+            ct2_dir = hf_dir.parent / f"ct2-{quant}"
+            export_ct2(Path(args.checkpoint), ct2_dir, quant)
+            tr = ctranslate2.Translator(str(ct2_dir), device="cpu", inter_threads=1, intra_threads=args.threads)
+            systems[f"ct2-{quant}"] = lambda tr=tr: ct2_translate(tr, sp, src, 4, 0.6)
+    except ImportError:
+        print("ctranslate2 not installed: skipping CTranslate2")
     times: dict[str, list[float]] = {k: [] for k in systems}
     outputs: dict[str, tuple[list[str], int]] = {}
     for rep in range(args.reps):
