@@ -21,13 +21,13 @@ def attention(
 
     q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v) -> (B, h, T, d_v), weights (B, h, T, S).
     The fast path is `F.scaled_dot_product_attention` (flash / memory-efficient kernels on GPU);
-    ``need_weights`` takes the explicit path and also returns the weights. In bf16 on the CPU the
-    explicit path is the fast one at sentence lengths: fwd+bwd of (130, 4, 30, 64) took 4.4 ms
-    against 21.6 ms for SDPA's CPU kernel; in fp32 SDPA is faster (12.4 vs 15.9 ms), so it stays
-    the default there (bench/attention_cpu.py).
+    ``need_weights`` takes the explicit path and also returns the weights. On the CPU, SDPA is
+    only faster for fp32 training (fwd+bwd of (130, 4, 30, 64): 12.4 vs 15.9 ms); in bf16
+    training (21.6 vs 4.4 ms) and in inference at every precision (decoding shapes: 1.5-3x) the
+    explicit path wins, so it is the default there (bench/attention_cpu.py).
     """
     if use_sdpa is None:
-        use_sdpa = q.device.type != "cpu" or q.dtype != torch.bfloat16
+        use_sdpa = q.device.type != "cpu" or (q.dtype != torch.bfloat16 and torch.is_grad_enabled())
     if use_sdpa and not need_weights:
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None

@@ -112,25 +112,34 @@ class LayerCache:
 
 @dataclass
 class DecoderCache:
-    """State for one-token-at-a-time decoding: per-layer caches, the source mask, the step."""
+    """State for one-token-at-a-time decoding: per-layer caches, the source mask, the step.
+
+    Each source serves ``group`` consecutive decoder rows (the beams of one sentence), so the
+    encoder side is stored once per source, not once per beam.
+    """
 
     layers: list[LayerCache]
     src_mask: Tensor  # (B, 1, 1, S)
+    group: int = 1
     step: int = 0
 
-    def reorder(self, index: Tensor, sources_changed: bool = True) -> None:
-        """Select batch rows (e.g. surviving beams): every cached tensor is indexed along dim 0.
+    def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
+        """Keep decoder rows `rows` (indices into the current rows), e.g. the surviving beams.
 
-        When every row keeps the source it had (beams reordered within one sentence), the
-        encoder-side tensors are left alone: `sources_changed=False` skips copying them.
+        Rows that keep their source (beams reordered within a sentence) need nothing else; when
+        the set of sources changes, `sources` selects them (indices into the current sources),
+        and row r of the result must belong to source r // group.
         """
+        n = self.src_mask.size(0) if sources is None else sources.numel()
+        if rows.numel() != n * self.group:
+            raise ValueError(f"{rows.numel()} decoder rows for {n} sources × group {self.group}")
         for c in self.layers:
             if c.self_k is not None:
-                c.self_k, c.self_v = c.self_k.index_select(0, index), c.self_v.index_select(0, index)
-            if sources_changed:
-                c.cross_k, c.cross_v = c.cross_k.index_select(0, index), c.cross_v.index_select(0, index)
-        if sources_changed:
-            self.src_mask = self.src_mask.index_select(0, index)
+                c.self_k, c.self_v = c.self_k.index_select(0, rows), c.self_v.index_select(0, rows)
+            if sources is not None:
+                c.cross_k, c.cross_v = c.cross_k.index_select(0, sources), c.cross_v.index_select(0, sources)
+        if sources is not None:
+            self.src_mask = self.src_mask.index_select(0, sources)
 
 
 class DecoderLayer(nn.Module):
@@ -148,7 +157,7 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor,
-        cache: LayerCache | None = None, need_weights: bool = False,
+        cache: LayerCache | None = None, need_weights: bool = False, group: int = 1,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         # Masked self-attention. Full sequence: causal mask alone suffices because targets are
         # right-padded, so a real query never sees a padded key. Incremental: the new token
@@ -162,9 +171,12 @@ class DecoderLayer(nn.Module):
         a, w_self = self.self_attn(y, k, v, causal=cache is None, need_weights=need_weights)
         x = self.res_self.out(x, a)
         # Encoder-decoder attention: queries from the decoder, keys/values from the encoder.
-        a, w_cross = self.cross_attn(self.res_cross.inp(x), cross_k, cross_v, mask=src_mask,
-                                     need_weights=need_weights)
-        x = self.res_cross.out(x, a)
+        # With group g > 1 (incremental decoding, one token per row), the g rows that share a
+        # source are that source's g queries: (B·g, 1, d) -> (B, g, d).
+        y = self.res_cross.inp(x)
+        a, w_cross = self.cross_attn(y.reshape(-1, group * y.size(1), y.size(2)), cross_k, cross_v,
+                                     mask=src_mask, need_weights=need_weights)
+        x = self.res_cross.out(x, a.reshape(x.shape))
         x = self.res_ffn.out(x, self.ffn(self.res_ffn.inp(x)))
         return x, w_self, w_cross
 
@@ -250,13 +262,14 @@ class Transformer(nn.Module):
     # -- decoder ---------------------------------------------------------------------------
     def _decode(
         self, tgt: Tensor, cross: list[tuple[Tensor, Tensor]], src_mask: Tensor,
-        caches: list[LayerCache] | None, offset: int, need_weights: bool,
+        cache: DecoderCache | None, need_weights: bool,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        x = self._embed(tgt, self.tgt_embed, "tgt", offset)
+        x = self._embed(tgt, self.tgt_embed, "tgt", cache.step if cache else 0)
         w_self, w_cross = [], []
         for i, layer in enumerate(self.decoder):
             k, v = cross[i]
-            x, ws, wc = layer(x, k, v, src_mask, caches[i] if caches else None, need_weights)
+            x, ws, wc = layer(x, k, v, src_mask, cache.layers[i] if cache else None, need_weights,
+                              cache.group if cache else 1)
             w_self.append(ws)
             w_cross.append(wc)
         x = self.dec_norm(x)
@@ -269,25 +282,26 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits: src (B, S), tgt_in (B, T) -> (B, T, V)."""
         memory, mask, _ = self.encode(src)
-        logits, _, _ = self._decode(tgt_in, self.cross_kv(memory), mask, None, 0, False)
+        logits, _, _ = self._decode(tgt_in, self.cross_kv(memory), mask, None, False)
         return logits
 
     def attention_maps(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionMaps]:
         """Logits and every attention map, through the explicit attention path."""
         memory, mask, w_enc = self.encode(src, need_weights=True)
-        logits, w_self, w_cross = self._decode(tgt_in, self.cross_kv(memory), mask, None, 0, True)
+        logits, w_self, w_cross = self._decode(tgt_in, self.cross_kv(memory), mask, None, True)
         return logits, AttentionMaps(w_enc, w_self, w_cross)
 
     # -- incremental decoding ----------------------------------------------------------------
-    def start_decoding(self, src: Tensor) -> DecoderCache:
-        """Encode src once and prepare per-layer caches for `decode_step`."""
+    def start_decoding(self, src: Tensor, group: int = 1) -> DecoderCache:
+        """Encode src (B, S) once and prepare caches for `decode_step` over B·group rows, where
+        rows b·group .. b·group + group - 1 translate source b (the beams of beam search)."""
         memory, mask, _ = self.encode(src)
         layers = [LayerCache(k, v) for k, v in self.cross_kv(memory)]
-        return DecoderCache(layers, mask)
+        return DecoderCache(layers, mask, group)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Feed the next token of each row, tokens (B,) -> next-token logits (B, V)."""
         cross = [(c.cross_k, c.cross_v) for c in cache.layers]
-        logits, _, _ = self._decode(tokens[:, None], cross, cache.src_mask, cache.layers, cache.step, False)
+        logits, _, _ = self._decode(tokens[:, None], cross, cache.src_mask, cache, False)
         cache.step += 1
         return logits[:, -1]

@@ -1,7 +1,9 @@
-"""Attention forward+backward on the CPU: explicit matmul path vs F.scaled_dot_product_attention.
+"""Attention on the CPU: explicit matmul path vs F.scaled_dot_product_attention.
 
-Why aiayn takes the explicit path on the CPU (aiayn/attention.py). Alternates the two paths,
-reports medians over repetitions and their ratio, writes JSON.
+Why aiayn picks the path it does on the CPU (aiayn/attention.py): training (forward+backward,
+self-attention over a batch of sentences) and decoding (no gradient; one query per beam over
+the cached self-attention keys, or the 4 beams of a sentence over its source). Alternates the
+two paths, reports medians over repetitions and their ratio, writes JSON.
 
     .venv/bin/python bench/attention_cpu.py [--out bench/attention_cpu.json]
 """
@@ -20,11 +22,20 @@ from aiayn.attention import attention
 
 
 def time_once(use_sdpa: bool, q, k, v, mask, iters: int) -> float:
+    train = q.requires_grad
     start = time.perf_counter()
-    for _ in range(iters):
-        out, _ = attention(q, k, v, mask, use_sdpa=use_sdpa)
-        out.sum().backward()
+    with torch.set_grad_enabled(train):
+        for _ in range(iters):
+            out, _ = attention(q, k, v, mask, use_sdpa=use_sdpa)
+            if train:
+                out.sum().backward()
     return (time.perf_counter() - start) / iters * 1000
+
+
+SHAPES = (  # mode, B, h, T (queries), S (keys), d
+    ("train", 130, 4, 30, 30, 64), ("train", 64, 8, 60, 60, 64),
+    ("decode", 1000, 4, 1, 20, 64), ("decode", 250, 4, 4, 20, 64), ("decode", 1000, 4, 1, 40, 64),
+)
 
 
 def main() -> None:
@@ -35,10 +46,12 @@ def main() -> None:
     torch.manual_seed(0)
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
-        for B, h, T, d in ((130, 4, 30, 64), (64, 8, 60, 64)):
-            q, k, v = (torch.randn(B, h, T, d, dtype=dtype, requires_grad=True) for _ in range(3))
-            mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
-            mask[: B // 2, :, :, T * 3 // 4:] = False
+        for mode, B, h, T, S, d in SHAPES:
+            train = mode == "train"
+            q = torch.randn(B, h, T, d, dtype=dtype, requires_grad=train)
+            k, v = (torch.randn(B, h, S, d, dtype=dtype, requires_grad=train) for _ in range(2))
+            mask = torch.ones(B, 1, 1, S, dtype=torch.bool)
+            mask[: B // 2, :, :, S * 3 // 4:] = False
             for flag in (True, False):
                 time_once(flag, q, k, v, mask, 2)  # warm-up
             times = {True: [], False: []}
@@ -46,11 +59,11 @@ def main() -> None:
                 for flag in (True, False):
                     times[flag].append(time_once(flag, q, k, v, mask, 5))
             sdpa, explicit = statistics.median(times[True]), statistics.median(times[False])
-            rows.append({"dtype": str(dtype).split(".")[1], "shape": [B, h, T, d], "sdpa_ms": sdpa,
+            rows.append({"mode": mode, "dtype": str(dtype).split(".")[1], "shape": [B, h, T, S, d], "sdpa_ms": sdpa,
                          "explicit_ms": explicit, "speedup": sdpa / explicit})
-    print(f"{'dtype':<9}{'B,h,T,d':<16}{'sdpa ms':>9}{'explicit ms':>13}{'ratio':>7}")
+    print(f"{'mode':<8}{'dtype':<10}{'B,h,T,S,d':<18}{'sdpa ms':>9}{'explicit ms':>13}{'ratio':>7}")
     for r in rows:
-        print(f"{r['dtype']:<9}{','.join(map(str, r['shape'])):<16}{r['sdpa_ms']:>9.2f}"
+        print(f"{r['mode']:<8}{r['dtype']:<10}{','.join(map(str, r['shape'])):<18}{r['sdpa_ms']:>9.2f}"
               f"{r['explicit_ms']:>13.2f}{r['speedup']:>7.2f}")
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.processor()}
     with open(args.out, "w") as f:

@@ -76,10 +76,37 @@ def test_cache_reorder_selects_rows():
     for t in range(3):
         m.decode_step(tgt[:, t], cache)
     index = torch.tensor([2, 0, 0, 1])
-    cache.reorder(index)
+    cache.reorder(index, sources=index)
     rest = torch.stack([m.decode_step(tgt[index, t], cache) for t in range(3, 6)], 1)
     full = m(src[index], tgt[index])
     torch.testing.assert_close(rest, full[:, 3:], atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_cache_equals_repeated_sources():
+    """Beams share one copy of their source's encoder keys/values: decoding B·g rows against B
+    sources must equal decoding against each source repeated g times, also after rows are
+    reordered within groups and a source leaves."""
+    m = tiny()
+    g = 3
+    src = torch.randint(4, 13, (2, 5))
+    src[1, 3:] = 0
+    tgt = torch.randint(4, 13, (2 * g, 6))
+    grouped, repeated = m.start_decoding(src, group=g), m.start_decoding(src.repeat_interleave(g, 0))
+    for t in range(3):
+        torch.testing.assert_close(m.decode_step(tgt[:, t], grouped), m.decode_step(tgt[:, t], repeated),
+                                   atol=1e-5, rtol=1e-5)
+    rows = torch.tensor([2, 2, 0, 4, 3, 3])  # beams move within their sentence
+    grouped.reorder(rows)
+    repeated.reorder(rows)
+    torch.testing.assert_close(m.decode_step(tgt[:, 3], grouped), m.decode_step(tgt[:, 3], repeated),
+                               atol=1e-5, rtol=1e-5)
+    rows = torch.tensor([5, 3, 4])  # sentence 0 finished: only sentence 1 is left
+    grouped.reorder(rows, sources=torch.tensor([1]))
+    repeated.reorder(rows, sources=rows)
+    torch.testing.assert_close(m.decode_step(tgt[3:, 4], grouped), m.decode_step(tgt[3:, 4], repeated),
+                               atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="decoder rows"):
+        grouped.reorder(torch.tensor([0, 1]))
 
 
 def closed_form_params(V, d, d_ff, h, d_k, d_v, N):

@@ -114,11 +114,11 @@ class ScriptedDecoder:
         def __init__(self, n):
             self.prefixes = [() for _ in range(n)]
 
-        def reorder(self, index, sources_changed=True):
-            self.prefixes = [self.prefixes[i] for i in index.tolist()]
+        def reorder(self, rows, sources=None):
+            self.prefixes = [self.prefixes[i] for i in rows.tolist()]
 
-    def start_decoding(self, src):
-        return self.Cache(src.size(0))
+    def start_decoding(self, src, group=1):
+        return self.Cache(src.size(0) * group)
 
     def decode_step(self, tokens, cache):
         self.calls += 1
