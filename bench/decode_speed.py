@@ -3,9 +3,11 @@ the same weights (through `aiayn export hf` / `aiayn export ct2`).
 Runs alternate (A B C A B C ...); medians of sentences/s and target tokens/s,
 sacreBLEU of each, and the ratio to HF.
 
-    .venv/bin/pip install -e '.[bench]'
-    .venv/bin/python bench/decode_speed.py --checkpoint runs/multi30k-en-de/averaged.safetensors \
-        --src work/multi30k-en-de/test_2016_flickr.en.txt --ref work/multi30k-en-de/test_2016_flickr.de.txt
+    .venv/bin/pip install -e '.[bench]'      # scripts/setup.sh does this
+    .venv/bin/python bench/decode_speed.py   # [--checkpoint FILE --src FILE --ref FILE]
+
+Defaults: the main job's averaged checkpoint and test2016 (bench/benchdata.py makes them when
+missing: data preparation, then the main job's 30 minutes of training).
 
 HF gets the same beam (4), the same maximum length (source + 50) and α = 0.6 in its own length
 penalty form (score / length^α; GNMT's ((5+|Y|)/6)^α is not available there), batches of 32
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import sacrebleu
 import torch
+from benchdata import CHECKPOINT, DATA, prepared_data, trained_checkpoint
 
 from aiayn.export import export_ct2, export_hf
 from aiayn.translate import Translator
@@ -39,7 +42,10 @@ def hf_translate(model, tok, src: list[str], beam: int, alpha: float, batch: int
         with torch.no_grad():
             gen = model.generate(**enc, num_beams=beam, length_penalty=alpha,
                                  max_new_tokens=int(enc.attention_mask.sum(1).max()) + 50)
-        n_tok += int((gen[:, 1:] != 0).sum())
+        # Finished rows are padded with EOS: count up to and including the first EOS.
+        out_ids = gen[:, 1:]
+        is_eos = out_ids == tok.eos_token_id
+        n_tok += int(torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, (out_ids != tok.pad_token_id).sum(1)).sum())
         for i, text in zip(idx, tok.batch_decode(gen, skip_special_tokens=True)):
             out[i] = text
     return out, n_tok
@@ -55,14 +61,19 @@ def ct2_translate(translator, sp, src: list[str], beam: int, alpha: float) -> tu
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--src", required=True)
-    p.add_argument("--ref", required=True)
+    p.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
+    p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.en.txt")
+    p.add_argument("--ref", type=Path, default=DATA / "test_2016_flickr.de.txt")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--unbatched", type=int, default=200,
+                   help="compare the first N batched translations with one-sentence-at-a-time decoding")
     p.add_argument("--out", default="bench/decode_speed.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.src.parent == DATA:
+        prepared_data(DATA)
+    args.checkpoint = trained_checkpoint(args.checkpoint)
     from transformers import MarianMTModel, MarianTokenizer
 
     src = Path(args.src).read_text(encoding="utf-8").splitlines()
@@ -108,12 +119,21 @@ def main() -> None:
         rows.append({"system": name, "sent_per_s": len(src) / sec, "tgt_tok_per_s": n_tok / sec,
                      "vs_hf": len(src) / sec / ref_speed, "bleu": sacrebleu.corpus_bleu(text, [ref]).score})
     same = sum(a == b for a, b in zip(outputs["aiayn-fp32"][0], outputs["hf-generate-fp32"][0]))
+    # The unbatched reference: the same search, one sentence per batch, no padding, no drops.
+    alone = {}
+    for prec, t in ours.items():
+        ids = t.encode_sources(src[:args.unbatched])
+        hyps = [t.translate_ids([x], beam=4, alpha=0.6, nbest=1)[0] for x in ids]
+        text = t.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
+        alone[prec] = sum(a == b for a, b in zip(text, outputs[f"aiayn-{prec}"][0]))
+        print(f"aiayn {prec}: batched = unbatched for {alone[prec]} of {len(ids)} sentences")
     print(f"\n{'system':<18}{'sent/s':>8}{'tok/s':>8}{'x HF':>7}{'BLEU':>7}")
     for r in rows:
         print(f"{r['system']:<18}{r['sent_per_s']:>8.1f}{r['tgt_tok_per_s']:>8.0f}{r['vs_hf']:>7.2f}{r['bleu']:>7.2f}")
     print(f"aiayn fp32 and HF give the same translation for {same} of {len(src)} sentences")
     meta = {"torch": torch.__version__, "threads": args.threads, "machine": platform.processor() or platform.machine(),
-            "sentences": len(src), "reps": args.reps, "date": time.strftime("%Y-%m-%d"), "identical_to_hf": same}
+            "sentences": len(src), "reps": args.reps, "date": time.strftime("%Y-%m-%d"), "identical_to_hf": same,
+            "unbatched_checked": args.unbatched, "identical_to_unbatched": alone}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 

@@ -6,7 +6,9 @@ few warm-up updates. Systems alternate (A B C A B C ...); the table gives median
 tokens/s, the ratio to HF Marian, and peak resident memory.
 
     .venv/bin/pip install -e '.[bench]'
-    .venv/bin/python bench/train_speed.py --data work/multi30k-en-de [--configs small,base] [--reps 3]
+    .venv/bin/python bench/train_speed.py [--data work/multi30k-en-de] [--configs small,base] [--reps 3]
+
+The default data directory is prepared with `aiayn prepare` when missing (bench/benchdata.py).
 
 The HF side is a minimal loop: MarianMTModel forward with labels-shifted decoder inputs,
 F.cross_entropy with label smoothing 0.1, Adam, fp32 (as measured for the issue's reference).
@@ -23,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchdata import DATA, prepared_data
 
 SIZES = {"small": dict(d_model=256, d_ff=1024, h=4, N=3), "base": dict(d_model=512, d_ff=2048, h=8, N=6)}
 STEPS = {"small": (5, 25), "base": (3, 8)}  # (warm-up, measured) updates
@@ -91,7 +95,7 @@ def worker(system: str, size: str, data_dir: str, threads: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--data", default="work/multi30k-en-de")
+    p.add_argument("--data", default=str(DATA))
     p.add_argument("--configs", default="small,base")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--reps", type=int, default=3)
@@ -102,6 +106,8 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker[0], args.worker[1], args.data, args.threads)))
         return
+    if Path(args.data).resolve() == DATA:
+        prepared_data(DATA)
     runs: list[dict] = []
     for size in args.configs.split(","):
         for rep in range(args.reps):

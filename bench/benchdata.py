@@ -1,0 +1,42 @@
+"""What the benchmarks read: the prepared Multi30k EN-DE data and a trained checkpoint.
+
+Both default to the main job's outputs (scripts/multi30k.sh) and are made with the main job's
+own commands when missing, so each benchmark runs from a fresh clone with one command.
+Corpus: $AIAYN_MULTI30K, else ../shared/data/multi30k beside the repository, else downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "work" / "multi30k-en-de"
+CHECKPOINT = ROOT / "runs" / "multi30k-en-de" / "averaged.safetensors"
+
+
+def prepared_data(path: Path = DATA) -> Path:
+    """The prepared data directory; runs `aiayn prepare` (about a minute) if it is not there."""
+    if (path / "manifest.json").exists():
+        return path
+    env = dict(os.environ)
+    shared = ROOT.parent / "shared" / "data" / "multi30k"
+    if "AIAYN_MULTI30K" not in env and shared.is_dir():
+        env["AIAYN_MULTI30K"] = str(shared)
+    print(f"{path} is not prepared yet: running aiayn prepare", flush=True)
+    subprocess.run([sys.executable, "-m", "aiayn", "prepare", "--corpus", "multi30k", "--src", "en",
+                    "--tgt", "de", "--out", str(path), "--preset", "multi30k"], check=True, env=env)
+    return path
+
+
+def trained_checkpoint(path: Path = CHECKPOINT) -> Path:
+    """A trained checkpoint; without one, the main job trains it (about 35 minutes)."""
+    if path.exists():
+        return path
+    if path.resolve() != CHECKPOINT:
+        raise SystemExit(f"checkpoint not found: {path}")
+    print(f"{path} does not exist: running the main job (bash scripts/multi30k.sh, ~35 min)", flush=True)
+    subprocess.run(["bash", str(ROOT / "scripts" / "multi30k.sh")], check=True)
+    return path
