@@ -23,8 +23,8 @@ def attention(
     The fast path is `F.scaled_dot_product_attention` (flash / memory-efficient kernels on GPU);
     ``need_weights`` takes the explicit path and also returns the weights. On the CPU, SDPA is
     only faster for fp32 training (fwd+bwd of (130, 4, 30, 64): 12.4 vs 15.9 ms); in bf16
-    training (21.6 vs 4.4 ms) and in inference at every precision (decoding shapes: 1.5-3x) the
-    explicit path wins, so it is the default there (bench/attention_cpu.py).
+    training (21.6 vs 4.4 ms) and in inference at every precision the
+    explicit path wins (decoding shapes: 1.2-2.5x), so it is the default there (bench/attention_cpu.py).
     """
     if use_sdpa is None:
         use_sdpa = q.device.type != "cpu" or (q.dtype != torch.bfloat16 and torch.is_grad_enabled())

@@ -10,7 +10,7 @@ import torch
 
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.model import Transformer
-from aiayn.search import beam_search, greedy_search, length_penalty
+from aiayn.search import _top_lprobs, beam_search, greedy_search, length_penalty
 from aiayn.tokenizer import BOS, EOS, PAD, Tokenizer
 from aiayn.translate import Translator
 
@@ -136,6 +136,27 @@ def run_scripted(alpha, nbest=1, beam=2):
     hyps = beam_search(dec, torch.tensor([[4, 4, EOS]]), beam=beam, alpha=alpha, max_len_a=0, max_len_b=5,
                        nbest=nbest)[0]
     return hyps, dec.calls
+
+
+def test_blockwise_top_candidates_equal_full_log_softmax():
+    """The per-block log-softmax/top-k gives what one log_softmax and top-k over all rows give,
+    with PAD/BOS excluded and EOS forced (keeping its log-probability) where the length ends."""
+    torch.manual_seed(0)
+    logits = torch.randn(37, 50) * 3
+    at_max = torch.zeros(37, dtype=torch.bool)
+    at_max[[0, 5, 36]] = True
+    lp = torch.log_softmax(logits, -1)
+    lp[:, [PAD, BOS]] = float("-inf")
+    forced = torch.full_like(lp, float("-inf"))
+    forced[:, EOS] = lp[:, EOS]
+    ref = torch.where(at_max[:, None], forced, lp).topk(8, -1)
+    for chunk_bytes in (1, 4 * 50 * 4, 1 << 30):  # one row, 4 rows, all rows per block
+        vals, idx = _top_lprobs(logits, 8, at_max, chunk_bytes)
+        torch.testing.assert_close(vals, ref.values)
+        assert torch.equal(idx[~at_max], ref.indices[~at_max])
+        assert (idx[at_max, 0] == EOS).all()
+    vals, _ = _top_lprobs(logits[:, :5], 8, at_max)  # fewer tokens than asked for
+    assert vals.shape == (37, 5)
 
 
 def test_scripted_no_length_penalty_stops_early():
