@@ -63,22 +63,27 @@ def _top_lprobs(logits: Tensor, n: int, at_max: Tensor, chunk_bytes: int = 1 << 
 @torch.no_grad()
 def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
                   limit: int = 1023) -> list[Hypothesis]:
-    """Pick the most probable next token until EOS or the maximum length."""
-    B = src.size(0)
+    """Pick the most probable next token until EOS or the maximum length; finished sentences
+    leave the batch."""
+    B, dev = src.size(0), src.device
     max_len = max_lengths(src, max_len_a, max_len_b, limit)
     cache = model.start_decoding(src)
-    tokens = torch.full((B,), BOS, dtype=torch.long, device=src.device)
-    out = torch.full((B, int(max_len.max()) + 1), PAD, dtype=torch.long, device=src.device)
-    scores = torch.zeros(B, device=src.device)
-    done = torch.zeros(B, dtype=torch.bool, device=src.device)
+    tokens = torch.full((B,), BOS, dtype=torch.long, device=dev)
+    out = torch.full((B, int(max_len.max()) + 1), PAD, dtype=torch.long, device=dev)
+    scores = torch.zeros(B, device=dev)
+    active = torch.arange(B, device=dev)  # sentence id of each row
     for t in range(int(max_len.max()) + 1):
-        best, tokens = _top_lprobs(model.decode_step(tokens, cache), 1, t >= max_len)
+        best, tokens = _top_lprobs(model.decode_step(tokens, cache), 1, t >= max_len[active])
         best, tokens = best[:, 0], tokens[:, 0]
-        scores += torch.where(done, 0.0, best)
-        out[:, t] = torch.where(done, PAD, tokens)
-        done |= tokens == EOS
-        if done.all():
+        scores[active] += best
+        out[active, t] = tokens
+        live = tokens != EOS
+        if not live.any():
             break
+        if not live.all():
+            keep = live.nonzero().squeeze(1)
+            cache.reorder(keep, keep)
+            active, tokens = active[keep], tokens[keep]
     return [Hypothesis([i for i in row if i not in (PAD, EOS)], s)
             for row, s in zip(out.tolist(), scores.tolist())]
 
