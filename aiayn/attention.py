@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .linear import Linear
+
 
 def attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
@@ -51,10 +53,10 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, h: int, d_k: int, d_v: int, dropout: float = 0.0):
         super().__init__()
         self.h, self.d_k, self.d_v, self.dropout = h, d_k, d_v, dropout
-        self.w_q = nn.Linear(d_model, h * d_k)
-        self.w_k = nn.Linear(d_model, h * d_k)
-        self.w_v = nn.Linear(d_model, h * d_v)
-        self.w_o = nn.Linear(h * d_v, d_model)
+        self.w_q = Linear(d_model, h * d_k)
+        self.w_k = Linear(d_model, h * d_k)
+        self.w_v = Linear(d_model, h * d_v)
+        self.w_o = Linear(h * d_v, d_model)
 
     def _split(self, x: Tensor, d: int) -> Tensor:
         B, T, _ = x.shape

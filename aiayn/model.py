@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
 from .config import ModelConfig
+from .linear import Linear
 
 
 def sinusoidal_positions(n: int, d: int) -> Tensor:
@@ -53,8 +54,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int):
         super().__init__()
-        self.w_1 = nn.Linear(d_model, d_ff)
-        self.w_2 = nn.Linear(d_ff, d_model)
+        self.w_1 = Linear(d_model, d_ff)
+        self.w_2 = Linear(d_ff, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w_2(F.relu(self.w_1(x)))
@@ -204,7 +205,7 @@ class Transformer(nn.Module):
         d, V = cfg.d_model, cfg.vocab_size
         self.src_embed = nn.Embedding(V, d, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(V, d, padding_idx=cfg.pad_id)
-        self.out_proj = nn.Linear(d, V, bias=False)
+        self.out_proj = Linear(d, V, bias=False)
         if cfg.share_embeddings:
             self.out_proj.weight = self.src_embed.weight  # §3.4: one matrix, three uses
         if cfg.learned_positions:  # Table 3 row (E)

@@ -58,7 +58,9 @@ def test_hf_beam_search_gives_the_same_translations(exported):
     sents = ["the big dog runs", "a cat sits near the red house", "woman", "the man runs to the park"]
     enc = hf_tok(sents, return_tensors="pt", padding=True)
     # alpha = 0: HF's length penalty (score / len^alpha) and GNMT's agree only there.
-    out = hf.generate(**enc, num_beams=4, length_penalty=0.0, max_new_tokens=30, early_stopping=True)
+    # early_stopping="never": stop only when no live beam can still win, aiayn's rule; HF's
+    # early_stopping=True stops at the first `beam` finished hypotheses and can miss the best.
+    out = hf.generate(**enc, num_beams=4, length_penalty=0.0, max_new_tokens=30, early_stopping="never")
     theirs = hf_tok.batch_decode(out, skip_special_tokens=True)
     ours = beam_search(model, enc.input_ids, beam=4, alpha=0.0, max_len_a=0.0, max_len_b=29)
     assert tok.decode([h[0].tokens for h in ours]) == theirs

@@ -1,0 +1,83 @@
+"""The learned linear projections of §3.2.2, §3.3 and §3.4 (y = x Wᵀ + b), with a CPU kernel choice.
+
+PyTorch runs fp32 `F.linear` on the CPU through MKL, which on AMD processors takes a slower code
+path: on this 2-core Zen 5, MKL reached 150 GFLOP/s and oneDNN (shipped inside PyTorch, used for
+its bf16 matmuls) 270 GFLOP/s on the same fp32 product. `Linear` sends fp32 CPU products to
+oneDNN, forward and backward; the arithmetic is still IEEE fp32, only the kernel differs
+(results agree with `F.linear` to rounding). Everything else — GPU, bf16 autocast,
+`torch.compile`, a PyTorch without the oneDNN op — uses `F.linear`. Set AIAYN_ONEDNN_LINEAR=0 to
+always use `F.linear` (bench/linear_cpu.py measures both).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """True if this PyTorch has oneDNN's dense linear op and it computes x Wᵀ + b."""
+    if os.environ.get("AIAYN_ONEDNN_LINEAR", "1") == "0" or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        x, w, b = torch.randn(3, 5), torch.randn(4, 5), torch.randn(4)
+        y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+        return bool(torch.allclose(y, F.linear(x, w, b), atol=1e-5))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _onednn(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """y = x Wᵀ + b; backward: dx = dy W, dW = dyᵀ x, db = Σ dy, each one oneDNN product."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _onednn(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        n_out, n_in = weight.shape
+        g, x2 = grad.reshape(-1, n_out), x.reshape(-1, n_in)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = _onednn(g, weight.t()).view(x.shape)
+        if ctx.needs_input_grad[1]:
+            # oneDNN is about 2x faster with the smaller dimension as the product's rows.
+            dw = _onednn(x2.t(), g.t()).t().contiguous() if n_out >= n_in else _onednn(g.t(), x2.t())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = g.sum(0)
+        return dx, dw, db
+
+
+def _autocast_on() -> bool:
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4
+        return torch.is_autocast_cpu_enabled()
+
+
+def _compiling() -> bool:
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(is_compiling and is_compiling())
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` (same parameters, same state-dict keys) whose fp32 CPU products run on oneDNN."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if (x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32
+                and not _autocast_on() and not _compiling() and onednn_available()):
+            return _OneDNNLinear.apply(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)

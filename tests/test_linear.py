@@ -1,0 +1,80 @@
+"""The oneDNN fp32 path of `Linear` against `F.linear`: same values and gradients (to fp32
+rounding), and the cases that must fall back to `F.linear` exactly."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn import linear
+from aiayn.linear import Linear
+
+needs_onednn = pytest.mark.skipif(not linear.onednn_available(), reason="no oneDNN linear op in this PyTorch")
+
+
+def reference(layer: Linear, x: torch.Tensor):
+    """Output and gradients through plain F.linear on copies of the same tensors."""
+    w = layer.weight.detach().clone().requires_grad_()
+    b = None if layer.bias is None else layer.bias.detach().clone().requires_grad_()
+    xr = x.detach().clone().requires_grad_()
+    y = F.linear(xr, w, b)
+    return y, xr, w, b
+
+
+@needs_onednn
+@pytest.mark.parametrize("n_in,n_out", [(16, 16), (16, 48), (48, 16), (8, 300)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(37,), (5, 7)])
+def test_onednn_linear_matches_f_linear(n_in, n_out, bias, shape):
+    torch.manual_seed(0)
+    layer = Linear(n_in, n_out, bias=bias)
+    x = torch.randn(*shape, n_in, requires_grad=True)
+    y = layer(x)
+    assert y.grad_fn is not None and "OneDNN" in type(y.grad_fn).__name__  # the oneDNN path ran
+    g = torch.randn_like(y)
+    y.backward(g)
+    y_ref, x_ref, w_ref, b_ref = reference(layer, x)
+    y_ref.backward(g)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layer.weight.grad, w_ref.grad, atol=1e-4, rtol=1e-5)
+    assert layer.weight.grad.is_contiguous()
+    if bias:
+        torch.testing.assert_close(layer.bias.grad, b_ref.grad, atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+def test_onednn_linear_non_contiguous_input_and_frozen_weight():
+    torch.manual_seed(1)
+    layer = Linear(12, 20)
+    layer.weight.requires_grad_(False)
+    x = torch.randn(12, 9, requires_grad=True)
+    y = layer(x.t())  # a transposed view
+    y.sum().backward()
+    torch.testing.assert_close(y, F.linear(x.t(), layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(9, 12).t(), atol=1e-5, rtol=1e-5)
+    assert layer.weight.grad is None
+
+
+def test_falls_back_to_f_linear_exactly(monkeypatch):
+    """bf16 autocast, bf16 weights and a switched-off oneDNN path give F.linear's exact result."""
+    torch.manual_seed(2)
+    layer = Linear(16, 24)
+    x = torch.randn(6, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+        assert y.dtype == torch.bfloat16
+        assert torch.equal(y, F.linear(x, layer.weight, layer.bias))
+    monkeypatch.setattr(linear, "onednn_available", lambda: False)
+    y = layer(x)
+    assert y.grad_fn is not None and "OneDNN" not in type(y.grad_fn).__name__
+    assert torch.equal(y, F.linear(x, layer.weight, layer.bias))
+
+
+def test_env_switch_disables_onednn(monkeypatch):
+    monkeypatch.setenv("AIAYN_ONEDNN_LINEAR", "0")
+    linear.onednn_available.cache_clear()
+    try:
+        assert linear.onednn_available() is False
+    finally:
+        monkeypatch.delenv("AIAYN_ONEDNN_LINEAR")
+        linear.onednn_available.cache_clear()
