@@ -93,6 +93,22 @@ def test_batch_equals_one_by_one():
             assert a.score == pytest.approx(b.score, abs=1e-4)
 
 
+def test_bf16_batch_equals_one_by_one():
+    """The bf16 decoding path (autocast, explicit attention, bf16 logits into the fp32 top-k):
+    batched search gives each sentence what searching it alone gives."""
+    model = random_model(vocab=13, seed=4)
+    srcs = [[4, 5, 6, 7, 8, 9, EOS], [10, 11, EOS], [12, 4, 4, 5, EOS], [6, 6, EOS]]
+    S = max(map(len, srcs))
+    batch = torch.tensor([s + [PAD] * (S - len(s)) for s in srcs])
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        assert model.decode_step(batch[:, 0], model.start_decoding(batch)).dtype == torch.bfloat16
+        together = beam_search(model, batch, beam=4, alpha=0.6, max_len_b=6)
+        alone = [beam_search(model, torch.tensor([s]), beam=4, alpha=0.6, max_len_b=6)[0] for s in srcs]
+    for hyps, ref in zip(together, alone):
+        assert hyps[0].tokens == ref[0].tokens
+        assert hyps[0].score == pytest.approx(ref[0].score, abs=0.05)
+
+
 # -- a scripted decoder with hand-set probabilities -------------------------------------------
 A, B = 4, 5
 TABLE = {  # P(next | prefix); UNK never
