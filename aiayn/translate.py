@@ -10,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 from .config import DecodeConfig
+from .linear import kernel_cache
 from .model import Transformer
 from .search import Hypothesis, beam_search, greedy_search
 from .tokenizer import EOS, PAD, Tokenizer
@@ -26,6 +27,7 @@ class Translator:
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig | None = None,
                  device: str | torch.device = "cpu", precision: str = "fp32"):
+        kernel_cache(1024)  # decoding reuses its shapes: a larger oneDNN cache pays (linear.py)
         self.model = model.eval().to(device)
         self.tokenizer = tokenizer
         self.decode_cfg = decode or DecodeConfig()

@@ -78,3 +78,14 @@ def test_env_switch_disables_onednn(monkeypatch):
     finally:
         monkeypatch.delenv("AIAYN_ONEDNN_LINEAR")
         linear.onednn_available.cache_clear()
+
+
+def test_kernel_cache_respects_the_users_setting(monkeypatch):
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
+    monkeypatch.setattr(linear, "_USER_CACHE", False)
+    linear.kernel_cache(1024)
+    assert linear.os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
+    monkeypatch.setattr(linear, "_USER_CACHE", True)  # set by the user before aiayn was imported
+    linear.kernel_cache(1024)
+    assert linear.os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "7"
