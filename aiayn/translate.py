@@ -39,7 +39,6 @@ class Translator:
              **decode_overrides) -> Translator:
         from .checkpoint import load_checkpoint
 
-        kernel_cache(1024)
         model, cfg, tokenizer, _ = load_checkpoint(Path(path), device)
         for k, v in decode_overrides.items():
             setattr(cfg.decode, k, v)

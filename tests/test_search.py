@@ -66,18 +66,36 @@ def test_beam_one_equals_greedy():
         assert b[0].score == pytest.approx(g.score, abs=1e-4)
 
 
-def test_cached_greedy_equals_uncached_greedy():
-    model = random_model(vocab=11, seed=3)
-    src = torch.tensor([[4, 9, 6, 7, EOS]])
-    cached = greedy_search(model, src, 0.0, 8)[0].tokens
+def uncached_greedy(model, src, steps, vocab):
+    """Greedy decoding by a full forward pass per step (no cache, no batch)."""
     prefix = []
-    for _ in range(8):
-        nxt = int(full_logprobs(model, src, prefix)[[i for i in range(11)]].masked_fill(
-            torch.tensor([i in (PAD, BOS) for i in range(11)]), float("-inf")).argmax())
+    banned = torch.tensor([i in (PAD, BOS) for i in range(vocab)])
+    for _ in range(steps):
+        nxt = int(full_logprobs(model, src, prefix).masked_fill(banned, float("-inf")).argmax())
         if nxt == EOS:
             break
         prefix.append(nxt)
-    assert cached == prefix
+    return prefix
+
+
+def test_cached_greedy_equals_uncached_greedy():
+    model = random_model(vocab=11, seed=3)
+    src = torch.tensor([[4, 9, 6, 7, EOS]])
+    assert greedy_search(model, src, 0.0, 8)[0].tokens == uncached_greedy(model, src, 8, 11)
+
+
+def test_batched_greedy_with_sentences_leaving_equals_uncached():
+    """Sentences that end early leave the batch; the others must not notice."""
+    srcs = [[4, 9, 6, 7, EOS], [5, EOS], [8, 8, 10, EOS], [6, 4, EOS]]
+    batch = torch.tensor([s + [PAD] * (5 - len(s)) for s in srcs])
+    for seed in range(4):
+        model = random_model(vocab=11, seed=seed)
+        got = [h.tokens for h in greedy_search(model, batch, 0.0, 8)]
+        want = [uncached_greedy(model, torch.tensor([s]), 8, 11) for s in srcs]
+        assert got == want
+        if len({len(w) for w in want}) > 1:
+            break
+    assert len({len(w) for w in want}) > 1  # some sentence left the batch before another
 
 
 def test_batch_equals_one_by_one():
