@@ -142,12 +142,10 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
 
     if args.resume:
         train(None, Path(args.data) if args.data else None, Path(args.resume), resume=True, device=args.device,
-              overrides=_parse_overrides(extra))
+              overrides=_parse_overrides(extra), force_batching=args.force_batching)
         return
     if not args.data or not args.run:
         raise UserError("train needs --data PREPARED_DIR and --run-dir RUN_DIR (or --resume RUN_DIR)")
-    if (Path(args.run) / "checkpoints").exists() and any((Path(args.run) / "checkpoints").iterdir()):
-        raise UserError(f"{args.run} already has checkpoints; use --resume {args.run} or another --run")
     train(build_config(args, extra), Path(args.data), Path(args.run), device=args.device)
 
 
@@ -329,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--config", help="YAML config")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
+    p.add_argument("--force-batching", action="store_true",
+                   help="with --resume: accept changed data.max_tokens / train.seed / data by continuing from the "
+                        "start of the next epoch (otherwise such a resume is refused)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("average", help="average the last checkpoints of a run (§6.1)")

@@ -41,7 +41,10 @@ def onednn_available() -> bool:
     if os.environ.get("AIAYN_ONEDNN_LINEAR", "1") == "0" or not torch.backends.mkldnn.is_available():
         return False
     try:
-        x, w, b = torch.randn(3, 5), torch.randn(4, 5), torch.randn(4)
+        # Fixed values, not torch.randn: drawing from the global generator here would shift every
+        # later dropout mask of the process, and a resumed run would no longer replay its RNG.
+        x = torch.linspace(-1.0, 1.0, 15).reshape(3, 5)
+        w, b = torch.linspace(0.5, -0.7, 20).reshape(4, 5), torch.tensor([0.1, -0.2, 0.3, 0.0])
         y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
         return bool(torch.allclose(y, F.linear(x, w, b), atol=1e-5))
     except (AttributeError, RuntimeError):

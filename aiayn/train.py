@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from .checkpoint import (
     CheckpointError,
+    atomic_write,
     list_checkpoints,
     load_into,
     load_state,
@@ -117,11 +118,9 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list
     return loss_total, nll_total
 
 
-def update_groups(data: TokenData, cfg: Config, epoch: int, world: int) -> list[list[np.ndarray]]:
-    """The epoch's batches, grouped per update: world × update_freq batches each."""
-    batches = make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, cfg.train.seed, epoch)
-    g = world * cfg.train.update_freq
-    return [batches[i:i + g] for i in range(0, len(batches), g)]
+def epoch_batches(data: TokenData, cfg: Config, epoch: int) -> list[np.ndarray]:
+    """The epoch's batches in training order; they depend only on (seed, epoch, max_tokens, data)."""
+    return make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, cfg.train.seed, epoch)
 
 
 def shard(group: list[np.ndarray], rank: int, world: int) -> list[tuple[np.ndarray, float]]:
@@ -155,9 +154,10 @@ def valid_bleu(model: Transformer, tokenizer: Tokenizer, src: list[str], ref: li
     return sacrebleu.corpus_bleu(hyps, [ref]).score
 
 
-# -- the run -------------------------------------------------------------------------------
+
+# -- the run directory and the random streams -----------------------------------------------
 class Run:
-    """A run directory: config.yaml, train.log, metrics.jsonl, checkpoints/."""
+    """A run directory: config.yaml, run.json, train.log, metrics.jsonl, checkpoints/."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -167,6 +167,23 @@ class Run:
         with open(self.path / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def forget_metrics_after(self, step: int) -> None:
+        """Drop metric rows past `step` (written by a process killed before its next checkpoint),
+        so the resumed run's rows are not listed twice."""
+        path = self.path / "metrics.jsonl"
+        if not path.exists():
+            return
+        rows = path.read_text().splitlines(keepends=True)
+        kept = []
+        for row in rows:
+            try:
+                if json.loads(row).get("step", 0) <= step:
+                    kept.append(row)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+        if len(kept) != len(rows):
+            atomic_write(path, "".join(kept).encode())
+
     def latest_state(self) -> Path | None:
         for w in reversed(list_checkpoints(self.path)):
             s = w.with_name(w.name.replace(".safetensors", ".state.pt"))
@@ -175,49 +192,326 @@ class Run:
         return None
 
 
+def _rank_seed(seed: int, rank: int) -> int:
+    """§5.4 dropout differs between ranks: each rank's stream is seeded from (seed, rank)."""
+    return int(np.random.SeedSequence([seed, rank, 5]).generate_state(1)[0])
+
+
+def _rng_state(device: torch.device) -> dict:
+    """This process's random streams (dropout draws from torch's generator)."""
+    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+            "python_pos": random.getstate()[2],
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def _set_rng_state(s: dict, device: torch.device) -> None:
+    torch.set_rng_state(s["torch"])
+    random.setstate((3, tuple(int(x) for x in s["python"]), s["python_pos"]))
+    if s.get("cuda") is not None and device.type == "cuda":
+        cuda = s["cuda"]
+        torch.cuda.set_rng_state(cuda[0] if isinstance(cuda, list) else cuda, device)
+
+
 def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
-            "python_pos": random.getstate()[2],
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+# What fixes the order of the training data: a saved position is exact only while these hold.
+_DATA_ORDER = {"max_tokens": "data.max_tokens", "seed": "train.seed", "pairs": "the prepared training pairs"}
 
 
-def _set_rng_state(s: dict) -> None:
-    torch.set_rng_state(s["torch"])
-    random.setstate((3, tuple(int(x) for x in s["python"]), s["python_pos"]))
-    if s.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
+# -- the training loop -----------------------------------------------------------------------
+class Trainer:
+    """§5's loop for one run, in parts that read on their own: set-up (`__init__`, `restore`), one
+    update (`update`), validation (`validate`), saving (`save`) and the stop decision (`agree`).
+
+    Progress (`state`) is the data position — epoch and batches consumed in it, so a different
+    world size or update_freq continues at exactly the same batch — the step, the elapsed time
+    and the best validation scores. Stop and save decisions that depend on a clock or a signal
+    are taken collectively, so DDP ranks always leave the loop at the same update.
+    """
+
+    def __init__(self, cfg: Config, data_dir: Path, run: Run, env: Dist):
+        self.cfg, self.run, self.env = cfg, run, env
+        self.data_dir = Path(data_dir)
+        self.manifest = load_manifest(data_dir)
+        self.tokenizer = Tokenizer.load(str(self.data_dir / "spm.model"))
+        cfg.model.vocab_size = len(self.tokenizer)
+        cfg.validate()
+        self.train_data, self.valid_data = TokenData(data_dir, "train"), TokenData(data_dir, "valid")
+        self.state: dict = {"step": 0, "epoch": 0, "batch": 0, "elapsed": 0.0, "best_bleu": -1.0,
+                            "best_loss": 1e9, "batching": self.batching()}
+        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
+        self.model = Transformer(cfg.model).to(env.device)
+        torch.manual_seed(_rank_seed(cfg.train.seed, env.rank))  # a dropout stream per rank
+        random.seed(_rank_seed(cfg.train.seed, env.rank))
+        self.optimizer = make_optimizer(self.model, cfg.train)
+        self.fwd_model: nn.Module = torch.compile(self.model) if cfg.train.compile else self.model
+        if env.world > 1:
+            self.fwd_model = nn.parallel.DistributedDataParallel(
+                self.fwd_model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+        settings = self.manifest["settings"]
+        k = cfg.train.valid_bleu_sentences
+        self.v_src = (self.data_dir / f"valid.{settings['src']}.txt").read_text().splitlines()[:k]
+        self.v_ref = (self.data_dir / f"valid.{settings['tgt']}.txt").read_text().splitlines()[:k]
+        self.tb = None
+        if env.is_main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run.path / "tensorboard"))
+            except Exception:  # tensorboard is optional
+                self.tb = None
+        self.signal: int | None = None  # set by the SIGTERM/SIGINT handler
+        self.bar: tqdm | None = None
+        self._batches: tuple[int, list[np.ndarray]] | None = None
+        self._window = [0.0, 0.0, 0.0, 0, time.perf_counter()]  # loss, nll, tokens/rank, tokens, start
+
+    def batching(self) -> dict:
+        return {"max_tokens": self.cfg.data.max_tokens, "seed": self.cfg.train.seed,
+                "pairs": len(self.train_data), "world": self.env.world, "update_freq": self.cfg.train.update_freq}
+
+    # -- set-up ------------------------------------------------------------------------------
+    def restore(self, state_path: Path, force_batching: bool = False) -> None:
+        """Continue from a checkpoint: weights, optimizer, progress, and every rank's RNG."""
+        weights_path = state_path.with_name(state_path.name.replace(".state.pt", ".safetensors"))
+        tensors, _ = read_weights(weights_path)
+        load_into(self.model, tensors, weights_path)
+        saved = load_state(state_path)
+        self.optimizer.load_state_dict(saved["optimizer"])
+        progress = dict(saved["progress"])
+        was = progress.get("batching", {})
+        if "batch" not in progress:  # written before the position counted batches
+            progress["batch"] = progress.pop("cursor", 0) * was.get("world", 1) * was.get("update_freq", 1)
+        self.state.update({k: v for k, v in progress.items() if k != "batching"})
+        self._check_batching(was, state_path, force_batching)
+        rngs = saved["rng"] if isinstance(saved["rng"], list) else [saved["rng"]]
+        if self.env.rank < len(rngs):
+            _set_rng_state(rngs[self.env.rank], self.env.device)
+        else:  # more ranks than when the checkpoint was written: a fresh stream for this rank
+            torch.manual_seed(_rank_seed(self.cfg.train.seed + self.state["step"], self.env.rank))
+        if len(rngs) != self.env.world:
+            log.warning("the checkpoint holds the random streams of %d rank(s), this run has %d: "
+                        "dropout masks will differ from an uninterrupted run", len(rngs), self.env.world)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", weights_path.name, self.state["step"],
+                 self.state["epoch"], self.state["batch"])
+
+    def _check_batching(self, was: dict, state_path: Path, force: bool) -> None:
+        now = self.batching()
+        changed = [f"{what} was {was[k]} and is now {now[k]}" for k, what in _DATA_ORDER.items()
+                   if k in was and was[k] != now[k]]
+        if changed and self.state["batch"] > 0:
+            if not force:
+                raise CheckpointError(
+                    f"cannot resume from {state_path}: {'; '.join(changed)}. The saved position (batch "
+                    f"{self.state['batch']} of epoch {self.state['epoch']}) has no exact place in the new "
+                    "batches. Resume with the old value, or pass --force-batching to continue from the start "
+                    "of the next epoch with the new batching")
+            log.warning("%s; --force-batching: continuing from the start of epoch %d",
+                        "; ".join(changed), self.state["epoch"] + 1)
+            self.state["epoch"] += 1
+            self.state["batch"] = 0
+        g_was, g_now = was.get("world", 1) * was.get("update_freq", 1), now["world"] * now["update_freq"]
+        if was and g_was != g_now:
+            log.warning("batches per update were %d (world %d × update_freq %d) and are now %d: the data "
+                        "position is the same, each update is a different size", g_was, was.get("world", 1),
+                        was.get("update_freq", 1), g_now)
+
+    # -- one update --------------------------------------------------------------------------
+    def epoch_batches(self) -> list[np.ndarray]:
+        epoch = self.state["epoch"]
+        if self._batches is None or self._batches[0] != epoch:
+            self._batches = (epoch, epoch_batches(self.train_data, self.cfg, epoch))
+        return self._batches[1]
+
+    def update(self) -> None:
+        """One optimizer update on the next world × update_freq batches of the epoch (Eq. 3 lr)."""
+        t_cfg, env, state = self.cfg.train, self.env, self.state
+        batches = self.epoch_batches()
+        group = batches[state["batch"]:state["batch"] + env.world * t_cfg.update_freq]
+        total = int(sum(self.train_data.tgt_lens[b].sum() for b in group))
+        mine = [(collate(self.train_data, b), w) for b, w in shard(group, env.rank, env.world)]
+        lr = noam_lr(state["step"] + 1, self.cfg.model.d_model, t_cfg.warmup_steps, t_cfg.lr_scale)
+        loss, nll = train_step(self.fwd_model, self.optimizer, mine, total, self.cfg, lr, env.world, env.device)
+        state["step"] += 1
+        state["batch"] += len(group)
+        w = self._window
+        w[0], w[1], w[2], w[3] = w[0] + loss, w[1] + nll, w[2] + total / env.world, w[3] + total
+        if env.is_main and state["step"] % t_cfg.log_every == 0:
+            self._log_training(lr)
+        if state["batch"] >= len(batches):
+            state["epoch"] += 1
+            state["batch"] = 0
+            log.info("epoch %d done at step %d", state["epoch"], state["step"])
+
+    def _log_training(self, lr: float) -> None:
+        loss, nll, tok, tokens, start = self._window
+        now = time.perf_counter()
+        rec = {"step": self.state["step"], "epoch": self.state["epoch"], "lr": lr, "loss": loss / tok,
+               "nll": nll / tok, "ppl": math.exp(min(nll / tok, 50)), "tgt_tok_s": tokens / (now - start),
+               "elapsed_s": self.state["elapsed"]}
+        self.run.metrics(rec)
+        if self.tb:
+            for key in ("lr", "loss", "ppl", "tgt_tok_s"):
+                self.tb.add_scalar(f"train/{key}", rec[key], rec["step"])
+        if self.bar is not None:
+            self.bar.set_postfix(step=rec["step"], loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}",
+                                 tok_s=f"{rec['tgt_tok_s']:.0f}", refresh=False)
+            self.bar.refresh()
+        self._window = [0.0, 0.0, 0.0, 0, now]
+
+    # -- validation --------------------------------------------------------------------------
+    def validate(self) -> bool:
+        """Validation loss/perplexity (and greedy BLEU); True when it is the best so far."""
+        state = self.state
+        metrics = validate(self.model, self.valid_data, self.cfg, self.env.device)
+        if self.v_src:
+            metrics["valid_bleu"] = valid_bleu(self.model, self.tokenizer, self.v_src, self.v_ref, self.cfg,
+                                               self.env.device)
+            better = metrics["valid_bleu"] > state["best_bleu"]
+        else:
+            better = metrics["valid_loss"] < state["best_loss"]
+        state["best_bleu"] = max(state["best_bleu"], metrics.get("valid_bleu", -1))
+        state["best_loss"] = min(state["best_loss"], metrics["valid_loss"])
+        self.run.metrics({"step": state["step"], "epoch": state["epoch"], **metrics})
+        log.info("validation step %d: %s", state["step"], " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        if self.tb:
+            for key, v in metrics.items():
+                self.tb.add_scalar(key, v, state["step"])
+        self._window[4] = time.perf_counter()  # keep tokens/s honest
+        return better
+
+    # -- saving ------------------------------------------------------------------------------
+    def save(self, best: bool = False) -> None:
+        """Collective: every rank hands its RNG state to rank 0, which writes the checkpoint."""
+        rng = _rng_state(self.env.device)
+        if self.env.world > 1:
+            rngs: list | None = [None] * self.env.world if self.env.is_main else None
+            dist.gather_object(rng, rngs, dst=0)
+        else:
+            rngs = [rng]
+        if not self.env.is_main:
+            return
+        state, run = self.state, self.run
+        name = f"step-{state['step']:08d}"
+        tensors = model_tensors(self.model)
+        save_weights(run.ckpt_dir / f"{name}.safetensors", tensors, self.cfg, self.tokenizer, state["step"])
+        save_state(run.ckpt_dir / f"{name}.state.pt",
+                   {"optimizer": self.optimizer.state_dict(), "progress": dict(state), "rng": rngs})
+        if best:
+            save_weights(run.ckpt_dir / "best.safetensors", tensors, self.cfg, self.tokenizer, state["step"])
+        for old in list_checkpoints(run.path)[:-self.cfg.train.keep_last]:
+            old.unlink(missing_ok=True)
+            old.with_name(old.name.replace(".safetensors", ".state.pt")).unlink(missing_ok=True)
+        log.info("saved %s", name)
+
+    # -- the stop decision -------------------------------------------------------------------
+    def agree(self, save_wish: bool) -> tuple[bool, bool]:
+        """The collective decision after an update: rank 0's clock and save wish and every rank's
+        pending signal, shared in one all-reduce. Returns (save now, stop now), the same on every
+        rank; a signal that arrives after the snapshot is acted on at the next update."""
+        elapsed = time.perf_counter() - self.start
+        signalled = float(self.signal is not None)
+        if self.env.world > 1:
+            main = float(self.env.is_main)
+            t = torch.tensor([elapsed * main, float(save_wish) * main, signalled], dtype=torch.float64,
+                             device=self.env.device if self.env.device.type == "cuda" else "cpu")
+            dist.all_reduce(t)
+            elapsed, save_wish, signalled = float(t[0]), bool(t[1] > 0), float(t[2])
+        self.state["elapsed"] = elapsed
+        stop = signalled > 0
+        return save_wish or stop, stop
+
+    def finished(self) -> bool:
+        t_cfg, state = self.cfg.train, self.state
+        limit_s = t_cfg.max_minutes * 60
+        return bool(state["step"] >= t_cfg.max_steps or (t_cfg.max_epochs and state["epoch"] >= t_cfg.max_epochs)
+                    or (limit_s and state["elapsed"] >= limit_s))
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop at once, without a checkpoint
+        self.signal = signum  # acted on at the next update boundary
+
+    # -- the loop ----------------------------------------------------------------------------
+    def loop(self) -> dict:
+        """Update until a limit is reached; on SIGTERM/SIGINT, checkpoint at the update boundary
+        (a state that resumes exactly) and raise KeyboardInterrupt."""
+        t_cfg, state, env = self.cfg.train, self.state, self.env
+        limit_s = t_cfg.max_minutes * 60
+        self.bar = tqdm(total=int(limit_s) if limit_s else t_cfg.max_steps, unit="s" if limit_s else "step",
+                        disable=not env.is_main, dynamic_ncols=True)
+        self.start = time.perf_counter() - state["elapsed"]
+        last_save = time.perf_counter()
+        handlers = {}
+        if _main_thread():
+            handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            validated = saved = False
+            while not self.finished():
+                self.update()
+                validated = saved = False
+                better = False
+                if env.is_main and t_cfg.valid_every and state["step"] % t_cfg.valid_every == 0:
+                    better, validated = self.validate(), True
+                now = time.perf_counter()
+                wish = better or bool(t_cfg.save_every and state["step"] % t_cfg.save_every == 0) or bool(
+                    t_cfg.save_every_minutes and now - last_save >= t_cfg.save_every_minutes * 60)
+                save, stop = self.agree(wish)
+                if save:
+                    self.save(best=better)
+                    last_save, saved = now, True
+                if stop:
+                    log.warning("stopped by a signal at step %d; checkpoint written", state["step"])
+                    raise KeyboardInterrupt
+                self.bar.n = int(state["elapsed"]) if limit_s else state["step"]
+            better = self.validate() if env.is_main and not validated else False
+            if self.agree(better or not saved)[0]:
+                self.save(best=better)
+            log.info("finished at step %d, epoch %d, %.1f minutes", state["step"], state["epoch"],
+                     state["elapsed"] / 60)
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+            self.bar.close()
+            if self.tb:
+                self.tb.close()
+        if env.world > 1:
+            dist.barrier()
+        return state
 
 
-def train(cfg: Config, data_dir: Path | None, run_dir: Path, resume: bool = False,
-          device: str | None = None, overrides: dict | None = None) -> dict:
-    """Train a model on prepared data; with `resume`, continue run_dir from its last checkpoint."""
+def train(cfg: Config | None, data_dir: Path | None, run_dir: Path, resume: bool = False,
+          device: str | None = None, overrides: dict | None = None, force_batching: bool = False) -> dict:
+    """Train a model on prepared data (§5); with `resume`, continue run_dir from its last checkpoint."""
     run = Run(run_dir)
-    state: dict = {"step": 0, "epoch": 0, "cursor": 0, "elapsed": 0.0, "best_bleu": -1.0, "best_loss": 1e9}
     resume_from = None
     if resume:
-        if not (run.path / "config.yaml").exists():
-            raise CheckpointError(f"{run.path}: not a run directory (no config.yaml)")
+        if not (run.path / "config.yaml").is_file() or not (run.path / "run.json").is_file():
+            raise CheckpointError(f"{run.path}: not an aiayn run directory (no config.yaml and run.json)")
         from .config import apply_overrides
 
         cfg = apply_overrides(load_yaml(run.path / "config.yaml"), overrides or {}).validate()
-        meta = json.loads((run.path / "run.json").read_text())
-        data_dir = Path(meta["data_dir"]) if data_dir is None else data_dir
+        try:
+            meta = json.loads((run.path / "run.json").read_text())
+            data_dir = Path(meta["data_dir"]) if data_dir is None else data_dir
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise CheckpointError(f"{run.path / 'run.json'}: damaged (no data_dir)") from None
         resume_from = run.latest_state()
         if resume_from is None:
             log.warning("%s has no checkpoint yet; starting from step 0", run.path)
-    if data_dir is None:
-        raise ValueError("a prepared data directory is required (--data)")
+    elif (run.path / "config.yaml").exists() or list_checkpoints(run.path):
+        raise CheckpointError(f"{run.path} already holds a run; continue it with --resume {run.path}, "
+                              "or choose another run directory")
+    if cfg is None or data_dir is None:
+        raise ValueError("a config and a prepared data directory (--data) are required")
     env = setup(device, cfg.train.threads)
-    manifest = load_manifest(data_dir)
-    tokenizer = Tokenizer.load(str(Path(data_dir) / "spm.model"))
-    cfg.model.vocab_size = len(tokenizer)
-    cfg.validate()
+    trainer = Trainer(cfg, Path(data_dir), run, env)
+    handler = None
     if env.is_main:
         run.path.mkdir(parents=True, exist_ok=True)
+        for stale in run.ckpt_dir.glob(".*.tmp"):  # half-written files of a killed process
+            stale.unlink(missing_ok=True)
         cfg.save_yaml(run.path / "config.yaml")
         (run.path / "run.json").write_text(json.dumps({"data_dir": str(Path(data_dir).resolve())}))
         handler = logging.FileHandler(run.path / "train.log")
@@ -225,160 +519,16 @@ def train(cfg: Config, data_dir: Path | None, run_dir: Path, resume: bool = Fals
         log.addHandler(handler)
         if log.getEffectiveLevel() > logging.INFO:
             log.setLevel(logging.INFO)
-
-    torch.manual_seed(cfg.train.seed)
-    random.seed(cfg.train.seed)
-    model = Transformer(cfg.model).to(env.device)
-    optimizer = make_optimizer(model, cfg.train)
-    if resume_from is not None:
-        weights_path = resume_from.with_name(resume_from.name.replace(".state.pt", ".safetensors"))
-        tensors, _ = read_weights(weights_path)
-        load_into(model, tensors, weights_path)
-        saved = load_state(resume_from)
-        optimizer.load_state_dict(saved["optimizer"])
-        state.update(saved["progress"])
-        _set_rng_state(saved["rng"])
-        log.info("resumed from %s at step %d (epoch %d, update %d)", weights_path.name, state["step"],
-                 state["epoch"], state["cursor"])
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info("model: %.2fM parameters, vocabulary %d, device %s, world %d, precision %s",
-             n_params / 1e6, cfg.model.vocab_size, env.device, env.world, cfg.train.precision)
-    fwd_model: nn.Module = model
-    if cfg.train.compile:
-        fwd_model = torch.compile(model)
-    if env.world > 1:
-        fwd_model = nn.parallel.DistributedDataParallel(
-            fwd_model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
-
-    train_data, valid_data = TokenData(data_dir, "train"), TokenData(data_dir, "valid")
-    src_lang, tgt_lang = manifest["settings"]["src"], manifest["settings"]["tgt"]
-    v_src = (Path(data_dir) / f"valid.{src_lang}.txt").read_text().splitlines()
-    v_ref = (Path(data_dir) / f"valid.{tgt_lang}.txt").read_text().splitlines()
-    k = cfg.train.valid_bleu_sentences
-    v_src, v_ref = v_src[:k], v_ref[:k]
-    tb = None
-    if env.is_main:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            tb = SummaryWriter(str(run.path / "tensorboard"))
-        except Exception:  # tensorboard is optional
-            tb = None
-
-    def save(tag_best: bool = False) -> None:
-        if not env.is_main:
-            return
-        name = f"step-{state['step']:08d}"
-        tensors = model_tensors(model)
-        save_weights(run.ckpt_dir / f"{name}.safetensors", tensors, cfg, tokenizer, state["step"])
-        save_state(run.ckpt_dir / f"{name}.state.pt",
-                   {"optimizer": optimizer.state_dict(), "progress": dict(state), "rng": _rng_state()})
-        if tag_best:
-            save_weights(run.ckpt_dir / "best.safetensors", tensors, cfg, tokenizer, state["step"])
-        for old in list_checkpoints(run.path)[:-cfg.train.keep_last]:
-            old.unlink(missing_ok=True)
-            old.with_name(old.name.replace(".safetensors", ".state.pt")).unlink(missing_ok=True)
-        log.info("saved %s", name)
-
-    def run_validation() -> bool:
-        metrics = validate(model, valid_data, cfg, env.device)
-        if v_src:
-            metrics["valid_bleu"] = valid_bleu(model, tokenizer, v_src, v_ref, cfg, env.device)
-        better = (metrics.get("valid_bleu", -1) > state["best_bleu"]) if v_src else \
-            metrics["valid_loss"] < state["best_loss"]
-        state["best_bleu"] = max(state["best_bleu"], metrics.get("valid_bleu", -1))
-        state["best_loss"] = min(state["best_loss"], metrics["valid_loss"])
-        record = {"step": state["step"], "epoch": state["epoch"], **metrics}
-        run.metrics(record)
-        log.info("validation step %d: %s", state["step"],
-                 " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
-        if tb:
-            for key, v in metrics.items():
-                tb.add_scalar(key, v, state["step"])
-        return better
-
-    t_cfg = cfg.train
-    limit_s = t_cfg.max_minutes * 60
-    bar = tqdm(total=int(limit_s) if limit_s else t_cfg.max_steps, initial=0,
-               unit="s" if limit_s else "step", disable=not env.is_main, dynamic_ncols=True)
-    start = time.perf_counter() - state["elapsed"]
-    last_save_time = time.perf_counter()
-    window_tokens, window_start = 0, time.perf_counter()
-    loss_acc = nll_acc = tok_acc = 0.0
-
-    def done() -> bool:
-        return (state["step"] >= t_cfg.max_steps or (t_cfg.max_epochs and state["epoch"] >= t_cfg.max_epochs)
-                or (limit_s and state["elapsed"] >= limit_s))
-
-    def on_sigterm(signum, frame):  # a scheduler's kill: checkpoint like Ctrl-C
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
     try:
-        while not done():
-            groups = update_groups(train_data, cfg, state["epoch"], env.world)
-            while state["cursor"] < len(groups) and not done():
-                group = groups[state["cursor"]]
-                total = int(sum(train_data.tgt_lens[b].sum() for b in group))
-                mine = [(collate(train_data, b), w) for b, w in shard(group, env.rank, env.world)]
-                lr = noam_lr(state["step"] + 1, cfg.model.d_model, t_cfg.warmup_steps, t_cfg.lr_scale)
-                loss, nll = train_step(fwd_model, optimizer, mine, total, cfg, lr, env.world, env.device)
-                state["step"] += 1
-                state["cursor"] += 1
-                state["elapsed"] = time.perf_counter() - start
-                loss_acc, nll_acc, tok_acc = loss_acc + loss, nll_acc + nll, tok_acc + total / env.world
-                window_tokens += total
-                if env.is_main:
-                    bar.n = int(state["elapsed"]) if limit_s else state["step"]
-                if env.is_main and state["step"] % t_cfg.log_every == 0:
-                    now = time.perf_counter()
-                    tok_s = window_tokens / (now - window_start)
-                    rec = {"step": state["step"], "epoch": state["epoch"], "lr": lr, "loss": loss_acc / tok_acc,
-                           "nll": nll_acc / tok_acc, "ppl": math.exp(min(nll_acc / tok_acc, 50)),
-                           "tgt_tok_s": tok_s, "elapsed_s": state["elapsed"]}
-                    run.metrics(rec)
-                    if tb:
-                        for key in ("lr", "loss", "ppl", "tgt_tok_s"):
-                            tb.add_scalar(f"train/{key}", rec[key], state["step"])
-                    bar.set_postfix(step=state["step"], loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}",
-                                    tok_s=f"{tok_s:.0f}", refresh=False)
-                    bar.refresh()
-                    loss_acc = nll_acc = tok_acc = 0.0
-                    window_tokens, window_start = 0, now
-                better = False
-                if env.is_main and t_cfg.valid_every and state["step"] % t_cfg.valid_every == 0:
-                    better = run_validation()
-                    window_tokens, window_start = 0, time.perf_counter()  # keep tok/s honest
-                now = time.perf_counter()
-                if env.is_main and ((t_cfg.save_every and state["step"] % t_cfg.save_every == 0) or better or (
-                        t_cfg.save_every_minutes and now - last_save_time >= t_cfg.save_every_minutes * 60)):
-                    save(tag_best=better)
-                    last_save_time = now
-            if state["cursor"] >= len(groups):
-                state["epoch"] += 1
-                state["cursor"] = 0
-                log.info("epoch %d done at step %d", state["epoch"], state["step"])
-        bar.close()
-        if env.is_main:
-            validated = t_cfg.valid_every and state["step"] % t_cfg.valid_every == 0
-            better = False if validated else run_validation()
-            if better or not (run.ckpt_dir / f"step-{state['step']:08d}.safetensors").exists():
-                save(tag_best=better)
-        log.info("finished at step %d, epoch %d, %.1f minutes", state["step"], state["epoch"],
-                 state["elapsed"] / 60)
-    except KeyboardInterrupt:
-        log.warning("interrupted at step %d; writing a checkpoint", state["step"])
-        save()
-        raise
+        if resume_from is not None:
+            trainer.restore(resume_from, force_batching)
+            if env.is_main:
+                run.forget_metrics_after(trainer.state["step"])
+        n_params = sum(p.numel() for p in trainer.model.parameters())
+        log.info("model: %.2fM parameters, vocabulary %d, device %s, world %d, precision %s",
+                 n_params / 1e6, cfg.model.vocab_size, env.device, env.world, cfg.train.precision)
+        return trainer.loop()
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        bar.close()
-        if tb:
-            tb.close()
-        if env.is_main:
+        if handler is not None:
             log.removeHandler(handler)
             handler.close()
-    if env.world > 1:
-        dist.barrier()
-    return state

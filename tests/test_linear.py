@@ -89,3 +89,12 @@ def test_kernel_cache_respects_the_users_setting(monkeypatch):
     monkeypatch.setattr(linear, "_USER_CACHE", True)  # set by the user before aiayn was imported
     linear.kernel_cache(1024)
     assert linear.os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "7"
+
+
+def test_kernel_probe_leaves_the_global_generator_alone():
+    # The probe runs at the first forward of every process; if it drew random numbers, a resumed
+    # process's dropout masks would be shifted against the uninterrupted run's.
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    linear.onednn_available.__wrapped__()
+    assert torch.equal(torch.get_rng_state(), before)

@@ -43,7 +43,7 @@ def test_resume_gives_identical_parameters(toy_prepared, tmp_path):
 
 
 def test_training_lowers_validation_loss(toy_prepared, tmp_path):
-    train(tiny_config(max_steps=60, valid_every=30), toy_prepared, tmp_path / "run")
+    train(tiny_config(max_steps=60, valid_every=30, lr_scale=0.5), toy_prepared, tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     valid = [r["valid_loss"] for r in rows if "valid_loss" in r]
     assert len(valid) == 2 and valid[-1] < valid[0] - 0.5
@@ -108,7 +108,7 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
 
 def test_resume_from_missing_run_is_an_error(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path / "none")]) == 2
-    assert "not a run directory" in capsys.readouterr().err
+    assert "not an aiayn run directory" in capsys.readouterr().err
 
 
 def test_shard_gives_every_rank_the_same_number_of_passes():

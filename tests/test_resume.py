@@ -1,0 +1,198 @@
+"""Resume across real process boundaries: SIGKILL, SIGTERM, changed batching, DDP ranks.
+
+Every run here is a separate `python -m aiayn train` process (or torchrun, or spawned ranks), so
+what a restart resets — the global RNG, module caches, signal handlers — is really reset. The
+reference is an uninterrupted run in its own process; "identical" means the same bytes.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from conftest import tiny_config
+
+from aiayn.checkpoint import list_checkpoints, read_weights
+from aiayn.data import TokenData
+from aiayn.train import epoch_batches
+
+STEPS = 40
+TINY = ["--model.d_model", "32", "--model.d_ff", "64", "--model.h", "4", "--model.N", "2", "--model.p_drop", "0.1",
+        "--model.max_positions", "128", "--data.max_tokens", "400", "--train.warmup_steps", "20",
+        "--train.lr_scale", "0.5", "--train.valid_every", "0", "--train.valid_bleu_sentences", "0",
+        "--train.save_every_minutes", "0", "--train.save_every", "5", "--train.log_every", "5",
+        "--train.threads", "1", "--train.max_steps", str(STEPS)]
+
+
+def aiayn(*args: str) -> list[str]:
+    return [sys.executable, "-m", "aiayn", *args]
+
+
+def start_training(prep: Path, run: Path, extra: tuple[str, ...] = ()) -> list[str]:
+    return aiayn("train", "--data", str(prep), "--run-dir", str(run), *TINY, *extra)
+
+
+def final_bytes(run: Path) -> tuple[dict[str, bytes], dict[str, str]]:
+    """Every tensor's raw bytes and the metadata of the run's last checkpoint. (Not the file's
+    bytes: safetensors writes its header's metadata map in an order that varies by process.)"""
+    last = list_checkpoints(run)[-1]
+    assert last.name == f"step-{STEPS:08d}.safetensors", last
+    tensors, meta = read_weights(last)
+    return {k: v.numpy().tobytes() for k, v in tensors.items()}, meta
+
+
+@pytest.fixture(scope="module")
+def straight(toy_prepared, tmp_path_factory) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The final checkpoint of an uninterrupted run, in its own process."""
+    run = tmp_path_factory.mktemp("straight") / "run"
+    subprocess.run(start_training(toy_prepared, run), check=True, capture_output=True, timeout=180)
+    return final_bytes(run)
+
+
+def resume(run: Path, *extra: str) -> subprocess.CompletedProcess:
+    res = subprocess.run(aiayn("train", "--resume", str(run), *extra), capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res
+
+
+def test_sigkill_then_resume_in_a_new_process_is_bit_identical(toy_prepared, tmp_path, straight):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(start_training(toy_prepared, run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (run / "checkpoints/step-00000015.state.pt").exists():
+        assert proc.poll() is None and time.time() < deadline, "training ended before the kill"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    res = resume(run)
+    assert "resumed from step-000000" in res.stderr
+    assert final_bytes(run) == straight
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "loss" in r]
+    assert steps == sorted(set(steps)) and steps[-1] == STEPS  # killed-and-replayed rows appear once
+
+
+SIGTERM_AFTER_STEP = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    from aiayn.cli import main
+
+    real_step, calls = torch.optim.Adam.step, [0]
+
+    def step(self, *a, **k):
+        out = real_step(self, *a, **k)
+        calls[0] += 1
+        if calls[0] == 7:  # the signal lands after the weights moved, before the step is counted
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    torch.optim.Adam.step = step
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_sigterm_checkpoints_at_the_update_boundary(toy_prepared, tmp_path, straight):
+    run = tmp_path / "run"
+    cmd = start_training(toy_prepared, run)
+    res = subprocess.run([sys.executable, "-c", SIGTERM_AFTER_STEP, *cmd[3:]], capture_output=True, text=True,
+                         timeout=180)
+    assert res.returncode == 130, res.stderr[-2000:]
+    assert "stopped by a signal at step 7" in res.stderr
+    assert list_checkpoints(run)[-1].name == "step-00000007.safetensors"  # the update was completed
+    resume(run)
+    assert final_bytes(run) == straight
+
+
+def test_resume_with_another_update_freq_continues_at_the_same_batch(toy_prepared, tmp_path):
+    run = tmp_path / "run"
+    subprocess.run(start_training(toy_prepared, run, ("--train.max_steps", "3")), check=True, capture_output=True,
+                   timeout=180)
+    cfg = tiny_config()
+    cfg.data.max_tokens = 400
+    n = len(epoch_batches(TokenData(toy_prepared, "train"), cfg, 0))
+    res = resume(run, "--train.update_freq", "2", "--train.max_epochs", "1", "--train.max_steps", "1000")
+    assert "batches per update were 1" in res.stderr
+    # 3 batches done; the other n - 3 in updates of 2: no batch skipped or repeated.
+    assert list_checkpoints(run)[-1].name == f"step-{3 + (n - 2) // 2:08d}.safetensors"
+
+
+def test_resume_with_other_max_tokens_is_refused_or_forced(toy_prepared, tmp_path):
+    run = tmp_path / "run"
+    subprocess.run(start_training(toy_prepared, run, ("--train.max_steps", "3")), check=True, capture_output=True,
+                   timeout=180)
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    res = subprocess.run(aiayn("train", "--resume", str(run), "--data.max_tokens", "800"), capture_output=True,
+                         text=True, timeout=180)
+    assert res.returncode == 2
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and "data.max_tokens was 400 and is now 800" in err[0] and "--force-batching" in err[0]
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+    res = resume(run, "--data.max_tokens", "800", "--force-batching", "--train.max_steps", "4")
+    assert "continuing from the start of epoch 1" in res.stderr
+
+
+# -- DDP: clocks that disagree, one dropout stream per rank --------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clock_worker(rank: int, world: int, port: int, prep: str, run: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    if rank == 1:  # this rank's clock runs 20 times too fast
+        import time as _time
+
+        real, t0 = _time.perf_counter, _time.perf_counter()
+        _time.perf_counter = lambda: t0 + 20 * (real() - t0)
+    from aiayn.train import train
+
+    cfg = tiny_config(max_steps=10**6, max_minutes=0.03)
+    state = train(cfg, Path(prep), Path(run))
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"step": state["step"], "elapsed": state["elapsed"]}))
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+
+
+def test_ddp_ranks_with_disagreeing_clocks_stop_together(toy_prepared, tmp_path):
+    args = (2, free_port(), str(toy_prepared), str(tmp_path / "run"), str(tmp_path))
+    ctx = mp.start_processes(_clock_worker, args=args, nprocs=2, join=False, start_method="spawn")
+    deadline = time.time() + 120
+    try:
+        while not ctx.join(timeout=1):
+            assert time.time() < deadline, "the ranks hung: one left the loop while the other trained on"
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0 == r1  # same last step, and rank 0's clock for both
+    assert r0["elapsed"] >= 0.03 * 60 and r0["step"] > 5
+
+
+def test_torchrun_ranks_have_their_own_dropout_and_resume_exactly(toy_prepared, tmp_path):
+    def torchrun(*args: str) -> None:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(free_port()), "-m", "aiayn", "train", *args]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    small = TINY[:-1]  # all but the number of steps
+    torchrun("--data", str(toy_prepared), "--run-dir", str(tmp_path / "straight"), *small, "12")
+    torchrun("--data", str(toy_prepared), "--run-dir", str(tmp_path / "broken"), *small, "5")
+    state = torch.load(tmp_path / "broken/checkpoints/step-00000005.state.pt", weights_only=True)
+    assert len(state["rng"]) == 2 and not torch.equal(state["rng"][0]["torch"], state["rng"][1]["torch"])
+    torchrun("--resume", str(tmp_path / "broken"), "--train.max_steps", "12")
+    a = read_weights(list_checkpoints(tmp_path / "straight")[-1])[0]
+    b = read_weights(list_checkpoints(tmp_path / "broken")[-1])[0]
+    assert list_checkpoints(tmp_path / "broken")[-1].name == "step-00000012.safetensors"
+    assert all(torch.equal(a[k], b[k]) for k in a)
