@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -271,8 +272,13 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     from .serve import Limits, serve
 
-    serve(args.checkpoint, args.host, args.port, args.device,
-          Limits(max_sentences=args.max_sentences, max_chars=args.max_chars))
+    limits = Limits(max_sentences=args.max_sentences, max_chars=args.max_chars, max_queue=args.max_queue,
+                    timeout_s=args.timeout)
+    for name in ("max_sentences", "max_chars", "max_queue", "timeout"):
+        value = getattr(args, name)
+        if not (value > 0 and math.isfinite(value)):
+            raise UserError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    serve(args.checkpoint, args.host, args.port, args.device, limits)
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
@@ -373,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-sentences", type=int, default=64, help="per request (413 above)")
     p.add_argument("--max-chars", type=int, default=1000, help="per sentence (413 above)")
+    p.add_argument("--max-queue", type=int, default=1024,
+                   help="sentences waiting or in translation; above it requests get 503 with Retry-After")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait and run (504 past it)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("export", help="export a checkpoint to Hugging Face MarianMTModel or CTranslate2")

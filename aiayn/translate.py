@@ -26,12 +26,15 @@ class Translator:
     """
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig | None = None,
-                 device: str | torch.device = "cpu", precision: str = "fp32"):
+                 device: str | torch.device | None = None, precision: str = "fp32"):
+        """`device` moves the model there; None (the default) uses it where it is, so a model shared
+        with other users (the server's, the trainer's) is never moved behind their back."""
         kernel_cache(1024)  # decoding reuses its shapes: a larger oneDNN cache pays (linear.py)
-        self.model = model.eval().to(device)
+        here = next(model.parameters()).device
+        self.device = here if device is None else torch.device(device)
+        self.model = model.eval() if self.device == here else model.eval().to(self.device)
         self.tokenizer = tokenizer
         self.decode_cfg = decode or DecodeConfig()
-        self.device = torch.device(device)
         self.precision = precision
 
     @classmethod

@@ -84,3 +84,115 @@ def test_concurrent_requests_are_all_answered(client, translator):
         results = list(pool.map(lambda s: client.post("/translate", json={"sentences": s}), sents))
     assert [r.status_code for r in results] == [200] * len(sents)
     assert [r.json()["translations"] for r in results] == expected
+
+
+# -- failure behaviour: cancelled requests, a full queue, time limits, the shared model ---------
+import json  # noqa: E402
+import threading  # noqa: E402
+
+from aiayn.serve import Batcher  # noqa: E402
+
+
+class Gate:
+    """Holds the worker inside translate_ids until released; records what it translated."""
+
+    def __init__(self, translator: Translator):
+        self.entered, self.release, self.seen = threading.Event(), threading.Event(), []
+        real = translator.translate_ids
+
+        def slow(ids, *a, **k):
+            self.seen.append(translator.tokenizer.decode(ids))
+            self.entered.set()
+            assert self.release.wait(20)
+            return real(ids, *a, **k)
+
+        translator.translate_ids = slow
+
+
+@pytest.fixture
+def gated(toy_prepared):
+    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=len(tok), d_model=16, d_ff=32, h=2, N=1, p_drop=0.0, max_positions=64)
+    t = Translator(Transformer(cfg), tok, DecodeConfig(max_len_b=6))
+    gate = Gate(t)
+    yield t, gate
+    gate.release.set()
+
+
+def test_worker_survives_a_request_cancelled_while_waiting(gated):
+    t, gate = gated
+    batcher = Batcher(t)
+    first = batcher.submit(["the dog"], 4, 0.6)
+    assert gate.entered.wait(10)
+    waiting = batcher.submit(["a cat"], 4, 0.6)
+    assert waiting.cancel()  # its request gave up (time limit, or the client left)
+    gate.release.set()
+    first.result(timeout=20)
+    later = batcher.submit(["blue street"], 4, 0.6)
+    assert later.result(timeout=20)[0] == t.translate(["blue street"])
+    assert batcher.worker.is_alive() and batcher.queued == 0
+    assert "a cat" not in [s for batch in gate.seen for s in batch]  # the cancelled request was dropped
+
+
+def test_full_queue_answers_503_with_retry_after(gated):
+    t, gate = gated
+    client = TestClient(create_app(t, Limits(max_queue=3)))
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.post, "/translate", json={"sentences": ["the dog", "a cat"]})
+        assert gate.entered.wait(10)
+        r = client.post("/translate", json={"sentences": ["red house", "blue street"]})
+        assert r.status_code == 503 and "busy" in r.json()["detail"]
+        assert 1 <= int(r.headers["Retry-After"]) <= 60
+        assert client.get("/health").json()["queue"] == {"sentences": 2, "limit": 3}
+        gate.release.set()
+        assert first.result().status_code == 200
+    assert client.post("/translate", json={"sentences": ["red house", "blue street"]}).status_code == 200
+    assert client.get("/health").json()["queue"]["sentences"] == 0
+
+
+def test_request_past_its_time_limit_gets_504_and_is_dropped(gated):
+    t, gate = gated
+    client = TestClient(create_app(t, Limits(timeout_s=0.5)))
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.post, "/translate", json={"sentences": ["the dog"]})
+        assert gate.entered.wait(10)
+        r = client.post("/translate", json={"sentences": ["a cat"]})
+        assert r.status_code == 504 and "0.5 s" in r.json()["detail"]
+        gate.release.set()
+        assert first.result().status_code == 504  # it started, but its answer came too late
+    r = client.post("/translate", json={"sentences": ["blue street"], "beam": 1})
+    assert r.status_code == 200 and r.json()["translations"] == t.translate(["blue street"], beam=1)
+    assert "a cat" not in [s for batch in gate.seen for s in batch]
+    assert client.get("/health").json()["queue"]["sentences"] == 0
+
+
+def test_attention_uses_the_model_where_it_is(translator, client, monkeypatch):
+    moves = []
+    real_to = translator.model.to
+    monkeypatch.setattr(translator.model, "to", lambda *a, **k: moves.append((a, k)) or real_to(*a, **k))
+    assert client.post("/attention", json={"sentence": "the big dog"}).status_code == 200
+    assert moves == []  # a GPU server's model would otherwise have been moved to the CPU
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_options_are_rejected(client, value):
+    body = '{"sentences": ["the dog"], "alpha": ' + value + "}"
+    r = client.post("/translate", content=body.encode(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 422
+    assert "alpha" in json.dumps(r.json()["detail"])
+
+
+def test_oversized_bodies_get_413_before_parsing(client):
+    limit = Limits(max_sentences=4, max_chars=50).max_body_bytes
+    big = json.dumps({"sentences": ["a" * (limit + 10)]}).encode()
+    r = client.post("/translate", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "limit" in r.json()["detail"]
+
+    def chunks():  # no Content-Length: the limit is counted as the body arrives
+        for _ in range(limit // 1000 + 2):
+            yield b"x" * 1000
+
+    r = client.post("/translate", content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert client.get("/health").json()["status"] == "ok"
