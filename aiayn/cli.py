@@ -320,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--valid", help="validation split name/prefix, or SRC_FILE,TGT_FILE")
     p.add_argument("--test", action="append", help="test split (repeatable)")
     p.add_argument("--out", required=True, help="output folder for the prepared data")
-    p.add_argument("--strict", action="store_true", help="fail on an empty line instead of dropping the pair")
+    p.add_argument("--strict", action="store_true",
+                   help="fail on an empty line (instead of dropping the pair) and on a vocabulary smaller than "
+                        "asked (instead of a warning)")
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--config", help="YAML config")
     p.set_defaults(func=cmd_prepare)

@@ -7,6 +7,7 @@ dotted overrides applied on top of the defaults, so ``big`` reads exactly as Tab
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,21 @@ import yaml
 
 class ConfigError(ValueError):
     """A config value or override is invalid; the message names the field."""
+
+
+def _check_numbers(section: str, cfg: Any) -> None:
+    """Every number of a section is finite (a NaN passes every `<`/`>` check silently)."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        values = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ConfigError(f"{section}.{f.name} must be a finite number, got {value}")
+
+
+def _check_positive(section: str, cfg: Any, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{section}.{name} must be positive, got {getattr(cfg, name)}")
 
 
 @dataclass
@@ -51,9 +67,11 @@ class ModelConfig:
         return self.N_dec if self.N_dec is not None else self.N
 
     def validate(self) -> None:
-        for name in ("vocab_size", "d_model", "d_ff", "h", "N", "max_positions"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
+        _check_numbers("model", self)
+        _check_positive("model", self, "vocab_size", "d_model", "d_ff", "h", "N", "max_positions")
+        for name in ("d_k", "d_v", "N_dec"):
+            if getattr(self, name) is not None:
+                _check_positive("model", self, name)
         if self.d_k is None and self.d_model % self.h:
             raise ConfigError(
                 f"model.d_model ({self.d_model}) must be divisible by model.h ({self.h}) "
@@ -74,6 +92,11 @@ class DataConfig:
     max_len: int = 256  # subwords per side; longer training pairs are dropped and counted
     max_tokens: int = 4096  # padded tokens per batch (per side)
     strict: bool = False  # fail on an empty line instead of dropping the pair
+
+    def validate(self) -> None:
+        _check_positive("data", self, "vocab_size", "max_len", "max_tokens")
+        if self.vocab_size <= 4:
+            raise ConfigError(f"data.vocab_size must leave room beyond the 4 special ids, got {self.vocab_size}")
 
 
 @dataclass
@@ -102,6 +125,14 @@ class TrainConfig:
     keep_last: int = 5
 
     def validate(self) -> None:
+        _check_numbers("train", self)
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
+        for name in ("max_steps", "max_epochs", "max_minutes", "threads", "valid_every", "valid_bleu_sentences",
+                     "save_every", "save_every_minutes", "clip_norm"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        _check_positive("train", self, "adam_eps", "log_every")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"train.precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.update_freq < 1:
@@ -128,6 +159,11 @@ class DecodeConfig:
     max_tokens: int = 4096  # source tokens per translation batch
 
     def validate(self) -> None:
+        _check_numbers("decode", self)
+        _check_positive("decode", self, "max_tokens")
+        if self.max_len_a < 0 or self.max_len_b < 0:
+            raise ConfigError(f"decode.max_len_a and decode.max_len_b must be >= 0, got {self.max_len_a}, "
+                              f"{self.max_len_b}")
         if self.beam < 1:
             raise ConfigError(f"decode.beam must be >= 1, got {self.beam}")
         if not 1 <= self.nbest <= self.beam:
@@ -147,6 +183,7 @@ class Config:
 
     def validate(self) -> Config:
         self.model.validate()
+        self.data.validate()
         self.train.validate()
         self.decode.validate()
         return self

@@ -166,6 +166,12 @@ def prepare(
     train_s, train_t, _ = texts["train"]
     log.info("learning a joint BPE vocabulary of %d on %d + %d sentences", vocab_size, len(train_s), len(train_t))
     tok = Tokenizer.train(train_s + train_t, vocab_size, seed)
+    if len(tok) < vocab_size:
+        short = (f"the joint vocabulary has {len(tok)} subwords, fewer than the {vocab_size} asked for "
+                 "(data.vocab_size): the training text holds no more merges")
+        if strict:
+            raise DataError(f"{short}; --strict forbids a smaller vocabulary")
+        log.warning("%s; continuing with %d", short, len(tok))
     (out / "spm.model").write_bytes(tok.proto)
     stats: dict[str, dict] = {}
     for name, (s_lines, t_lines, dropped_empty) in texts.items():

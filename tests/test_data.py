@@ -156,3 +156,15 @@ def test_prepare_multi30k_from_local_copy_without_network(multi30k_dir, tmp_path
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["splits"]["train"]["pairs_in"] == 29000
     assert manifest["tests"] == ["test_2016_flickr"]  # test_2017 has no Czech side: skipped
+
+
+def test_a_vocabulary_smaller_than_asked_is_reported(toy_corpus, tmp_path, caplog):
+    splits = {name: (toy_corpus / f"{name}.en", toy_corpus / f"{name}.de") for name in ("train", "valid")}
+    with caplog.at_level("WARNING", logger="aiayn"):
+        manifest = prepare(splits, tmp_path / "loose", "en", "de", vocab_size=5000, max_len=32)
+    got = manifest["vocab_size"]
+    assert got < 5000
+    assert f"has {got} subwords, fewer than the 5000 asked for" in caplog.text
+    with pytest.raises(DataError, match=f"has {got} subwords.*--strict"):
+        prepare(splits, tmp_path / "strict", "en", "de", vocab_size=5000, max_len=32, strict=True)
+    assert not (tmp_path / "strict" / "spm.model").exists()
