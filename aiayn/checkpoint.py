@@ -87,9 +87,14 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         header_len = int.from_bytes(data[:8], "little")
         meta = json.loads(data[8:8 + header_len]).get("__metadata__") or {}
     except (SafetensorError, ValueError, json.JSONDecodeError) as e:
+        if data[:4] == b"PK\x03\x04" or data[:2] in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"):
+            raise CheckpointError(
+                f"{path}: a PyTorch pickle (torch.save, e.g. a fairseq checkpoint), not an aiayn safetensors "
+                "checkpoint; aiayn never unpickles model files, since a pickle can run code") from None
         raise CheckpointError(f"{path}: not a readable safetensors checkpoint ({e})") from None
     if meta.get("format") != "aiayn-1":
-        raise CheckpointError(f"{path}: not an aiayn checkpoint (no aiayn metadata)")
+        raise CheckpointError(f"{path}: not an aiayn checkpoint (a safetensors file without aiayn metadata, "
+                              "e.g. a Hugging Face model)")
     return tensors, meta
 
 

@@ -163,7 +163,9 @@ def prepare(
             log.info("%s: inputs unchanged, reusing the prepared data", out)
             return old
     texts = {name: read_parallel(s, t, strict) for name, (s, t) in splits.items()}
-    train_s, train_t, _ = texts["train"]
+    train_s, train_t, dropped = texts["train"]
+    if not train_s:
+        raise DataError(f"{splits['train'][0]}: no sentence pairs to learn from ({dropped} dropped as empty)")
     log.info("learning a joint BPE vocabulary of %d on %d + %d sentences", vocab_size, len(train_s), len(train_t))
     tok = Tokenizer.train(train_s + train_t, vocab_size, seed)
     if len(tok) < vocab_size:

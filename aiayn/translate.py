@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from .config import DecodeConfig
+from .config import ConfigError, DecodeConfig
 from .linear import kernel_cache
 from .model import Transformer
 from .search import Hypothesis, beam_search, greedy_search
@@ -46,6 +47,8 @@ class Translator:
         for k, v in decode_overrides.items():
             setattr(cfg.decode, k, v)
         cfg.decode.validate()
+        if cfg.decode.beam > len(tokenizer):
+            raise ConfigError(f"decode.beam ({cfg.decode.beam}) is larger than the vocabulary ({len(tokenizer)})")
         return cls(model, tokenizer, cfg.decode, device, precision)
 
     def encode_sources(self, lines: list[str]) -> list[list[int]]:
@@ -76,7 +79,14 @@ class Translator:
                       nbest: int | None = None, progress: bool = False) -> list[list[Hypothesis]]:
         """Search for every source (ids with EOS); empty sources give no hypotheses."""
         d = self.decode_cfg
-        beam, alpha, nbest = beam or d.beam, d.alpha if alpha is None else alpha, nbest or d.nbest
+        beam = d.beam if beam is None else beam
+        alpha, nbest = d.alpha if alpha is None else alpha, d.nbest if nbest is None else nbest
+        if not 1 <= beam <= len(self.tokenizer):
+            raise ValueError(f"beam must be in [1, vocabulary size {len(self.tokenizer)}], got {beam}")
+        if not (math.isfinite(alpha) and alpha >= 0):
+            raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
+        if not 1 <= nbest <= beam:
+            raise ValueError(f"nbest must be in [1, beam={beam}], got {nbest}")
         results: list[list[Hypothesis]] = [[] for _ in ids]
         limit = self.model.cfg.max_positions - 1
         ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self.precision == "bf16"
