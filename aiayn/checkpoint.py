@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -133,9 +134,12 @@ def load_state(path: Path) -> dict[str, Any]:
     if not Path(path).is_file():
         raise CheckpointError(f"training state not found: {path}")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's advice to unpickle unsafely is not for us
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for corrupt files
-        raise CheckpointError(f"{path}: corrupt training state ({type(e).__name__}: {e})") from None
+        raise CheckpointError(f"{path}: corrupt training state, or one holding more than tensors and numbers "
+                              f"(not unpickled: {type(e).__name__})") from None
 
 
 def average_checkpoints(paths: list[Path]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

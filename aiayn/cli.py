@@ -205,6 +205,8 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     translator = Translator.load(args.checkpoint, device=args.device, precision=args.precision, **overrides)
     lines = _read_input(args.input)
     refs = _read_input(args.ref) if args.ref else None
+    if refs is not None and len(refs) != len(lines):  # before hours of translation, not after
+        raise UserError(f"{args.input or '<stdin>'} has {len(lines)} lines but {args.ref} has {len(refs)}")
     start = time.perf_counter()
     ids = translator.encode_sources(lines)
     hyps = translator.translate_ids(ids, progress=args.input not in (None, "-") and sys.stderr.isatty())

@@ -305,7 +305,10 @@ def load_yaml(path: str | Path, base: Config | None = None) -> Config:
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"{where}: invalid YAML: {what}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     try:

@@ -151,7 +151,6 @@ def prepare(
     for need in ("train", "valid"):
         if need not in splits:
             raise DataError(f"a {need} split is required")
-    out.mkdir(parents=True, exist_ok=True)
     settings = {"format": FORMAT_VERSION, "src": src_lang, "tgt": tgt_lang, "vocab_size": vocab_size,
                 "max_len": max_len, "strict": strict, "seed": seed}
     inputs = {name: {"src": str(s), "tgt": str(t), "src_sha256": sha256(s), "tgt_sha256": sha256(t)}
@@ -174,6 +173,7 @@ def prepare(
         if strict:
             raise DataError(f"{short}; --strict forbids a smaller vocabulary")
         log.warning("%s; continuing with %d", short, len(tok))
+    out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
     (out / "spm.model").write_bytes(tok.proto)
     stats: dict[str, dict] = {}
     for name, (s_lines, t_lines, dropped_empty) in texts.items():

@@ -1,0 +1,240 @@
+"""A catalog of bad input, walked through the real command line (one process per case) and the
+Python and HTTP APIs. For every case: exit status 2 (or an exception / a 4xx), one error line that
+names what is wrong and where, no traceback, no file of the workspace changed, added or removed —
+and no pickle ever executed.
+"""
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_config
+from fastapi.testclient import TestClient
+from safetensors.torch import save_file
+
+from aiayn.checkpoint import CheckpointError
+from aiayn.config import ConfigError
+from aiayn.serve import Limits, create_app
+from aiayn.train import train
+from aiayn.translate import Translator
+
+MARKER = "PICKLE_WAS_EXECUTED"
+
+
+class Evil:
+    """Unpickling this creates a folder named MARKER in the current directory."""
+
+    def __reduce__(self):
+        return os.mkdir, (MARKER,)
+
+
+def lines(path: Path, text: str | bytes) -> Path:
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+@pytest.fixture(scope="module")
+def template(toy_prepared, tmp_path_factory) -> Path:
+    """Every file a case may need: corpora, a trained run, checkpoints good, foreign and evil."""
+    w = tmp_path_factory.mktemp("catalog")
+    good = "a dog\nthe cat\na man runs\n"
+    for name, en, de in [("ok", good, "ein hund\ndie katze\nein mann läuft\n"),
+                         ("misaligned", good, "ein hund\ndie katze\n"),
+                         ("badutf8", good, b"ein hund\ndie katze\nein \xff mann\n"),
+                         ("emptyline", good, "ein hund\n\nein mann\n"),
+                         ("empty", "", "")]:
+        lines(w / f"{name}.en", en)
+        lines(w / f"{name}.de", de)
+    cfg = tiny_config(max_steps=2)
+    train(cfg, toy_prepared, w / "run")
+    ckpt = sorted((w / "run/checkpoints").glob("step-*.safetensors"))[-1]
+    shutil.copy(ckpt, w / "model.safetensors")
+    data = ckpt.read_bytes()
+    lines(w / "truncated.safetensors", data[: len(data) // 2])
+    torch.save({"model": {"w": torch.zeros(2)}, "args": Evil()}, w / "fairseq.pt")
+    lines(w / "evil.safetensors", pickle.dumps(Evil()))
+    save_file({"model.encoder.layers.0.fc1.weight": torch.zeros(2, 2)}, w / "hf.safetensors", metadata={"format": "pt"})
+    shutil.copytree(w / "run", w / "corrupt-run")
+    for state in (w / "corrupt-run/checkpoints").glob("*.state.pt"):
+        lines(state, pickle.dumps(Evil()))
+    (w / "empty-dir").mkdir()
+    (w / "foreign-run").mkdir()
+    lines(w / "foreign-run/checkpoint_last.pt", b"not ours")
+    lines(w / "bad.yaml", "model: {d_model: [unclosed\n")
+    lines(w / "list.yaml", "- 1\n- 2\n")
+    lines(w / "in.txt", "a dog runs\n")
+    lines(w / "in-badutf8.txt", b"a dog\n\xc3\x28 runs\n")
+    lines(w / "out.txt", "KEEP ME\n")
+    lines(w / "two.txt", "a\nb\n")
+    lines(w / "one.txt", "a\n")
+    (w / "prepared").symlink_to(toy_prepared)
+    return w
+
+
+P = ["prepare", "--data-dir", "{w}", "--src", "en", "--tgt", "de", "--out", "{w}/prep", "--data.vocab_size", "60"]
+T = ["translate", "--checkpoint", "{w}/model.safetensors", "--input", "{w}/in.txt", "--output", "{w}/out.txt"]
+TR = ["train", "--data", "{w}/prepared", "--run-dir", "{w}/new-run"]
+# (name, argv, fragments the error line must contain: what, and where)
+CLI_CASES = [
+    ("misaligned corpus", P + ["--train", "misaligned", "--valid", "ok"], ["misaligned", "misaligned.en", "3", "2"]),
+    ("invalid UTF-8 corpus", P + ["--train", "badutf8", "--valid", "ok"], ["badutf8.de:3", "invalid UTF-8"]),
+    ("empty line, --strict", P + ["--train", "emptyline", "--valid", "ok", "--strict"], ["emptyline.de:2", "empty"]),
+    ("empty corpus", P + ["--train", "empty", "--valid", "ok"], ["empty.en", "no sentence pairs"]),
+    ("missing corpus file", P + ["--train", "nothere", "--valid", "ok"], ["nothere.en"]),
+    ("vocabulary smaller than asked, --strict", P[:-1] + ["5000", "--train", "ok", "--valid", "ok", "--strict"],
+     ["fewer than the 5000", "--strict"]),
+    ("bad vocabulary size", P[:-1] + ["0", "--train", "ok", "--valid", "ok"], ["data.vocab_size", "0"]),
+    ("missing checkpoint", ["translate", "--checkpoint", "{w}/nope.safetensors", "--input", "{w}/in.txt"],
+     ["nope.safetensors", "not found"]),
+    ("truncated checkpoint", T[:2] + ["{w}/truncated.safetensors"] + T[3:], ["truncated.safetensors", "readable"]),
+    ("pickled checkpoint", T[:2] + ["{w}/evil.safetensors"] + T[3:], ["evil.safetensors", "pickle"]),
+    ("fairseq checkpoint", T[:2] + ["{w}/fairseq.pt"] + T[3:], ["fairseq.pt", "pickle"]),
+    ("Hugging Face checkpoint", T[:2] + ["{w}/hf.safetensors"] + T[3:], ["hf.safetensors", "not an aiayn"]),
+    ("malformed YAML", TR + ["--config", "{w}/bad.yaml"], ["bad.yaml:2:1", "invalid YAML"]),
+    ("YAML that is not a mapping", TR + ["--config", "{w}/list.yaml"], ["list.yaml", "mapping"]),
+    ("override of the wrong type", TR + ["--train.lr_scale", "fast"], ["train.lr_scale", "float", "fast"]),
+    ("unknown override", TR + ["--train.lr", "0.1"], ["train.lr", "unknown"]),
+    ("override without a value", TR + ["--train.lr_scale"], ["--train.lr_scale", "value"]),
+    ("impossible shape: h does not divide d_model", TR + ["--model.h", "3"], ["model.d_model", "model.h"]),
+    ("impossible shape: no layers", TR + ["--model.N", "0"], ["model.N", "positive"]),
+    ("non-finite config value", TR + ["--train.lr_scale", ".nan"], ["train.lr_scale", "finite"]),
+    ("--resume of an empty directory", ["train", "--resume", "{w}/empty-dir"], ["empty-dir", "not an aiayn run"]),
+    ("--resume of a foreign directory", ["train", "--resume", "{w}/foreign-run"], ["foreign-run", "not an aiayn run"]),
+    ("--resume with a pickled training state", ["train", "--resume", "{w}/corrupt-run"],
+     ["corrupt-run", "state.pt", "corrupt training state"]),
+    ("training into an existing run", ["train", "--data", "{w}/prepared", "--run-dir", "{w}/run"],
+     ["run", "--resume"]),
+    ("unprepared data folder", ["train", "--data", "{w}/empty-dir", "--run-dir", "{w}/new-run"],
+     ["empty-dir", "manifest.json"]),
+    ("score files of different lengths", ["score", "--hyp", "{w}/two.txt", "--ref", "{w}/one.txt"],
+     ["two.txt", "2 lines", "one.txt", "1"]),
+    ("translate --ref of another length", T + ["--ref", "{w}/two.txt"], ["in.txt", "1 lines", "two.txt", "2"]),
+    ("NaN alpha", T + ["--alpha", "nan"], ["decode.alpha", "finite"]),
+    ("negative alpha", T + ["--alpha", "-1"], ["decode.alpha", ">= 0"]),
+    ("beam 0", T + ["--beam", "0"], ["decode.beam", ">= 1"]),
+    ("beam larger than the vocabulary", T + ["--beam", "100000"], ["decode.beam", "100000", "vocabulary"]),
+    ("negative max length", T + ["--max-len-b", "-5"], ["max_len_b", "-5"]),
+    ("nbest larger than the beam", T + ["--nbest", "5"], ["decode.nbest", "5"]),
+    ("zero tokens per batch", T + ["--max-tokens", "0"], ["decode.max_tokens", "positive"]),
+    ("input of invalid UTF-8", T[:3] + ["--input", "{w}/in-badutf8.txt", "--output", "{w}/out.txt"],
+     ["in-badutf8.txt:2", "invalid UTF-8"]),
+    ("average of a run without checkpoints", ["average", "{w}/empty-dir", "-o", "{w}/avg.safetensors"],
+     ["empty-dir", "no checkpoints"]),
+    ("curves of a folder without metrics", ["plot", "curves", "{w}/empty-dir", "-o", "{w}/c.png"],
+     ["empty-dir", "metrics.jsonl"]),
+    ("server with a zero queue", ["serve", "--checkpoint", "{w}/model.safetensors", "--max-queue", "0"],
+     ["--max-queue", "positive"]),
+]
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under root (links not followed) and its content hash; folders by name."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            out[os.path.relpath(Path(dirpath, name), root) + "/"] = ""
+        for name in filenames:
+            p = Path(dirpath, name)
+            out[os.path.relpath(p, root)] = "link" if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def run_case(template: Path, tmp: Path, argv: list[str]) -> tuple[subprocess.CompletedProcess, dict, dict]:
+    w = tmp / "w"
+    shutil.copytree(template, w, symlinks=True)
+    before = snapshot(w)
+    args = [a.replace("{w}", str(w)) for a in argv]
+    res = subprocess.run([sys.executable, "-m", "aiayn", *args], capture_output=True, text=True, cwd=w,
+                         timeout=120, stdin=subprocess.DEVNULL)
+    return res, before, snapshot(w)
+
+
+@pytest.fixture(scope="module")
+def cli_results(template, tmp_path_factory) -> dict:
+    """All CLI cases, run as separate processes, a few at a time."""
+    def one(case):
+        return case[0], run_case(template, tmp_path_factory.mktemp("case"), case[1])
+
+    with ThreadPoolExecutor(4) as pool:
+        return dict(pool.map(one, CLI_CASES))
+
+
+def test_catalog_is_large_enough():
+    assert len(CLI_CASES) >= 20 and len({c[0] for c in CLI_CASES}) == len(CLI_CASES)
+
+
+@pytest.mark.parametrize("name,argv,fragments", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_cli_bad_input(cli_results, name, argv, fragments):
+    res, before, after = cli_results[name]
+    err = res.stderr
+    assert res.returncode == 2, f"exit {res.returncode}\n{err[-2000:]}"
+    assert "Traceback" not in err, err[-2000:]
+    errors = [x for x in err.splitlines() if x.startswith(f"aiayn {argv[0]}: error: ")]
+    assert len(errors) == 1 and err.rstrip().endswith(errors[0]), err[-2000:]
+    for fragment in fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+    assert after == before, "the failed command changed the workspace"  # a run pickle would add MARKER/
+
+
+def test_no_pickle_was_ever_executed(cli_results, template):
+    # Each case ran in its own copy of the workspace, with that copy as the working directory.
+    assert all(MARKER not in after for _, _, after in cli_results.values())
+    assert not (template / MARKER).exists() and not Path(MARKER).exists()
+
+
+# -- the Python API ------------------------------------------------------------------------------
+def test_python_api_bad_input(template, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for path, fragment in [("evil.safetensors", "pickle"), ("fairseq.pt", "pickle"), ("hf.safetensors", "not an aiayn"),
+                           ("truncated.safetensors", "readable")]:
+        with pytest.raises(CheckpointError, match=fragment):
+            Translator.load(template / path)
+    with pytest.raises(ConfigError, match="decode.alpha"):
+        Translator.load(template / "model.safetensors", alpha=float("inf"))
+    t = Translator.load(template / "model.safetensors")
+    for kwargs, fragment in [({"beam": 0}, "beam"), ({"alpha": float("nan")}, "alpha"), ({"beam": 10**6}, "beam")]:
+        with pytest.raises(ValueError, match=fragment):
+            t.translate(["a dog"], **kwargs)
+    with pytest.raises(CheckpointError, match="already holds a run"):
+        train(tiny_config(max_steps=1), template / "prepared", template / "run")
+    assert not (tmp_path / MARKER).exists()
+
+
+# -- the HTTP API --------------------------------------------------------------------------------
+HTTP_CASES = [
+    ("malformed JSON", b"{not json", 422, "json"),
+    ("not an object", b'["a dog"]', 422, "body"),
+    ("wrong type", b'{"sentences": "a dog"}', 422, "sentences"),
+    ("items of the wrong type", b'{"sentences": [1, 2]}', 422, "sentences"),
+    ("missing field", b'{"text": ["a dog"]}', 422, "sentences"),
+    ("NaN alpha", b'{"sentences": ["a dog"], "alpha": NaN}', 422, "alpha"),
+    ("negative alpha", b'{"sentences": ["a dog"], "alpha": -1}', 422, "alpha"),
+    ("beam 0", b'{"sentences": ["a dog"], "beam": 0}', 422, "beam"),
+    ("oversized beam", b'{"sentences": ["a dog"], "beam": 999}', 413, "beam 999"),
+    ("empty list", b'{"sentences": []}', 400, "empty"),
+    ("too many sentences", json.dumps({"sentences": ["a"] * 65}).encode(), 413, "too many"),
+    ("over-long sentence", json.dumps({"sentences": ["a" * 1001]}).encode(), 413, "1001 characters"),
+    ("over-sized body", json.dumps({"sentences": ["a" * 500_000]}).encode(), 413, "limit"),
+    ("invalid UTF-8 body", b'{"sentences": ["\xff\xfe"]}', 400, "parsing the body"),
+]
+
+
+@pytest.fixture(scope="module")
+def client(template):
+    return TestClient(create_app(Translator.load(template / "model.safetensors"), Limits()))
+
+
+@pytest.mark.parametrize("name,body,status,fragment", HTTP_CASES, ids=[c[0] for c in HTTP_CASES])
+def test_http_bad_input(client, name, body, status, fragment):
+    r = client.post("/translate", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    assert fragment in json.dumps(r.json()["detail"])
+    assert client.get("/health").json()["status"] == "ok"
