@@ -101,7 +101,10 @@ def soak(data: Path, work: Path, kills: int, steps: int, save_every: int, seed: 
     rng = random.Random(seed)
     outcomes, corrupt = [], []
     for i in range(kills):
-        how = kill_once(command(data, run, steps, save_every), run, i % 2 == 1, rng, window=straight_s / 2)
+        # Random kills fall within start-up (~3 s) plus twice the run's share per kill, so that
+        # all the kills fit in one run on average.
+        window = 3.0 + 2 * straight_s / kills
+        how = kill_once(command(data, run, steps, save_every), run, i % 2 == 1, rng, window)
         outcomes.append(how)
         corrupt += corrupt_checkpoints(run)
         print(f"kill {i + 1}/{kills}: {how}; checkpoints {len(list(run.glob('checkpoints/step-*.safetensors')))}, "
