@@ -11,7 +11,7 @@ its final weights are compared, tensor by tensor, byte for byte, with an uninter
 the same configuration.
 
     .venv/bin/python bench/soak_resume.py [--kills 20] [--steps 400] [--data work/multi30k-en-de]
-    .venv/bin/python bench/soak_resume.py --short --data PREPARED_DIR   # 3 kills (the test suite's form)
+    .venv/bin/python bench/soak_resume.py --short --data PREPARED_DIR   # 3 kills, 300 steps (the tests' form)
 
 Prints kills survived, kills during a write, corrupt checkpoints (must be 0) and the equality;
 writes bench/soak_resume.json (not with --short). Work files go to ~/aiayn-work/soak (--work).
@@ -101,9 +101,11 @@ def soak(data: Path, work: Path, kills: int, steps: int, save_every: int, seed: 
     rng = random.Random(seed)
     outcomes, corrupt = [], []
     for i in range(kills):
-        # Random kills fall within start-up (~3 s) plus twice the run's share per kill, so that
-        # all the kills fit in one run on average.
-        window = 3.0 + 2 * straight_s / kills
+        # Random kills fall within start-up (~3 s) plus twice the remaining work's share per kill
+        # left, so that the kills fit in one run on average.
+        done = max([int(p.stem.split("-")[1].split(".")[0]) for p in run.glob("checkpoints/step-*.safetensors")],
+                   default=0)
+        window = 3.0 + 2 * straight_s * (steps - done) / steps / (kills - i)
         how = kill_once(command(data, run, steps, save_every), run, i % 2 == 1, rng, window)
         outcomes.append(how)
         corrupt += corrupt_checkpoints(run)
@@ -133,11 +135,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--save-every", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--short", action="store_true", help="3 kills, 40 steps, checkpoints every 4 (for tests)")
+    ap.add_argument("--short", action="store_true", help="3 kills, 300 steps, checkpoints every 10 (for tests)")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "soak_resume.json")
     args = ap.parse_args()
     if args.short:
-        args.kills, args.steps, args.save_every = 3, 40, 4
+        args.kills, args.steps, args.save_every = 3, 300, 10
     data = args.data if args.data != DATA else prepared_data()
     result = soak(data, args.work, args.kills, args.steps, args.save_every, args.seed)
     print(json.dumps({k: v for k, v in result.items() if k != "corrupt"}, indent=1))
