@@ -21,7 +21,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .config import Config, from_dict
-from .model import Transformer
+from .model import Transformer, build_model
 from .tokenizer import Tokenizer
 
 
@@ -107,7 +107,7 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[Tra
         tokenizer = Tokenizer(base64.b64decode(meta["spm_model"]))
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{path}: damaged metadata ({e})") from None
-    model = Transformer(cfg.model)
+    model = build_model(cfg.model)
     load_into(model, tensors, path)
     return model.to(device).eval(), cfg, tokenizer, int(meta.get("step", 0))
 

@@ -57,12 +57,12 @@ def build_config(args: argparse.Namespace, extra: list[str]) -> Config:
 
 def count_parameters(name: str, vocab_size: int) -> int:
     """Exact trainable-parameter count of a preset at a vocabulary size (built on the meta device)."""
-    from .model import Transformer
+    from .model import build_model
 
     cfg = preset(name).model
     cfg.vocab_size = vocab_size
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = build_model(cfg)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -302,6 +302,31 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(str(e)) from None
 
 
+def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
+    """Run a suite of the paper's experiments at small scale and render the report."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    from .report import render
+    from .reproduce import reproduce
+
+    work = Path(args.work)
+    report = Path(args.report) if args.report else (work / "quick-report" if args.suite == "quick"
+                                                    else Path("docs/reproduction"))
+    command = "aiayn " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("aiayn") else ""
+    for name in ("steps", "warmup", "seeds"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not (args.minutes > 0 and math.isfinite(args.minutes)):
+        raise UserError(f"--minutes must be a positive number, got {args.minutes}")
+    if args.render_only:
+        out = render(report, command)
+    else:
+        rows = [r for r in args.rows.split(",") if r] if args.rows else None
+        out = reproduce(args.suite, Path(args.data) if args.data else None, work, report, rows, args.steps,
+                        args.warmup, args.minutes, args.seeds, args.device, command)
+    print(f"wrote {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of Attention Is All You Need.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -394,6 +419,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("reproduce", help="the paper's experiments at small scale (Table 3, recurrent baselines, "
+                       "Table 1) and a generated report")
+    p.add_argument("--suite", required=True, choices=["table3", "rnn", "table1", "quick"])
+    p.add_argument("--data", help="prepared data folder (from `aiayn prepare`); table3, rnn and quick train on it")
+    p.add_argument("--work", default="runs/reproduce", help="folder for the run directories (default runs/reproduce)")
+    p.add_argument("--report", help="folder for REPORT.md, its plots and results/ (default docs/reproduction; "
+                   "quick: WORK/quick-report)")
+    p.add_argument("--rows", help="comma-separated row names to run (default: all of the suite)")
+    p.add_argument("--steps", type=int, default=1000, help="table3: updates per row (default 1000)")
+    p.add_argument("--warmup", type=int, default=400, help="table3: warm-up steps, Eq. 3 (default 400)")
+    p.add_argument("--minutes", type=float, default=20.0, help="rnn: training minutes per model (default 20)")
+    p.add_argument("--seeds", type=int, default=3, help="table3: seeds of the reference row (default 3)")
+    p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
+    p.add_argument("--render-only", action="store_true", help="only re-render the report from results/")
+    p.set_defaults(func=cmd_reproduce)
 
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

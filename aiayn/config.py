@@ -36,8 +36,13 @@ def _check_positive(section: str, cfg: Any, *names: str) -> None:
 
 @dataclass
 class ModelConfig:
-    """§3: the encoder-decoder Transformer; defaults are the base model of Table 3."""
+    """§3: the encoder-decoder Transformer; defaults are the base model of Table 3.
 
+    ``arch: rnn`` selects the recurrent attention baseline of §1-2 instead (rnn.py): it reads
+    d_model (embedding and hidden size), N (layers per stack) and p_drop, and the rnn_* fields.
+    """
+
+    arch: str = "transformer"  # transformer | rnn
     vocab_size: int = 37000  # §5.1 shared BPE vocabulary (set by `aiayn prepare`)
     d_model: int = 512
     d_ff: int = 2048  # §3.3
@@ -53,6 +58,8 @@ class ModelConfig:
     share_embeddings: bool = True  # §3.4 one matrix for both embeddings and the softmax
     max_positions: int = 1024
     pad_id: int = 0
+    rnn_cell: str = "lstm"  # lstm | gru (arch: rnn)
+    rnn_attention: str = "additive"  # additive (Bahdanau et al.) | dot | general (Luong et al.)
 
     @property
     def head_dim_k(self) -> int:
@@ -68,6 +75,10 @@ class ModelConfig:
 
     def validate(self) -> None:
         _check_numbers("model", self)
+        for name, allowed in (("arch", ("transformer", "rnn")), ("rnn_cell", ("lstm", "gru")),
+                              ("rnn_attention", ("additive", "dot", "general"))):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         _check_positive("model", self, "vocab_size", "d_model", "d_ff", "h", "N", "max_positions")
         for name in ("d_k", "d_v", "N_dec"):
             if getattr(self, name) is not None:
@@ -78,7 +89,8 @@ class ModelConfig:
                 "unless model.d_k and model.d_v are set"
             )
         if self.d_model % 2:
-            raise ConfigError(f"model.d_model must be even for sinusoidal positions, got {self.d_model}")
+            raise ConfigError(f"model.d_model must be even (sinusoidal positions; the two directions of the "
+                              f"recurrent encoder), got {self.d_model}")
         for name in ("p_drop", "attn_drop"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
@@ -230,6 +242,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.save_every_minutes": 1.5, "train.keep_last": 5, "train.log_every": 25,
     },
 }
+# The recurrent attention baseline (rnn.py) on the same data and schedule: 2 layers, hidden 512.
+PRESETS["multi30k-rnn"] = {**PRESETS["multi30k"], "model.arch": "rnn", "model.d_model": 512, "model.N": 2,
+                           "model.p_drop": 0.3}
 
 # The paper's parameter counts (Table 3, millions), for `aiayn params`.
 PAPER_PARAMS_M: dict[str, float] = {

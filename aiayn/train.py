@@ -41,7 +41,7 @@ from .checkpoint import (
 from .config import Config, load_yaml
 from .data import Batch, TokenData, collate, load_manifest, make_batches
 from .loss import label_smoothed_loss
-from .model import Transformer
+from .model import Transformer, build_model
 from .optim import make_optimizer, noam_lr, set_lr
 from .tokenizer import Tokenizer
 from .translate import Translator
@@ -242,7 +242,7 @@ class Trainer:
         self.state: dict = {"step": 0, "epoch": 0, "batch": 0, "elapsed": 0.0, "best_bleu": -1.0,
                             "best_loss": 1e9, "batching": self.batching()}
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
-        self.model = Transformer(cfg.model).to(env.device)
+        self.model = build_model(cfg.model).to(env.device)
         torch.manual_seed(_rank_seed(cfg.train.seed, env.rank))  # a dropout stream per rank
         random.seed(_rank_seed(cfg.train.seed, env.rank))
         self.optimizer = make_optimizer(self.model, cfg.train)

@@ -1,0 +1,163 @@
+"""§4, Table 1: the cost of one layer of each type against sequence length n, measured.
+
+Layer types at width d: self-attention (§3.2.2, explicit Eq. 1 so its n×n weights exist, and
+the fused SDPA kernel that never stores them), recurrent (an LSTM), convolutional (kernel k = 3)
+and restricted self-attention (each position attends to the r positions around it). For each:
+forward + backward time, the activation memory autograd saves for the backward pass (counted
+with saved-tensor hooks, so it does not depend on the allocator), sequential steps, and the
+maximum path length between positions 0 and n - 1.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .attention import MultiHeadAttention, attention
+
+PAPER = {  # Table 1: complexity per layer / sequential operations / maximum path length
+    "self-attention": "O(n²·d) / O(1) / O(1)",
+    "self-attention (fused SDPA)": "O(n²·d) / O(1) / O(1)",
+    "recurrent (LSTM)": "O(n·d²) / O(n) / O(n)",
+    "convolution (k=3)": "O(k·n·d²) / O(1) / O(log_k n) dilated, O(n/k) contiguous",
+    "restricted self-attention (r=32)": "O(r·n·d) / O(1) / O(n/r)",
+}
+
+
+class RestrictedSelfAttention(nn.Module):
+    """Table 1's restricted self-attention: query i attends to keys j with |i - j| ≤ r/2, computed
+    block-wise (blocks of r/2 positions see their own and the two neighbouring blocks), so the cost
+    is O(r·n·d) rather than O(n²·d)."""
+
+    def __init__(self, d: int, h: int, r: int):
+        super().__init__()
+        self.mha, self.w = MultiHeadAttention(d, h, d // h, d // h), max(1, r // 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, n, d = x.shape
+        w, m = self.w, self.mha
+        nb = math.ceil(n / w)
+        x = nn.functional.pad(x, (0, 0, 0, nb * w - n))
+        q = m._split(m.w_q(x), m.d_k)  # (B, h, nb·w, d_k)
+        k, v = m.project_kv(x)
+
+        def blocks(t: Tensor) -> Tensor:  # (B, h, nb·w, e) -> (B, h, nb, 3w, e): blocks b-1, b, b+1
+            t = t.view(B, m.h, nb, w, -1)
+            pad = t.new_zeros(B, m.h, 1, w, t.size(-1))
+            t = torch.cat([pad, t, pad], 2)
+            return torch.cat([t[:, :, :-2], t[:, :, 1:-1], t[:, :, 2:]], 3)
+
+        qi = torch.arange(nb * w, device=x.device).view(nb, w, 1)
+        kj = (torch.arange(nb, device=x.device).view(nb, 1, 1) - 1) * w + torch.arange(3 * w, device=x.device)
+        mask = ((qi - kj).abs() <= w) & (kj >= 0) & (kj < n)  # (nb, w, 3w)
+        out, _ = attention(q.view(B, m.h, nb, w, -1), blocks(k), blocks(v), mask, use_sdpa=False)
+        out = out.reshape(B, m.h, nb * w, -1).transpose(1, 2).reshape(B, nb * w, -1)[:, :n]
+        return m.w_o(out)
+
+
+def make_layers(d: int, h: int = 8, r: int = 32, device: torch.device | None = None
+                ) -> dict[str, Callable[[Tensor], Tensor]]:
+    """One layer of each Table 1 type on `device`, each mapping (B, n, d) -> (B, n, d)."""
+    with torch.device(device or "cpu"):
+        mha = MultiHeadAttention(d, h, d // h, d // h)
+        lstm = nn.LSTM(d, d, batch_first=True)
+        conv = nn.Conv1d(d, d, kernel_size=3, padding=1)
+        restricted = RestrictedSelfAttention(d, h, r)
+
+    def self_attention(x: Tensor, fused: bool) -> Tensor:
+        k, v = mha.project_kv(x)
+        q = mha._split(mha.w_q(x), mha.d_k)
+        out, _ = attention(q, k, v, use_sdpa=fused)
+        B, _, n, _ = out.shape
+        return mha.w_o(out.transpose(1, 2).reshape(B, n, -1))
+
+    return {
+        "self-attention": lambda x: self_attention(x, False),
+        "self-attention (fused SDPA)": lambda x: self_attention(x, True),
+        "recurrent (LSTM)": lambda x: lstm(x)[0],
+        "convolution (k=3)": lambda x: conv(x.transpose(1, 2)).transpose(1, 2),
+        f"restricted self-attention (r={r})": restricted,
+    }
+
+
+def path_length(layer: str, n: int, k: int = 3, r: int = 32) -> int:
+    """Hops on the shortest path from input position 0 to output position n - 1: one hop per
+    attention layer, per recurrent step, or per stacked convolution / restricted layer."""
+    if n <= 1:
+        return 0 if layer.startswith("recurrent") else 1
+    if layer.startswith("self-attention"):
+        return 1
+    if layer.startswith("recurrent"):
+        return n  # the state passes through n cell steps
+    if layer.startswith("convolution"):
+        return math.ceil((n - 1) / (k // 2))  # contiguous kernels widen the view by k // 2 per layer
+    return math.ceil((n - 1) / (r // 2))
+
+
+def sequential_steps(layer: str, n: int) -> int:
+    """Operations that must wait for the previous one: n cell steps for the recurrence, one
+    batched operation for the others."""
+    return n if layer.startswith("recurrent") else 1
+
+
+def saved_bytes(fn: Callable[[Tensor], Tensor], x: Tensor) -> int:
+    """Bytes autograd keeps for the backward pass of fn(x) (each storage counted once)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = fn(x)
+    del y
+    return sum(seen.values())
+
+
+def measure_table1(ns: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048), d: int = 512, batch: int = 1,
+                   repeats: int = 5, fit_from: int | None = None, device: str | None = None, seed: int = 0
+                   ) -> dict:
+    """Time, memory, sequential steps and path length per layer and n; log-log slopes."""
+    from .reproduce import machine
+
+    dev = torch.device(device or "cpu")
+    torch.manual_seed(seed)
+    layers = make_layers(d, device=dev)
+    fit_from = fit_from or ns[len(ns) // 2]
+    out: dict = {"d": d, "batch": batch, "ns": list(ns), "repeats": repeats, "fit_from": fit_from,
+                 "device": str(dev), "machine": machine(), "layers": {}}
+    for name, fn in layers.items():
+        times, mems = [], []
+        for n in ns:
+            x = torch.randn(batch, n, d, device=dev, requires_grad=True)
+            fn(x).sum().backward()  # warm-up
+            runs = []
+            for _ in range(repeats):
+                x.grad = None
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn(x).sum().backward()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                runs.append(time.perf_counter() - t0)
+            times.append(statistics.median(runs) * 1e3)
+            mems.append(saved_bytes(fn, x))
+        fit = [i for i, n in enumerate(ns) if n >= fit_from] or list(range(len(ns)))
+        lx = np.log([ns[i] for i in fit])
+        out["layers"][name] = {
+            "paper": PAPER.get(name, ""),
+            "time_ms": [round(t, 4) for t in times], "memory_bytes": mems,
+            "slope_time": float(np.polyfit(lx, np.log([times[i] for i in fit]), 1)[0]) if len(fit) > 1 else 0.0,
+            "slope_memory": float(np.polyfit(lx, np.log([mems[i] for i in fit]), 1)[0]) if len(fit) > 1 else 0.0,
+            "sequential": [sequential_steps(name, n) for n in ns],
+            "path_length": [path_length(name, n) for n in ns],
+        }
+    return out

@@ -1,0 +1,287 @@
+"""The reproduction report (REPORT.md and its plots), rendered only from the suites' result files.
+
+Verdicts compare the sign of our change against the reference row with the paper's (Table 3),
+on validation scores only; a change smaller than the spread of the reference row's seeds is
+"within noise". Re-rendering never trains, and no number is typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .checkpoint import atomic_write  # noqa: E402
+from .optim import noam_lr  # noqa: E402
+
+PAPER_BLEU_STEP = 0.2  # Table 3 prints one decimal: smaller BLEU changes count as "no change"
+PAPER_PPL_STEP = 0.05  # and two decimals for perplexity
+
+
+def load_results(results: Path) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(Path(results).glob("*/*.json")):
+        try:
+            out.setdefault(path.parent.name, []).append(json.loads(path.read_text()))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _sign(x: float, step: float) -> int:
+    return 0 if abs(x) < step else (1 if x > 0 else -1)
+
+
+def verdict(ours: float, noise: float | None, paper: float, paper_step: float, higher_is_better: bool) -> str:
+    """Direction of our change vs the paper's: reproduced / not reproduced / within noise."""
+    if noise is None:
+        return "no noise estimate"
+    p = _sign(paper, paper_step)
+    o = 0 if abs(ours) <= noise else (1 if ours > 0 else -1)
+    word = {1: "better", -1: "worse", 0: "no change"}
+    good = 1 if higher_is_better else -1
+    if p == 0 and o == 0:
+        return "reproduced (no change)"
+    if o == 0:
+        return f"within noise (paper: {word[p * good]})"
+    if p == 0:
+        return f"not reproduced (ours {word[o * good]}, paper: no change)"
+    return "direction reproduced" if o == p else f"not reproduced (ours {word[o * good]})"
+
+
+def _valid_bleu(r: dict) -> float:
+    return r["bleu"].get("valid", {}).get("bleu", float("nan"))
+
+
+def _test_bleu(r: dict, split: str = "test_2016_flickr") -> str:
+    b = r["bleu"].get(split)
+    return f"{b['bleu']:.2f}" if b else "–"
+
+
+def _fmt_machine(rs: list[dict]) -> str:
+    seen = []
+    for r in rs:
+        m = r.get("machine", {})
+        desc = f"{m.get('gpu') or m.get('cpu', '?')} ({r.get('device', '?')}, {m.get('threads', '?')} threads, " \
+               f"torch {m.get('torch', '?')})"
+        if desc not in seen:
+            seen.append(desc)
+    return "; ".join(seen) or "–"
+
+
+def table3_section(rs: list[dict], img: Path) -> list[str]:
+    refs = [r for r in rs if r["group"] == "ref"]
+    rows = sorted((r for r in rs if r["group"] != "ref"), key=lambda r: (r["group"], r["row"]))
+    if not refs:
+        return ["## Table 3 at small scale", "", "No reference run has finished yet.", ""]
+    ref_bleu = statistics.mean(_valid_bleu(r) for r in refs)
+    ref_ppl = statistics.mean(r["valid_ppl"] for r in refs)
+    noise_bleu = max(_valid_bleu(r) for r in refs) - min(_valid_bleu(r) for r in refs) if len(refs) > 1 else None
+    noise_ppl = max(r["valid_ppl"] for r in refs) - min(r["valid_ppl"] for r in refs) if len(refs) > 1 else None
+    common = refs[0]["common"]
+    out = ["## Table 3 at small scale", "",
+           f"Every row trains for {common['train.max_steps']:,} updates (warm-up {common['train.warmup_steps']}, "
+           f"Eq. 3) on Multi30k from the `{refs[0]['preset']}` reference, changing one thing as the paper's row "
+           "does; the last 5 checkpoints are averaged (§6.1) and decoded with beam 4, α 0.6. Verdicts compare "
+           "validation scores only (PPL and beam-4 BLEU on the full validation set); test2016 BLEU is shown, "
+           "never used to decide.", "",
+           f"Reference: {len(refs)} seed(s), validation PPL {ref_ppl:.3f}, BLEU {ref_bleu:.2f}; noise band = "
+           f"the seeds' range: BLEU ±{noise_bleu if noise_bleu is not None else float('nan'):.2f}, "
+           f"PPL ±{noise_ppl if noise_ppl is not None else float('nan'):.3f}.", "",
+           "| row | change | params | updates | valid PPL | valid BLEU | test2016 BLEU | paper row | "
+           "paper ΔPPL / ΔBLEU | ours ΔPPL / ΔBLEU | verdict BLEU | verdict PPL |",
+           "|---|---|--:|--:|--:|--:|--:|---|--:|--:|---|---|"]
+    for r in refs:
+        out.append(f"| {r['row']} | reference (seed {r['seed']}) | {r['params'] / 1e6:.2f}M | {r['updates']} | "
+                   f"{r['valid_ppl']:.3f} | {_valid_bleu(r):.2f} | {_test_bleu(r)} | base | | | | |")
+    beats = []
+    for r in rows:
+        p = r.get("paper")
+        d_bleu, d_ppl = _valid_bleu(r) - ref_bleu, r["valid_ppl"] - ref_ppl
+        if p:
+            pb, pp = p["bleu"] - p["ref_bleu"], p["ppl"] - p["ref_ppl"]
+            v_b = verdict(d_bleu, noise_bleu, pb, PAPER_BLEU_STEP, True)
+            v_p = verdict(d_ppl, noise_ppl, pp, PAPER_PPL_STEP, False)
+            paper_cells = f"{p['label']} | {pp:+.2f} / {pb:+.1f}"
+        else:
+            v_b = v_p = ""
+            paper_cells = " | "
+        if noise_bleu is not None and d_bleu > noise_bleu:
+            beats.append(r)
+        out.append(f"| {r['row']} | {r['change']} | {r['params'] / 1e6:.2f}M | {r['updates']} | {r['valid_ppl']:.3f} | "
+                   f"{_valid_bleu(r):.2f} | {_test_bleu(r)} | {paper_cells} | {d_ppl:+.3f} / {d_bleu:+.2f} | "
+                   f"{v_b} | {v_p} |")
+    out.append("")
+    verdicts = [verdict(_valid_bleu(r) - ref_bleu, noise_bleu, r["paper"]["bleu"] - r["paper"]["ref_bleu"],
+                        PAPER_BLEU_STEP, True) for r in rows if r.get("paper")]
+    if verdicts:
+        held = sum(v.startswith(("direction reproduced", "reproduced")) for v in verdicts)
+        out.append(f"BLEU direction reproduced in {held} of {len(verdicts)} rows; "
+                   f"{sum(v.startswith('within noise') for v in verdicts)} within noise; "
+                   f"{sum(v.startswith('not reproduced') for v in verdicts)} not reproduced.")
+        out.append("")
+    if beats:
+        out.append("Rows that beat the reference on validation BLEU beyond the noise: "
+                   + ", ".join(f"**{r['row']}** ({_valid_bleu(r) - ref_bleu:+.2f})" for r in beats) + ".")
+    elif noise_bleu is not None:
+        out.append("No row beats the reference on validation BLEU beyond the noise.")
+    out += ["", f"Machine: {_fmt_machine(refs + rows)}.", ""]
+    _plot_curves(refs + rows, img / "table3_curves.png", "Table 3 rows: validation perplexity", by_time=False)
+    out += ["![validation curves](img/table3_curves.png)", ""]
+    return out
+
+
+def rnn_section(rs: list[dict], img: Path) -> list[str]:
+    rs = sorted(rs, key=lambda r: (r["group"] != "transformer", r["row"]))
+    minutes = rs[0]["common"].get("train.max_minutes", 0)
+    out = ["## Transformer vs recurrent attention (Table 2's comparison at small scale)", "",
+           f"Each model trains for the same wall-clock budget ({minutes:g} minutes) on Multi30k, alone on the "
+           "machine; then the last 5 checkpoints are averaged and decoded with beam 4, α 0.6. FLOPs per target "
+           "token count one training step (forward and backward) with PyTorch's FlopCounterMode.", "",
+           "| model | architecture | params | updates | minutes | train tgt tok/s | training FLOPs / tok | "
+           "valid PPL | valid BLEU | test2016 BLEU | test2017 BLEU |",
+           "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in rs:
+        out.append(f"| {r['row']} | {r['change']} | {r['params'] / 1e6:.2f}M | {r['updates']} | "
+                   f"{r['train_minutes']:.1f} | {r['tgt_tok_s']:.0f} | {r['flops_per_token'] / 1e6:.1f}M | "
+                   f"{r['valid_ppl']:.3f} | {_valid_bleu(r):.2f} | {_test_bleu(r)} | "
+                   f"{_test_bleu(r, 'test_2017_flickr')} |")
+    t = [r for r in rs if r["group"] == "transformer"]
+    rnn = [r for r in rs if r["group"] == "rnn"]
+    if t and rnn:
+        best = max(rnn, key=_valid_bleu)
+        out += ["", f"At {minutes:g} minutes the Transformer's validation BLEU is {_valid_bleu(t[0]):.2f} against "
+                f"{_valid_bleu(best):.2f} for the best recurrent model ({best['row']}): "
+                f"{_valid_bleu(t[0]) - _valid_bleu(best):+.2f}. The paper's claim (Table 2): better BLEU than "
+                "recurrent attention at a fraction of the training cost."]
+    out += ["", f"Machine: {_fmt_machine(rs)}.", ""]
+    _plot_curves(rs, img / "rnn_curves.png", "Validation perplexity against training time", by_time=True)
+    out += ["![validation curves](img/rnn_curves.png)", ""]
+    return out
+
+
+def table1_section(t1: dict, img: Path) -> list[str]:
+    out = ["## Table 1: cost of one layer against sequence length", "",
+           f"One layer of each type at d = {t1['d']}, batch {t1['batch']}, n = {min(t1['ns'])} … {max(t1['ns'])}; "
+           f"forward + backward time (median of {t1['repeats']}), activation memory saved for the backward pass, "
+           "sequential steps (operations that must wait for the previous one), and the maximum path length "
+           "between positions 0 and n - 1 (counted on the layer's connections, checked by autograd). Slopes are "
+           f"fitted on log-log for n ≥ {t1['fit_from']}.", "",
+           "| layer | Table 1: complexity / sequential / path | time slope | memory slope | "
+           f"sequential steps at n={max(t1['ns'])} | path length at n={max(t1['ns'])} |",
+           "|---|---|--:|--:|--:|--:|"]
+    for name, L in t1["layers"].items():
+        out.append(f"| {name} | {L['paper']} | {L['slope_time']:.2f} | {L['slope_memory']:.2f} | "
+                   f"{L['sequential'][-1]} | {L['path_length'][-1]} |")
+    out += ["", f"Machine: {t1['machine'].get('gpu') or t1['machine'].get('cpu')} ({t1['device']}).", "",
+            "![Table 1 costs](img/table1.png)", ""]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name, L in t1["layers"].items():
+        axes[0].loglog(t1["ns"], L["time_ms"], "o-", label=f"{name} (slope {L['slope_time']:.2f})")
+        axes[1].loglog(t1["ns"], L["memory_bytes"], "o-", label=f"{name} (slope {L['slope_memory']:.2f})")
+    axes[0].set_title("forward + backward time (ms)")
+    axes[1].set_title("activation memory (bytes)")
+    for ax in axes:
+        ax.set_xlabel("sequence length n")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+    _save(fig, img / "table1.png")
+    return out
+
+
+def _plot_curves(rs: list[dict], path: Path, title: str, by_time: bool) -> None:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in rs:
+        c = r.get("curve") or []
+        if not c:
+            continue
+        xs = [p[2] if by_time and len(p) > 2 else p[0] for p in c]
+        ax.plot(xs, [p[1] for p in c], marker=".", label=r["row"])
+    ax.set_yscale("log")
+    ax.set_xlabel("training minutes" if by_time else "update")
+    ax.set_ylabel("validation perplexity")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7, ncol=2)
+    _save(fig, path)
+
+
+def _plot_bleu_params(results: dict[str, list[dict]], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for suite, marker in (("table3", "o"), ("rnn", "s")):
+        for r in results.get(suite, []):
+            ax.scatter(r["params"] / 1e6, _valid_bleu(r), marker=marker)
+            ax.annotate(r["row"], (r["params"] / 1e6, _valid_bleu(r)), fontsize=6)
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters (millions)")
+    ax.set_ylabel("validation BLEU (beam 4, averaged)")
+    ax.set_title("BLEU against parameters (circles: Table 3 rows, squares: rnn suite)")
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def _plot_schedule(path: Path, settings: list[tuple[str, int, int, float]]) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, d, warmup, scale in settings:
+        steps = list(range(1, max(4 * warmup, 2000)))
+        ax.plot(steps, [noam_lr(s, d, warmup, scale) for s in steps], label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("learning rate")
+    ax.set_title("Eq. 3: d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def _save(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def render(report_dir: Path, command: str = "") -> Path:
+    """Write REPORT.md and img/*.png in report_dir from report_dir/results/*/*.json."""
+    report_dir = Path(report_dir)
+    results = load_results(report_dir / "results")
+    img = report_dir / "img"
+    out = ["# Reproducing *Attention Is All You Need* at small scale", "",
+           "Generated by `aiayn reproduce` from the result files in `results/` (one JSON per run); "
+           "re-render with `aiayn reproduce --suite table3 --render-only`. BLEU is sacreBLEU on detokenized, "
+           "cased text (signature below), not the paper's tokenized BLEU, and Multi30k is not WMT14: compare "
+           "directions, not values.", ""]
+    if command:
+        out += [f"Last command: `{command}`", ""]
+    if "table3" in results:
+        out += table3_section(results["table3"], img)
+    if "rnn" in results:
+        out += rnn_section(results["rnn"], img)
+    t1_files = sorted((report_dir / "results" / "table1").glob("*.json")) if (report_dir / "results").exists() else []
+    if t1_files:
+        out += table1_section(json.loads(t1_files[0].read_text()), img)
+    trained = results.get("table3", []) + results.get("rnn", [])
+    if trained:
+        _plot_bleu_params(results, img / "bleu_params.png")
+        out += ["## BLEU against parameters", "", "![BLEU vs parameters](img/bleu_params.png)", ""]
+        r0 = trained[0]
+        settings = [("paper base: d_model 512, warm-up 4000", 512, 4000, 1.0)]
+        if "table3" in results:
+            c = results["table3"][0]["common"]
+            settings.append((f"table3 rows: d_model 256, warm-up {c['train.warmup_steps']}, ×0.8", 256,
+                             c["train.warmup_steps"], 0.8))
+        settings.append(("multi30k preset: d_model 256, warm-up 800, ×0.8", 256, 800, 0.8))
+        _plot_schedule(img / "schedule.png", settings)
+        out += ["## The learning-rate schedule (Eq. 3)", "", "![Eq. 3](img/schedule.png)", "",
+                f"sacreBLEU signature: `{r0.get('signature', '?')}`", ""]
+    if len(out) <= 7:
+        out += ["No suite has finished a run yet.", ""]
+    path = report_dir / "REPORT.md"
+    atomic_write(path, "\n".join(out).encode())
+    return path

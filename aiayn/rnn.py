@@ -1,0 +1,236 @@
+"""The recurrent encoder-decoder with attention that the Transformer replaced (§1-2; Table 2's
+recurrent baselines): a bidirectional LSTM (or GRU) encoder, a decoder of the same cell with
+input feeding, and one attention over the encoder states per target step, additive (Bahdanau et
+al., 2015) or multiplicative (Luong et al., 2015).
+
+Notation: B sources, R = B·g decoder rows (g beams per source), S source length, T target
+length, d = d_model (embedding, hidden and attention size), L = N layers per stack. The model
+keeps the contract of search.py (`start_decoding`, `decode_step`, `cache.reorder`), so the one
+beam search serves both architectures; the shared embedding matrix is also the output
+projection, as §3.4 does for the Transformer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from .config import ModelConfig
+from .linear import Linear
+from .model import AttentionMaps, Dropout
+
+
+# -- attention -------------------------------------------------------------------------------
+class AdditiveAttention(nn.Module):
+    """Bahdanau et al. (2015), Eq. 6 and §A.1.2: score(q, k_j) = vᵀ tanh(W q + U k_j)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.W = Linear(d, d, bias=False)
+        self.U = Linear(d, d)
+        self.v = Linear(d, 1, bias=False)
+
+    def keys(self, memory: Tensor) -> Tensor:
+        """U k_j for every encoder state, computed once per source: (B, S, d)."""
+        return self.U(memory)
+
+    def scores(self, q: Tensor, keys: Tensor) -> Tensor:
+        """q (B, g, d), keys (B, S, d) -> scores (B, g, S)."""
+        return self.v(torch.tanh(self.W(q).unsqueeze(2) + keys.unsqueeze(1))).squeeze(-1)
+
+
+class MultiplicativeAttention(nn.Module):
+    """Luong et al. (2015), Eq. 8: score(q, k_j) = qᵀ k_j ("dot") or qᵀ W_a k_j ("general")."""
+
+    def __init__(self, d: int, general: bool):
+        super().__init__()
+        self.W_a = Linear(d, d, bias=False) if general else None
+
+    def keys(self, memory: Tensor) -> Tensor:
+        """k_j, or W_a k_j once per source: (B, S, d)."""
+        return memory if self.W_a is None else self.W_a(memory)
+
+    def scores(self, q: Tensor, keys: Tensor) -> Tensor:
+        return torch.bmm(q, keys.transpose(1, 2))  # (B, g, S)
+
+
+def attend(scores: Tensor, mask: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
+    """Softmax over the real source positions, then the weighted sum of encoder states (the
+    context vector c_t): scores (B, g, S), mask (B, S) -> context (B, g, d), weights (B, g, S)."""
+    weights = torch.softmax(scores.float().masked_fill(~mask.unsqueeze(1), float("-inf")), dim=-1)
+    return torch.bmm(weights.to(memory.dtype), memory), weights
+
+
+# -- recurrent cells -----------------------------------------------------------------------------
+class LSTMCell(nn.Module):
+    """One LSTM step (Hochreiter & Schmidhuber, 1997, with a forget gate): i, f, g, o from
+    W x + U h + b; c' = f·c + i·g; h' = o·tanh(c'). The state stays fp32 under bf16 autocast."""
+
+    def __init__(self, d_in: int, d: int):
+        super().__init__()
+        self.ih = Linear(d_in, 4 * d)
+        self.hh = Linear(d, 4 * d, bias=False)
+
+    def forward(self, x: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        h, c = state
+        i, f, g, o = (self.ih(x) + self.hh(h)).float().chunk(4, -1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+
+class GRUCell(nn.Module):
+    """One GRU step (Cho et al., 2014): r, z gates; n = tanh(W_n x + r·(U_n h)); h' = (1-z)·n + z·h."""
+
+    def __init__(self, d_in: int, d: int):
+        super().__init__()
+        self.ih = Linear(d_in, 3 * d)
+        self.hh = Linear(d, 3 * d)
+
+    def forward(self, x: Tensor, state: tuple[Tensor, Tensor | None]) -> tuple[Tensor, None]:
+        h = state[0]
+        xr, xz, xn = self.ih(x).float().chunk(3, -1)
+        hr, hz, hn = self.hh(h).float().chunk(3, -1)
+        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+        return (1 - z) * torch.tanh(xn + r * hn) + z * h, None
+
+
+# -- incremental state ---------------------------------------------------------------------------
+@dataclass
+class RecurrentCache:
+    """Decoding state: per-layer hidden (and LSTM cell) states and the input-feeding vector of
+    each decoder row; the encoder states and attention keys once per source."""
+
+    memory: Tensor  # (B, S, d)
+    keys: Tensor  # (B, S, d)
+    src_mask: Tensor  # (B, S), True at real tokens
+    h: list[Tensor]  # L × (R, d)
+    c: list[Tensor] | None  # L × (R, d) for the LSTM
+    feed: Tensor  # (R, d): the previous attentional state h̃ (input feeding)
+    group: int = 1
+    step: int = 0
+
+    def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
+        """Keep decoder rows `rows`; `sources` selects the sources when that set changes (as
+        `model.DecoderCache.reorder`)."""
+        n = self.memory.size(0) if sources is None else sources.numel()
+        if rows.numel() != n * self.group:
+            raise ValueError(f"{rows.numel()} decoder rows for {n} sources × group {self.group}")
+        self.h = [x.index_select(0, rows) for x in self.h]
+        if self.c is not None:
+            self.c = [x.index_select(0, rows) for x in self.c]
+        self.feed = self.feed.index_select(0, rows)
+        if sources is not None:
+            self.memory, self.keys = self.memory.index_select(0, sources), self.keys.index_select(0, sources)
+            self.src_mask = self.src_mask.index_select(0, sources)
+
+
+# -- the model -----------------------------------------------------------------------------------
+class RecurrentModel(nn.Module):
+    """Bidirectional recurrent encoder, recurrent decoder with input feeding (Luong et al., 2015,
+    §3.3) and attention; h̃_t = tanh(W_c [c_t; h_t]) predicts y_t and is fed to the next step.
+
+    The decoder starts from the encoder's final states (forward and backward halves concatenated,
+    layer by layer). Every weight starts uniform in ±0.1 (Luong et al., 2015, §4.1).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        d, V, L = cfg.d_model, cfg.vocab_size, cfg.N
+        self.lstm = cfg.rnn_cell == "lstm"
+        self.src_embed = nn.Embedding(V, d, padding_idx=cfg.pad_id)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(V, d, padding_idx=cfg.pad_id)
+        self.out_proj = Linear(d, V, bias=False)
+        if cfg.share_embeddings:
+            self.out_proj.weight = self.src_embed.weight
+        rnn = nn.LSTM if self.lstm else nn.GRU
+        self.encoder = rnn(d, d // 2, num_layers=L, bidirectional=True, batch_first=True,
+                           dropout=cfg.p_drop if L > 1 else 0.0)
+        cell = LSTMCell if self.lstm else GRUCell
+        self.cells = nn.ModuleList(cell(2 * d if i == 0 else d, d) for i in range(L))
+        if cfg.rnn_attention == "additive":
+            self.attention: nn.Module = AdditiveAttention(d)
+        else:
+            self.attention = MultiplicativeAttention(d, general=cfg.rnn_attention == "general")
+        self.combine = Linear(2 * d, d, bias=False)  # W_c
+        self.dropout = Dropout(cfg.p_drop)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for p in self.parameters():
+            nn.init.uniform_(p, -0.1, 0.1)
+        with torch.no_grad():
+            self.src_embed.weight[self.cfg.pad_id].zero_()
+            self.tgt_embed.weight[self.cfg.pad_id].zero_()
+
+    # -- encoder ---------------------------------------------------------------------------------
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor] | None]:
+        """src (B, S) -> memory (B, S, d), mask (B, S), the decoder's initial h (and c) per layer."""
+        mask = src != self.cfg.pad_id
+        lengths = mask.sum(1).clamp(min=1).cpu()
+        x = self.dropout(self.src_embed(src))
+        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, final = self.encoder(packed)
+        memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
+
+        def layers(s: Tensor) -> list[Tensor]:  # (2L, B, d/2) -> L × (B, d): both directions of a layer
+            s = s.float()
+            return list(s.view(self.cfg.N, 2, s.size(1), s.size(2)).permute(0, 2, 1, 3).flatten(2))
+
+        h0, c0 = (layers(final[0]), layers(final[1])) if self.lstm else (layers(final), None)
+        return memory, mask, h0, c0
+
+    def start_decoding(self, src: Tensor, group: int = 1) -> RecurrentCache:
+        """Encode src (B, S) once for B·group decoder rows (the beams of beam search)."""
+        memory, mask, h0, c0 = self.encode(src)
+        rep = (lambda t: t.repeat_interleave(group, 0)) if group > 1 else (lambda t: t)
+        feed = torch.zeros(src.size(0) * group, self.cfg.d_model, device=src.device)
+        return RecurrentCache(memory, self.attention.keys(memory), mask, [rep(h) for h in h0],
+                              None if c0 is None else [rep(c) for c in c0], feed, group)
+
+    # -- decoder ---------------------------------------------------------------------------------
+    def _step(self, y: Tensor, cache: RecurrentCache) -> tuple[Tensor, Tensor]:
+        """One target step for every row: previous tokens y (R,) -> h̃_t (R, d), weights (R, S)."""
+        x = torch.cat([self.dropout(self.tgt_embed(y)), cache.feed.to(self.tgt_embed.weight.dtype)], -1)
+        hs, cs = [], []
+        for i, cell in enumerate(self.cells):
+            h, c = cell(x if i == 0 else self.dropout(x), (cache.h[i], cache.c[i] if cache.c else None))
+            hs.append(h)
+            cs.append(c)
+            x = h
+        cache.h, cache.c = hs, (cs if self.lstm else None)
+        g = cache.group
+        q = x.view(-1, g, x.size(-1))  # (B, g, d): the g rows of a source query its states together
+        context, weights = attend(self.attention.scores(q.to(cache.keys.dtype), cache.keys), cache.src_mask,
+                                  cache.memory)
+        h_tilde = torch.tanh(self.combine(torch.cat([context.view_as(x).to(x.dtype), x], -1)).float())
+        cache.feed = h_tilde
+        cache.step += 1
+        return h_tilde, weights.view(-1, weights.size(-1))
+
+    def decode_step(self, tokens: Tensor, cache: RecurrentCache) -> Tensor:
+        """Feed the next token of each row, tokens (R,) -> next-token logits (R, V)."""
+        h_tilde, _ = self._step(tokens, cache)
+        return self.out_proj(self.dropout(h_tilde))
+
+    def _teacher_forced(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
+        cache = self.start_decoding(src)
+        outs, weights = [], []
+        for t in range(tgt_in.size(1)):
+            h_tilde, w = self._step(tgt_in[:, t], cache)
+            outs.append(h_tilde)
+            weights.append(w)
+        return self.out_proj(self.dropout(torch.stack(outs, 1))), torch.stack(weights, 1)  # (B, T, V), (B, T, S)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits: src (B, S), tgt_in (B, T) -> (B, T, V)."""
+        return self._teacher_forced(src, tgt_in)[0]
+
+    def attention_maps(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionMaps]:
+        """Logits and the one cross-attention map, as one layer with one head: (B, 1, T, S)."""
+        logits, weights = self._teacher_forced(src, tgt_in)
+        return logits, AttentionMaps([], [], [weights.unsqueeze(1)])
