@@ -80,6 +80,9 @@ def marian_config(model: Transformer, beam: int, max_length: int):
     from transformers import MarianConfig
 
     cfg = model.cfg
+    if cfg.arch != "transformer":
+        raise ExportError(f"only the Transformer can be exported (this checkpoint is model.arch={cfg.arch}); "
+                          "translate it with `aiayn translate`")
     if cfg.pre_norm:
         raise ExportError("MarianMTModel is post-norm only; a pre_norm model cannot be exported")
     if cfg.head_dim_k * cfg.h != cfg.d_model or cfg.head_dim_v * cfg.h != cfg.d_model:

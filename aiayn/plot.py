@@ -16,6 +16,7 @@ import torch  # noqa: E402
 
 from .config import DecodeConfig  # noqa: E402
 from .model import Transformer  # noqa: E402
+from .rnn import RecurrentModel  # noqa: E402
 from .tokenizer import BOS, EOS, Tokenizer  # noqa: E402
 
 
@@ -32,7 +33,7 @@ class AttentionData:
     translation: str
 
 
-def attention_data(model: Transformer, tokenizer: Tokenizer, src: str, tgt: str | None = None,
+def attention_data(model: Transformer | RecurrentModel, tokenizer: Tokenizer, src: str, tgt: str | None = None,
                    decode: DecodeConfig | None = None) -> AttentionData:
     """Attention weights through the explicit path, returned as values (§3.2). With `tgt` the
     decoder is teacher-forced on it; otherwise on the model's own beam-search translation."""
@@ -51,8 +52,8 @@ def attention_data(model: Transformer, tokenizer: Tokenizer, src: str, tgt: str 
         _, maps = model.attention_maps(torch.tensor([src_ids], device=device),
                                        torch.tensor([[BOS] + tgt_ids], device=device))
 
-    def stack(ws: list[torch.Tensor]) -> np.ndarray:
-        return torch.stack([w[0].float() for w in ws]).cpu().numpy()
+    def stack(ws: list[torch.Tensor]) -> np.ndarray:  # the recurrent model has no self-attention
+        return torch.stack([w[0].float() for w in ws]).cpu().numpy() if ws else np.zeros((0, 1, 0, 0))
 
     return AttentionData(
         src_tokens=tokenizer.id_to_piece(src_ids),

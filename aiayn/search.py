@@ -1,8 +1,9 @@
-"""Greedy and beam search with a key/value cache (§6.1).
+"""Greedy and beam search with an incremental decoding state (§6.1).
 
-The model only needs two methods: ``start_decoding(src, group) -> cache`` (with
-``cache.reorder(rows, sources)``) and ``decode_step(tokens, cache) -> logits (rows, V)``; a
-scripted decoder in the tests has them too.
+The model only needs the `IncrementalDecoder` contract: ``start_decoding(src, group) -> cache``
+(with ``cache.reorder(rows, sources)``) and ``decode_step(tokens, cache) -> logits (rows, V)``.
+The Transformer (model.py), the recurrent baseline (rnn.py) and a scripted decoder in the tests
+have it.
 Scores are sums of log-probabilities; beam search ranks finished hypotheses by
 score / lp(|Y|), |Y| counting the end-of-sentence token.
 """
@@ -10,11 +11,28 @@ score / lp(|Y|), |Y| counting the end-of-sentence token.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from .tokenizer import BOS, EOS, PAD
+
+
+class DecodingState(Protocol):
+    def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
+        """Keep decoder rows `rows`; `sources` selects the sources when that set changes; row r
+        of the result belongs to source r // group."""
+
+
+class IncrementalDecoder(Protocol):
+    """What search needs of a model: encode once, then one target token per step with a cache."""
+
+    def start_decoding(self, src: Tensor, group: int = 1) -> DecodingState:
+        """Encode src (B, S) for B·group decoder rows; rows b·group .. b·group + group - 1 are source b's."""
+
+    def decode_step(self, tokens: Tensor, cache: DecodingState) -> Tensor:
+        """Next-token logits (R, V) after feeding tokens (R,)."""
 
 
 @dataclass
@@ -61,7 +79,7 @@ def _top_lprobs(logits: Tensor, n: int, at_max: Tensor, chunk_bytes: int = 1 << 
 
 
 @torch.no_grad()
-def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
+def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
                   limit: int = 1023) -> list[Hypothesis]:
     """Pick the most probable next token until EOS or the maximum length; finished sentences
     leave the batch."""
@@ -89,7 +107,7 @@ def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 5
 
 
 @torch.no_grad()
-def beam_search(model, src: Tensor, beam: int = 4, alpha: float = 0.6, max_len_a: float = 1.0,
+def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: float = 0.6, max_len_a: float = 1.0,
                 max_len_b: int = 50, nbest: int = 1, limit: int = 1023) -> list[list[Hypothesis]]:
     """Batched beam search (§6.1) over src (B, S); returns the `nbest` best hypotheses per row.
 
