@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The paper's evidence at small scale: bash scripts/reproduce.sh SUITE [aiayn reproduce options]
+#   SUITE: table3 (Table 3 rows), rnn (Transformer vs recurrent attention), table1 (layer costs), quick.
+# Prepares Multi30k EN->DE like the main job, runs the suite (resumable: re-run to continue),
+# and writes docs/reproduction/REPORT.md. Run directories go to $WORK (default runs/reproduce).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUITE=${1:?usage: bash scripts/reproduce.sh table3|rnn|table1|quick [options]}
+shift
+AIAYN=.venv/bin/aiayn
+DATA=${DATA:-work/multi30k-en-de}
+WORK=${WORK:-runs/reproduce}
+if [ -z "${AIAYN_MULTI30K:-}" ] && [ -d ../shared/data/multi30k ]; then
+  export AIAYN_MULTI30K=$(cd ../shared/data/multi30k && pwd)
+fi
+if [ "$SUITE" != table1 ]; then
+  $AIAYN prepare --corpus multi30k --src en --tgt de --out "$DATA" --preset multi30k >/dev/null
+  exec $AIAYN reproduce --suite "$SUITE" --data "$DATA" --work "$WORK" "$@"
+fi
+exec $AIAYN reproduce --suite table1 --work "$WORK" "$@"

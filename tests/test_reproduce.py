@@ -1,0 +1,168 @@
+"""`aiayn reproduce`: the quick suite end to end in real processes (run, skip, resume), the
+report's verdicts, and Table 1's layers against brute-force references."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from aiayn.attention import attention
+from aiayn.complexity import RestrictedSelfAttention, make_layers, path_length, saved_bytes
+from aiayn.config import preset
+from aiayn.report import verdict
+from aiayn.reproduce import _recurrent_encoder_flops, table3_rows
+from aiayn.rnn import LSTMCell
+
+
+def reproduce(*args, cwd=None):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "aiayn", "reproduce", *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=600, cwd=cwd)
+
+
+def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_prepared, tmp_path):
+    work, report = tmp_path / "work", tmp_path / "report"
+    start = time.perf_counter()
+    p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report)
+    seconds = time.perf_counter() - start
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert seconds < 120  # the issue's budget for CI
+    results = {f"{f.parent.name}/{f.stem}": json.loads(f.read_text()) for f in (report / "results").glob("*/*.json")}
+    assert {"table3/ref-s1", "table3/ref-s2", "table3/A-h1", "table3/E", "rnn/transformer", "rnn/rnn-additive",
+            "rnn/rnn-dot", "table1/quick"} <= set(results)
+    for name, r in results.items():
+        if name.startswith("table1"):
+            continue
+        assert r["updates"] == 8 and r["averaged"] == 5 and r["step"] == 8
+        assert set(r["bleu"]) == {"valid", "test"} and r["bleu"]["valid"]["sentences"] == 20
+        assert r["flops_per_token"] > 0 and r["params"] > 0 and r["curve"]
+    assert results["rnn/rnn-dot"]["params"] != results["rnn/transformer"]["params"]
+    text = (report / "REPORT.md").read_text()
+    for heading in ("## Table 3 at small scale", "## Transformer vs recurrent attention", "## Table 1"):
+        assert heading in text
+    for png in ("table3_curves", "rnn_curves", "table1", "bleu_params", "schedule"):
+        assert (report / "img" / f"{png}.png").stat().st_size > 1000
+    # A second run skips every finished row: nothing is trained again.
+    before = {f: f.read_bytes() for f in work.glob("*/*/result.json")}
+    p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report)
+    assert p.returncode == 0 and p.stderr.count("finished earlier, skipped") == 7
+    assert {f: f.read_bytes() for f in work.glob("*/*/result.json")} == before
+    # An interrupted row (checkpoints up to step 4, no result) resumes where it stopped.
+    row = work / "rnn" / "rnn-additive"
+    (row / "result.json").unlink()
+    for f in (row / "checkpoints").glob("step-*"):
+        if int(f.name[5:13]) > 4:
+            f.unlink()
+    p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "resumed from step-00000004.safetensors at step 4" in p.stderr
+    assert json.loads((row / "result.json").read_text())["updates"] == 8
+
+
+def test_bad_suite_requests_get_one_line_errors(toy_prepared, tmp_path):
+    p = reproduce("--suite", "table3", "--rows", "A-h3", "--data", toy_prepared, "--work", tmp_path)
+    assert p.returncode == 2 and "unknown row(s) A-h3 in suite table3" in p.stderr and "Traceback" not in p.stderr
+    p = reproduce("--suite", "rnn", "--work", tmp_path)
+    assert p.returncode == 2 and "--data" in p.stderr
+    p = reproduce("--suite", "rnn", "--data", tmp_path, "--work", tmp_path)
+    assert p.returncode == 2 and "not a prepared data folder" in p.stderr
+
+
+def test_table3_rows_are_valid_configs_and_the_reference_runs_three_seeds():
+    rows = table3_rows()
+    assert [r.seed for r in rows if r.group == "ref"] == [1, 2, 3]
+    needed = {"A-h1", "A-h16", "B-dk16", "C-N1", "C-N6", "C-dmodel128", "C-dmodel512", "D-pdrop0.0", "D-ls0.0", "E"}
+    assert needed <= {r.name for r in rows}
+    ref = preset("multi30k").model
+    assert (ref.d_model, ref.h, ref.N) == (256, 4, 3)  # the reference the rows are scaled to
+    for r in rows:
+        cfg = preset(r.preset)
+        for k, v in r.overrides.items():
+            section, name = k.split(".")
+            setattr(getattr(cfg, section), name, v)
+        cfg.validate()
+        if r.name.startswith("A-"):  # fixed compute: d_k = d_v = d_model / h
+            assert cfg.model.head_dim_k * cfg.model.h == 256 == cfg.model.head_dim_v * cfg.model.h
+
+
+@pytest.mark.parametrize("ours,noise,paper,expected", [
+    (-1.0, 0.4, -0.9, "direction reproduced"),
+    (+1.0, 0.4, -0.9, "not reproduced (ours better)"),
+    (-0.3, 0.4, -0.9, "within noise (paper: worse)"),
+    (0.1, 0.4, -0.1, "reproduced (no change)"),
+    (0.8, 0.4, 0.0, "not reproduced (ours better, paper: no change)"),
+    (0.8, None, 0.5, "no noise estimate"),
+])
+def test_bleu_verdicts(ours, noise, paper, expected):
+    assert verdict(ours, noise, paper, 0.2, higher_is_better=True) == expected
+
+
+def test_perplexity_verdicts_read_lower_as_better():
+    assert verdict(0.5, 0.1, 0.37, 0.05, higher_is_better=False) == "direction reproduced"
+    assert verdict(-0.5, 0.1, 0.37, 0.05, higher_is_better=False) == "not reproduced (ours better)"
+
+
+def test_restricted_attention_equals_masked_full_attention():
+    torch.manual_seed(0)
+    d, n, r = 16, 37, 8
+    layer = RestrictedSelfAttention(d, 2, r)
+    x = torch.randn(2, n, d)
+    m = layer.mha
+    q, (k, v) = m._split(m.w_q(x), m.d_k), m.project_kv(x)
+    i = torch.arange(n)
+    band = (i[:, None] - i[None, :]).abs() <= r // 2
+    full, _ = attention(q, k, v, band, use_sdpa=False)
+    ref = m.w_o(full.transpose(1, 2).reshape(2, n, d))
+    assert torch.allclose(layer(x), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["convolution (k=3)", "restricted self-attention (r=32)", "self-attention"])
+def test_path_length_is_the_depth_at_which_position_0_reaches_n_minus_1(name):
+    n, d = 50, 8
+    layer = make_layers(d, h=2)[name]
+    L = path_length(name, n)
+
+    def reaches(depth):
+        x = torch.randn(1, n, d, requires_grad=True)
+        y = x
+        for _ in range(depth):
+            y = layer(y)
+        y[0, n - 1].sum().backward()
+        return bool(x.grad[0, 0].abs().sum() > 0)
+
+    assert reaches(L) and (L == 1 or not reaches(L - 1))
+
+
+def test_explicit_attention_stores_n_squared_the_others_n():
+    layers = make_layers(8, h=2)
+    ratio = {name: saved_bytes(f, torch.randn(1, 512, 8, requires_grad=True))
+             / saved_bytes(f, torch.randn(1, 256, 8, requires_grad=True)) for name, f in layers.items()}
+    assert ratio["self-attention"] > 3.5  # n×n weights dominate
+    for name in ("recurrent (LSTM)", "convolution (k=3)", "restricted self-attention (r=32)"):
+        assert 1.7 < ratio[name] < 2.3, (name, ratio[name])
+
+
+def test_recurrent_encoder_flops_formula_matches_a_counted_cell_loop():
+    enc = torch.nn.LSTM(12, 6, num_layers=2, bidirectional=True, batch_first=True)
+    src = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 8]])  # 7 real tokens
+    model = torch.nn.Module()
+    model.encoder = enc
+    formula = _recurrent_encoder_flops(model, src, preset("multi30k-rnn"))
+    cells = [LSTMCell(12, 6), LSTMCell(12, 6)]  # layer 2 reads both directions: 2·6 inputs
+    counter = FlopCounterMode(display=False)
+    with counter, torch.autocast("cpu", dtype=torch.bfloat16):
+        for cell in cells:
+            for _ in range(2 * 7):  # two directions over the real tokens
+                cell(torch.randn(1, 12), (torch.zeros(1, 6), torch.zeros(1, 6)))
+    assert formula == counter.get_total_flops()  # the same products (FlopCounterMode ignores biases)
+
+
+def test_reproduce_command_is_in_the_readme():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "aiayn reproduce --suite quick" in readme and "docs/reproduction/REPORT.md" in readme
