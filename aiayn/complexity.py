@@ -61,8 +61,18 @@ class RestrictedSelfAttention(nn.Module):
         return m.w_o(out)
 
 
-def make_layers(d: int, h: int = 8, r: int = 32, device: torch.device | None = None
-                ) -> dict[str, Callable[[Tensor], Tensor]]:
+class Layer(nn.Module):
+    """A function of (B, n, d) over the modules whose parameters it uses."""
+
+    def __init__(self, fn: Callable[[Tensor], Tensor], *modules: nn.Module):
+        super().__init__()
+        self.fn, self.parts = fn, nn.ModuleList(modules)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+
+def make_layers(d: int, h: int = 8, r: int = 32, device: torch.device | str | None = None) -> dict[str, Layer]:
     """One layer of each Table 1 type on `device`, each mapping (B, n, d) -> (B, n, d)."""
     with torch.device(device or "cpu"):
         mha = MultiHeadAttention(d, h, d // h, d // h)
@@ -78,11 +88,11 @@ def make_layers(d: int, h: int = 8, r: int = 32, device: torch.device | None = N
         return mha.w_o(out.transpose(1, 2).reshape(B, n, -1))
 
     return {
-        "self-attention": lambda x: self_attention(x, False),
-        "self-attention (fused SDPA)": lambda x: self_attention(x, True),
-        "recurrent (LSTM)": lambda x: lstm(x)[0],
-        "convolution (k=3)": lambda x: conv(x.transpose(1, 2)).transpose(1, 2),
-        f"restricted self-attention (r={r})": restricted,
+        "self-attention": Layer(lambda x: self_attention(x, False), mha),
+        "self-attention (fused SDPA)": Layer(lambda x: self_attention(x, True), mha),
+        "recurrent (LSTM)": Layer(lambda x: lstm(x)[0], lstm),
+        "convolution (k=3)": Layer(lambda x: conv(x.transpose(1, 2)).transpose(1, 2), conv),
+        f"restricted self-attention (r={r})": Layer(restricted, restricted),
     }
 
 
@@ -106,17 +116,20 @@ def sequential_steps(layer: str, n: int) -> int:
     return n if layer.startswith("recurrent") else 1
 
 
-def saved_bytes(fn: Callable[[Tensor], Tensor], x: Tensor) -> int:
-    """Bytes autograd keeps for the backward pass of fn(x) (each storage counted once)."""
+def saved_bytes(layer: nn.Module, x: Tensor) -> int:
+    """Activation bytes autograd keeps for the backward pass of layer(x): each storage once, the
+    layer's own parameters not counted."""
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
     seen: dict[int, int] = {}
 
     def pack(t: Tensor) -> Tensor:
         s = t.untyped_storage()
-        seen[s.data_ptr()] = s.nbytes()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = fn(x)
+        y = layer(x)
     del y
     return sum(seen.values())
 
@@ -130,7 +143,7 @@ def measure_table1(ns: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     dev = torch.device(device or "cpu")
     torch.manual_seed(seed)
     layers = make_layers(d, device=dev)
-    fit_from = fit_from or ns[len(ns) // 2]
+    fit_from = fit_from or ns[-3]  # the asymptotic end: the last three lengths
     out: dict = {"d": d, "batch": batch, "ns": list(ns), "repeats": repeats, "fit_from": fit_from,
                  "device": str(dev), "machine": machine(), "layers": {}}
     for name, fn in layers.items():

@@ -68,7 +68,9 @@ class _OneDNNLinear(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
         n_out, n_in = weight.shape
-        g, x2 = grad.reshape(-1, n_out), x.reshape(-1, n_in)
+        # A gradient with zero strides (that of `y.sum()` is ones expanded) sends oneDNN to a
+        # kernel about 150x slower; a dense copy costs almost nothing beside the products.
+        g, x2 = grad.contiguous().reshape(-1, n_out), x.reshape(-1, n_in)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = _onednn(g, weight.t()).view(x.shape)

@@ -94,12 +94,12 @@ def table3_section(rs: list[dict], img: Path) -> list[str]:
            f"Reference: {len(refs)} seed(s), validation PPL {ref_ppl:.3f}, BLEU {ref_bleu:.2f}; noise band = "
            f"the seeds' range: BLEU ±{noise_bleu if noise_bleu is not None else float('nan'):.2f}, "
            f"PPL ±{noise_ppl if noise_ppl is not None else float('nan'):.3f}.", "",
-           "| row | change | params | updates | valid PPL | valid BLEU | test2016 BLEU | paper row | "
+           "| row | change | params | updates | valid PPL | valid BLEU | test2016 BLEU | paper row: PPL / BLEU | "
            "paper ΔPPL / ΔBLEU | ours ΔPPL / ΔBLEU | verdict BLEU | verdict PPL |",
            "|---|---|--:|--:|--:|--:|--:|---|--:|--:|---|---|"]
     for r in refs:
         out.append(f"| {r['row']} | reference (seed {r['seed']}) | {r['params'] / 1e6:.2f}M | {r['updates']} | "
-                   f"{r['valid_ppl']:.3f} | {_valid_bleu(r):.2f} | {_test_bleu(r)} | base | | | | |")
+                   f"{r['valid_ppl']:.3f} | {_valid_bleu(r):.2f} | {_test_bleu(r)} | base: 4.92 / 25.8 | | | | |")
     beats = []
     for r in rows:
         p = r.get("paper")
@@ -108,7 +108,7 @@ def table3_section(rs: list[dict], img: Path) -> list[str]:
             pb, pp = p["bleu"] - p["ref_bleu"], p["ppl"] - p["ref_ppl"]
             v_b = verdict(d_bleu, noise_bleu, pb, PAPER_BLEU_STEP, True)
             v_p = verdict(d_ppl, noise_ppl, pp, PAPER_PPL_STEP, False)
-            paper_cells = f"{p['label']} | {pp:+.2f} / {pb:+.1f}"
+            paper_cells = f"{p['label']}: {p['ppl']:.2f} / {p['bleu']:.1f} | {pp:+.2f} / {pb:+.1f}"
         else:
             v_b = v_p = ""
             paper_cells = " | "
