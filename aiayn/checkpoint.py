@@ -21,7 +21,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .config import Config, from_dict
-from .model import Transformer, build_model
+from .model import build_model
 from .tokenizer import Tokenizer
 
 
@@ -99,8 +99,9 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return tensors, meta
 
 
-def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[Transformer, Config, Tokenizer, int]:
-    """Rebuild the model, config and tokenizer from one `.safetensors` file."""
+def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Config, Tokenizer, int]:
+    """Rebuild the model (the architecture its config names), config and tokenizer from one
+    `.safetensors` file."""
     tensors, meta = read_weights(path)
     try:
         cfg = from_dict(json.loads(meta["config"]))

@@ -309,7 +309,8 @@ class Transformer(nn.Module):
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:
-    """The architecture the config names: the Transformer (default) or the recurrent baseline."""
+    """The architecture the config names: the Transformer (default) or the recurrent baseline.
+    Both keep search.py's `IncrementalDecoder` contract and return `AttentionMaps`."""
     if cfg.arch == "rnn":
         from .rnn import RecurrentModel  # rnn.py reuses this module's parts
 

@@ -41,7 +41,7 @@ from .checkpoint import (
 from .config import Config, load_yaml
 from .data import Batch, TokenData, collate, load_manifest, make_batches
 from .loss import label_smoothed_loss
-from .model import Transformer, build_model
+from .model import build_model
 from .optim import make_optimizer, noam_lr, set_lr
 from .tokenizer import Tokenizer
 from .translate import Translator
@@ -133,7 +133,7 @@ def shard(group: list[np.ndarray], rank: int, world: int) -> list[tuple[np.ndarr
 
 # -- validation ----------------------------------------------------------------------------
 @torch.no_grad()
-def validate(model: Transformer, data: TokenData, cfg: Config, device: torch.device) -> dict[str, float]:
+def validate(model: nn.Module, data: TokenData, cfg: Config, device: torch.device) -> dict[str, float]:
     """Label-smoothed loss, NLL per token and perplexity on the validation split."""
     model.eval()
     loss_sum = nll_sum = 0.0
@@ -147,7 +147,7 @@ def validate(model: Transformer, data: TokenData, cfg: Config, device: torch.dev
     return {"valid_loss": loss_sum / n, "valid_nll": nll_sum / n, "valid_ppl": math.exp(min(nll_sum / n, 50))}
 
 
-def valid_bleu(model: Transformer, tokenizer: Tokenizer, src: list[str], ref: list[str], cfg: Config,
+def valid_bleu(model: nn.Module, tokenizer: Tokenizer, src: list[str], ref: list[str], cfg: Config,
                device: torch.device) -> float:
     """Greedy-search sacreBLEU on validation sentences (cheap enough to run during training)."""
     hyps = Translator(model, tokenizer, cfg.decode, device, cfg.train.precision).translate(src, beam=1)

@@ -12,7 +12,6 @@ from tqdm import tqdm
 
 from .config import ConfigError, DecodeConfig
 from .linear import kernel_cache
-from .model import Transformer
 from .search import Hypothesis, beam_search, greedy_search
 from .tokenizer import EOS, PAD, Tokenizer
 
@@ -26,7 +25,7 @@ class Translator:
     >>> t.translate(["A man is riding a bike."])
     """
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig | None = None,
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, decode: DecodeConfig | None = None,
                  device: str | torch.device | None = None, precision: str = "fp32"):
         """`device` moves the model there; None (the default) uses it where it is, so a model shared
         with other users (the server's, the trainer's) is never moved behind their back."""

@@ -161,3 +161,20 @@ def test_recurrent_model_trains_and_translates_with_the_toolkit(trained_rnn, toy
     assert (tmp_path / "att" / "cross-layer1.png").exists() and (tmp_path / "att" / "cross-mean.png").exists()
     assert main(["export", "hf", "--checkpoint", str(ckpt), "-o", str(tmp_path / "hf")]) == 2
     assert "only the Transformer can be exported" in capsys.readouterr().err
+
+
+def test_recurrent_model_serves_translations_and_its_attention(trained_rnn):
+    from fastapi.testclient import TestClient
+
+    from aiayn.serve import create_app
+
+    t = Translator.load(trained_rnn[1])
+    with TestClient(create_app(t)) as client:
+        r = client.post("/translate", json={"sentences": ["the big dog"]})
+        assert r.status_code == 200 and r.json()["translations"] == t.translate(["the big dog"])
+        r = client.post("/attention", json={"sentence": "the big dog"})
+        assert r.status_code == 200
+        body = r.json()  # the cross-attention: a row per output token, a column per source token
+        w = body["weights"]
+        assert len(w) == len(body["target_tokens"]) and all(len(row) == len(body["source_tokens"]) for row in w)
+        assert all(abs(sum(row) - 1) < 1e-4 for row in w)
