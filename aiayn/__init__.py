@@ -1,9 +1,30 @@
-"""aiayn: the Transformer of *Attention Is All You Need* (Vaswani et al., 2017)."""
+"""aiayn: the Transformer of *Attention Is All You Need* (Vaswani et al., 2017).
 
-from .config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig, preset
-from .model import Transformer
-from .translate import Translator
+>>> import aiayn
+>>> aiayn.prepare({"train": ("train.en", "train.de"), "valid": ("val.en", "val.de")}, "work/ende", "en", "de",
+...               vocab_size=8000)
+>>> aiayn.train(aiayn.preset("multi30k"), "work/ende", "runs/ende")
+>>> aiayn.Translator.load("runs/ende/checkpoints/best.safetensors").translate(["A dog runs."])
+"""
+
+from .config import (
+    Config,
+    ConfigError,
+    DataConfig,
+    DecodeConfig,
+    ModelConfig,
+    TrainConfig,
+    apply_overrides,
+    load_yaml,
+    preset,
+)
+from .data import prepare
+from .model import Transformer, build_model
+from .rnn import RecurrentModel
+from .train import train
+from .translate import Translation, Translator
 
 __version__ = "0.1.0"
-__all__ = ["Config", "DataConfig", "DecodeConfig", "ModelConfig", "TrainConfig", "Transformer", "Translator",
-           "preset"]
+__all__ = ["Config", "ConfigError", "DataConfig", "DecodeConfig", "ModelConfig", "RecurrentModel", "TrainConfig",
+           "Transformer", "Translation", "Translator", "apply_overrides", "build_model", "load_yaml", "preset",
+           "prepare", "train"]

@@ -156,6 +156,8 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> None:
 
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    if not args.run_dir:
+        raise UserError("average needs a run folder: aiayn average RUN_DIR -o OUT (or --run-dir RUN_DIR)")
     paths = list_checkpoints(Path(args.run_dir))
     if not paths:
         raise UserError(f"{args.run_dir}: no checkpoints found (expected checkpoints/step-*.safetensors)")
@@ -194,6 +196,36 @@ def _score_lines(hyps: list[str], refs: list[str], hyp_name: str, ref_name: str)
     return score(hyps, refs)
 
 
+_DECODE_FLAGS = {"decode.beam": "--beam", "decode.alpha": "--alpha", "decode.max_len_b": "--max-len-b",
+                 "decode.nbest": "--nbest", "decode.max_tokens": "--max-tokens"}
+
+
+def _name_the_flag(message: str, flags: dict[str, str]) -> str:
+    """Put the flag the user typed in front of an error about the config key behind it."""
+    for key, flag in flags.items():
+        if message.startswith(key + " ") or message.startswith(key + ":"):
+            return f"{flag}: {message}"
+    return message
+
+
+def _interactive(translator, output: str | None) -> None:
+    """stdin is a terminal: translate each line as soon as it is typed (n-best as TEXT<TAB>SCORE)."""
+    out = open(output, "w") if output else sys.stdout
+    print("aiayn: type a sentence and press Enter (Ctrl-D to end)", file=sys.stderr)
+    try:
+        for raw in sys.stdin:
+            line = unicodedata.normalize("NFC", raw.rstrip("\r\n"))
+            hyps = translator.hypotheses([line])[0]
+            if translator.decode_cfg.nbest == 1:
+                out.write((hyps[0].text if hyps else "") + "\n")
+            else:
+                out.writelines(f"{h.text}\t{h.score:.4f}\n" for h in hyps)
+            out.flush()
+    finally:
+        if output:
+            out.close()
+
+
 def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: beam search (beam 4, alpha 0.6, max length input + 50) over raw text."""
     from .translate import Translator
@@ -202,7 +234,13 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
                                    "nbest": args.nbest, "max_tokens": args.max_tokens}.items() if v is not None}
-    translator = Translator.load(args.checkpoint, device=args.device, precision=args.precision, **overrides)
+    try:
+        translator = Translator.load(args.checkpoint, device=args.device, precision=args.precision, **overrides)
+    except ConfigError as e:
+        raise UserError(_name_the_flag(str(e), _DECODE_FLAGS)) from None
+    if args.input in (None, "-") and sys.stdin.isatty() and not args.ref:
+        _interactive(translator, args.output)
+        return
     lines = _read_input(args.input)
     refs = _read_input(args.ref) if args.ref else None
     if refs is not None and len(refs) != len(lines):  # before hours of translation, not after
@@ -302,6 +340,28 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(str(e)) from None
 
 
+def cmd_config(args: argparse.Namespace, extra: list[str]) -> None:
+    """Print the resolved config (preset, YAML, overrides) as YAML, usable as --config."""
+    import yaml
+
+    cfg = build_config(args, extra)
+    sys.stdout.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def config_epilog() -> str:
+    """Every config key with its default, by section, for `--help`."""
+    from .config import config_keys
+
+    lines, section = ["config keys (override with --KEY VALUE, e.g. --train.lr_scale 2; `aiayn config` "
+                      "prints a resolved config):"], ""
+    for key, value in config_keys().items():
+        if key.split(".")[0] != section:
+            section = key.split(".")[0]
+            lines.append(f"  {section}:")
+        lines.append(f"    {key} = {value!r}")
+    return "\n".join(lines)
+
+
 def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     """Run a suite of the paper's experiments at small scale and render the report."""
     if extra:
@@ -328,8 +388,11 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of Attention Is All You Need.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"aiayn {__version__} (torch {torch.__version__})")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("params", help="parameter counts of base, big and every Table 3 row")
@@ -346,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train", help="train split name/prefix, or SRC_FILE,TGT_FILE")
     p.add_argument("--valid", help="validation split name/prefix, or SRC_FILE,TGT_FILE")
     p.add_argument("--test", action="append", help="test split (repeatable)")
-    p.add_argument("--out", required=True, help="output folder for the prepared data")
+    p.add_argument("-o", "--output", "--out", dest="out", required=True, help="output folder for the prepared data")
     p.add_argument("--strict", action="store_true",
                    help="fail on an empty line (instead of dropping the pair) and on a vocabulary smaller than "
                         "asked (instead of a warning)")
@@ -354,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="YAML config")
     p.set_defaults(func=cmd_prepare)
 
-    p = sub.add_parser("train", help="train a model (config overrides: --train.lr_scale 2 ...)")
+    p = sub.add_parser("train", help="train a model (config overrides: --train.lr_scale 2 ...)",
+                       epilog=config_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="prepared data folder (from `aiayn prepare`)")
     p.add_argument("--run-dir", "--run", dest="run",
                    help="run folder for config, logs, metrics and checkpoints (under torchrun, spell it --run-dir)")
@@ -368,22 +432,23 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("average", help="average the last checkpoints of a run (§6.1)")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", nargs="?", help="run folder (or --run-dir)")
+    p.add_argument("--run-dir", "--run", dest="run_dir_flag", help="run folder")
     p.add_argument("--last", type=int, default=5)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_average)
 
     p = sub.add_parser("translate", help="translate raw text with beam search (§6.1)")
     p.add_argument("--checkpoint", required=True, help="a .safetensors model from train or average")
-    p.add_argument("--input", help="input file (default: standard input)")
-    p.add_argument("--output", help="output file (default: standard output)")
+    p.add_argument("-i", "--input", help="input file (default: standard input)")
+    p.add_argument("-o", "--output", help="output file (default: standard output)")
     p.add_argument("--ref", help="reference file: print sacreBLEU BLEU and chrF to stderr")
     p.add_argument("--beam", type=int, help="beam size (default 4; 1 = greedy)")
     p.add_argument("--alpha", type=float, help="length penalty alpha (default 0.6)")
     p.add_argument("--max-len-b", type=int, help="max output length = input length + B (default 50)")
     p.add_argument("--nbest", type=int, help="hypotheses per line, written as TEXT<TAB>SCORE")
     p.add_argument("--max-tokens", type=int, help="source tokens per batch")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.set_defaults(func=cmd_translate)
 
@@ -394,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("plot", help="attention maps or training curves")
     p.add_argument("what", choices=["attention", "curves"])
-    p.add_argument("run_dir", nargs="?", help="run directory (curves)")
+    p.add_argument("run_dir", nargs="?", help="run folder (curves; or --run-dir)")
+    p.add_argument("--run-dir", "--run", dest="run_dir_flag", help="run folder (curves)")
     p.add_argument("--checkpoint", help="model file (attention)")
     p.add_argument("--src", help="source sentence (attention)")
     p.add_argument("--tgt", help="force this target (teacher forcing); default: the model's translation")
@@ -405,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
     p.add_argument("--max-sentences", type=int, default=64, help="per request (413 above)")
     p.add_argument("--max-chars", type=int, default=1000, help="per sentence (413 above)")
     p.add_argument("--max-queue", type=int, default=1024,
@@ -419,6 +485,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("config", help="print a resolved config as YAML (usable as --config)",
+                       epilog=config_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=list(PRESETS))
+    p.add_argument("--config", help="YAML config to start from")
+    p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("reproduce", help="the paper's experiments at small scale (Table 3, recurrent baselines, "
                        "Table 1) and a generated report")
@@ -437,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_reproduce)
 
     args, extra = parser.parse_known_args(argv)
+    if getattr(args, "run_dir_flag", None):  # positional and --run-dir spell the same thing
+        if args.run_dir and args.run_dir != args.run_dir_flag:
+            parser.error(f"two run folders given: {args.run_dir} and --run-dir {args.run_dir_flag}")
+        args.run_dir = args.run_dir_flag
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     try:

@@ -7,6 +7,7 @@ dotted overrides applied on top of the defaults, so ``big`` reads exactly as Tab
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,6 +133,7 @@ class TrainConfig:
     log_every: int = 50
     valid_every: int = 1000  # steps; 0 = only at the end
     valid_bleu_sentences: int = 500  # greedy BLEU on the first K validation pairs; 0 = off
+    patience: int = 0  # stop after this many validations without a better score; 0 = off (the paper)
     save_every: int = 0  # steps; 0 = off
     save_every_minutes: float = 10.0  # §6.1: checkpoints every 10 minutes
     keep_last: int = 5
@@ -141,7 +143,7 @@ class TrainConfig:
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
         for name in ("max_steps", "max_epochs", "max_minutes", "threads", "valid_every", "valid_bleu_sentences",
-                     "save_every", "save_every_minutes", "clip_norm"):
+                     "save_every", "save_every_minutes", "clip_norm", "patience"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         _check_positive("train", self, "adam_eps", "log_every")
@@ -274,15 +276,29 @@ def _coerce(value: Any, current: Any, key: str) -> Any:
     raise ConfigError(f"{key}: expected {type(current).__name__}, got {value!r}")
 
 
+def config_keys(cfg: Config | None = None) -> dict[str, Any]:
+    """Every dotted key of a config and its value (the defaults when cfg is None)."""
+    return _flatten((cfg or Config()).to_dict())
+
+
+def _unknown_key(key: str) -> ConfigError:
+    """An error that names the key and, when one is close, the key the user probably meant."""
+    keys = list(config_keys())
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.75) or [k for k in keys if k.startswith(key)][:1]
+    hint = (f"; did you mean {close[0]!r}?" if close else
+            " (keys are model.*, data.*, train.*, decode.*; `aiayn config` prints them all)")
+    return ConfigError(f"unknown config key {key!r}{hint}")
+
+
 def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     """Set dotted keys (``train.lr_scale``) on a config; unknown keys are an error."""
     for key, value in overrides.items():
         section, _, name = key.partition(".")
         sub = getattr(cfg, section, None)
         if sub is None or not dataclasses.is_dataclass(sub) or not name:
-            raise ConfigError(f"unknown config section in {key!r} (use model./data./train./decode.)")
+            raise _unknown_key(key)
         if name not in {f.name for f in dataclasses.fields(sub)}:
-            raise ConfigError(f"unknown config key {key!r}")
+            raise _unknown_key(key)
         current = getattr(sub, name)
         value = _coerce(value, current, key)
         if isinstance(current, tuple) and isinstance(value, list):

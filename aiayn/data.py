@@ -140,14 +140,16 @@ def _write_split(out: Path, split: str, side: str, ids: list[list[int]]) -> None
 
 
 def prepare(
-    splits: dict[str, tuple[Path, Path]], out: Path, src_lang: str, tgt_lang: str,
-    vocab_size: int, max_len: int, strict: bool = False, seed: int = 1,
+    splits: dict[str, tuple[str | Path, str | Path]], out: str | Path, src_lang: str, tgt_lang: str,
+    vocab_size: int = 37000, max_len: int = 256, strict: bool = False, seed: int = 1,
 ) -> dict:
     """Validate, learn the joint vocabulary on train, and cache every split.
 
     splits maps "train", "valid" and test names to (source file, target file). Returns the
     manifest; if one with the same inputs and settings exists in `out`, it is reused.
     """
+    splits = {name: (Path(s), Path(t)) for name, (s, t) in splits.items()}
+    out = Path(out)
     for need in ("train", "valid"):
         if need not in splits:
             raise DataError(f"a {need} split is required")

@@ -10,8 +10,11 @@ always use `F.linear` (bench/linear_cpu.py measures both).
 
 oneDNN keeps a compiled kernel per product shape (1,024 by default). In training, token-count
 batches bring new shapes all the time and the cache grew bf16 training of the small model to
-2 GB, so aiayn asks for 16 (1.46 GB, same speed); decoding reuses its shapes step after step
-and is about 20 % faster with 1,024, which `Translator` asks for (`kernel_cache`).
+2 GB, so aiayn's training asks for 16 (1.46 GB, same speed); decoding reuses its shapes step
+after step and is about 20 % faster with 1,024, which `Translator` asks for (`kernel_cache`).
+Importing aiayn changes nothing: the variable is set where aiayn's training or decoding starts,
+never when the user has set ONEDNN_PRIMITIVE_CACHE_CAPACITY, and oneDNN reads it once, at the
+process's first oneDNN product.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from torch import Tensor, nn
 
 _CACHE_VAR = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 _USER_CACHE = _CACHE_VAR in os.environ  # the user's choice always wins
-os.environ.setdefault(_CACHE_VAR, "16")
 
 
 def kernel_cache(capacity: int) -> None:

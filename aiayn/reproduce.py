@@ -234,7 +234,7 @@ def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "c
     out.update(validate(model, TokenData(data_dir, "valid"), cfg, torch.device(device)))
     out["flops_per_token"] = flops_per_token(model, TokenData(data_dir, "valid"), cfg)
     settings = load_manifest(data_dir)["settings"]
-    translator = Translator(model, tokenizer, cfg.decode)
+    translator = Translator(model, tokenizer, cfg.decode, precision="fp32")
     bleu: dict[str, dict[str, Any]] = {}
     metric = sacrebleu.BLEU()
     splits = ["valid"] + [s for s in load_manifest(data_dir)["splits"] if s not in ("train", "valid")]

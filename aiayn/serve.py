@@ -287,7 +287,7 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
     return app
 
 
-def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu",
+def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
           limits: Limits | None = None) -> None:
     import uvicorn
 

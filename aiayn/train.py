@@ -40,13 +40,16 @@ from .checkpoint import (
 )
 from .config import Config, load_yaml
 from .data import Batch, TokenData, collate, load_manifest, make_batches
+from .linear import kernel_cache
 from .loss import label_smoothed_loss
 from .model import build_model
 from .optim import make_optimizer, noam_lr, set_lr
 from .tokenizer import Tokenizer
-from .translate import Translator
+from .translate import Translator, pick_device
 
 log = logging.getLogger("aiayn")
+progress_log = logging.getLogger("aiayn.progress")  # periodic loss lines: train.log only (tqdm shows them)
+progress_log.propagate = False
 
 
 # -- devices and processes -----------------------------------------------------------------
@@ -65,12 +68,9 @@ def setup(device: str | None, threads: int) -> Dist:
     """Pick the device; join the process group when started by torchrun (WORLD_SIZE > 1)."""
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
     local = int(os.environ.get("LOCAL_RANK", 0))
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    kernel_cache(16)  # token-count batches bring new shapes all the time (linear.py)
+    dev = pick_device(device)
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda asked for, but CUDA is not available")
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -240,7 +240,7 @@ class Trainer:
         cfg.validate()
         self.train_data, self.valid_data = TokenData(data_dir, "train"), TokenData(data_dir, "valid")
         self.state: dict = {"step": 0, "epoch": 0, "batch": 0, "elapsed": 0.0, "best_bleu": -1.0,
-                            "best_loss": 1e9, "batching": self.batching()}
+                            "best_loss": 1e9, "stale": 0, "batching": self.batching()}
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
         self.model = build_model(cfg.model).to(env.device)
         torch.manual_seed(_rank_seed(cfg.train.seed, env.rank))  # a dropout stream per rank
@@ -351,6 +351,8 @@ class Trainer:
                "nll": nll / tok, "ppl": math.exp(min(nll / tok, 50)), "tgt_tok_s": tokens / (now - start),
                "elapsed_s": self.state["elapsed"]}
         self.run.metrics(rec)
+        progress_log.info("step %d epoch %d loss %.4f ppl %.2f lr %.3g %.0f target tok/s", rec["step"],
+                          rec["epoch"], rec["loss"], rec["ppl"], lr, rec["tgt_tok_s"])
         if self.tb:
             for key in ("lr", "loss", "ppl", "tgt_tok_s"):
                 self.tb.add_scalar(f"train/{key}", rec[key], rec["step"])
@@ -373,6 +375,7 @@ class Trainer:
             better = metrics["valid_loss"] < state["best_loss"]
         state["best_bleu"] = max(state["best_bleu"], metrics.get("valid_bleu", -1))
         state["best_loss"] = min(state["best_loss"], metrics["valid_loss"])
+        state["stale"] = 0 if better else state.get("stale", 0) + 1  # validations without improvement
         self.run.metrics({"step": state["step"], "epoch": state["epoch"], **metrics})
         log.info("validation step %d: %s", state["step"], " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
         if self.tb:
@@ -406,27 +409,32 @@ class Trainer:
         log.info("saved %s", name)
 
     # -- the stop decision -------------------------------------------------------------------
-    def agree(self, save_wish: bool) -> tuple[bool, bool]:
-        """The collective decision after an update: rank 0's clock and save wish and every rank's
-        pending signal, shared in one all-reduce. Returns (save now, stop now), the same on every
-        rank; a signal that arrives after the snapshot is acted on at the next update."""
+    def agree(self, save_wish: bool, early_stop: bool = False) -> tuple[bool, bool, bool]:
+        """The collective decision after an update: rank 0's clock, save wish and early-stopping
+        verdict and every rank's pending signal, shared in one all-reduce. Returns (save now, stop
+        for a signal, stop early), the same on every rank; a signal that arrives after the snapshot
+        is acted on at the next update."""
         elapsed = time.perf_counter() - self.start
         signalled = float(self.signal is not None)
         if self.env.world > 1:
             main = float(self.env.is_main)
-            t = torch.tensor([elapsed * main, float(save_wish) * main, signalled], dtype=torch.float64,
-                             device=self.env.device if self.env.device.type == "cuda" else "cpu")
+            t = torch.tensor([elapsed * main, float(save_wish) * main, signalled, float(early_stop) * main],
+                             dtype=torch.float64, device=self.env.device if self.env.device.type == "cuda" else "cpu")
             dist.all_reduce(t)
-            elapsed, save_wish, signalled = float(t[0]), bool(t[1] > 0), float(t[2])
+            elapsed, save_wish, signalled, early_stop = float(t[0]), bool(t[1] > 0), float(t[2]), bool(t[3] > 0)
         self.state["elapsed"] = elapsed
         stop = signalled > 0
-        return save_wish or stop, stop
+        return save_wish or stop or early_stop, stop, early_stop
+
+    def stopped_early(self) -> bool:
+        p = self.cfg.train.patience
+        return bool(p and self.state.get("stale", 0) >= p)
 
     def finished(self) -> bool:
         t_cfg, state = self.cfg.train, self.state
         limit_s = t_cfg.max_minutes * 60
         return bool(state["step"] >= t_cfg.max_steps or (t_cfg.max_epochs and state["epoch"] >= t_cfg.max_epochs)
-                    or (limit_s and state["elapsed"] >= limit_s))
+                    or (limit_s and state["elapsed"] >= limit_s) or self.stopped_early())
 
     def _on_signal(self, signum, frame) -> None:
         if self.signal is not None and signum == signal.SIGINT:
@@ -457,15 +465,20 @@ class Trainer:
                 now = time.perf_counter()
                 wish = better or bool(t_cfg.save_every and state["step"] % t_cfg.save_every == 0) or bool(
                     t_cfg.save_every_minutes and now - last_save >= t_cfg.save_every_minutes * 60)
-                save, stop = self.agree(wish)
+                early = bool(validated and t_cfg.patience and state["stale"] >= t_cfg.patience)
+                save, stop, early = self.agree(wish, early)
                 if save:
                     self.save(best=better)
                     last_save, saved = now, True
                 if stop:
                     log.warning("stopped by a signal at step %d; checkpoint written", state["step"])
                     raise KeyboardInterrupt
+                if early:
+                    log.info("early stopping at step %d: %d validations without improvement (train.patience)",
+                             state["step"], state["stale"])
+                    break
                 self.bar.n = int(state["elapsed"]) if limit_s else state["step"]
-            better = self.validate() if env.is_main and not validated else False
+            better = self.validate() if env.is_main and not validated and not self.stopped_early() else False
             if self.agree(better or not saved)[0]:
                 self.save(best=better)
             log.info("finished at step %d, epoch %d, %.1f minutes", state["step"], state["epoch"],
@@ -481,10 +494,51 @@ class Trainer:
         return state
 
 
-def train(cfg: Config | None, data_dir: Path | None, run_dir: Path, resume: bool = False,
+def _git_commit() -> str | None:
+    """The commit of the aiayn source tree, with "+dirty" for uncommitted changes; None outside git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed: bool) -> None:
+    """run.json: where the data is, and how each session of the run was started (command line,
+    versions, git commit, device, threads, ranks, tokens per update)."""
+    import platform
+    import sys
+
+    from . import __version__
+
+    try:
+        record = json.loads(path.read_text()) if resumed and path.exists() else {}
+    except json.JSONDecodeError:
+        record = {}
+    record["data_dir"] = str(data_dir.resolve())
+    record.setdefault("sessions", []).append({
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "resumed": resumed, "command": sys.argv,
+        "aiayn": __version__, "git": _git_commit(), "torch": torch.__version__,
+        "python": platform.python_version(), "device": str(env.device),
+        "threads": torch.get_num_threads() if env.device.type == "cpu" else None, "world": env.world,
+        "update_freq": cfg.train.update_freq,
+        "max_tokens_per_update": cfg.data.max_tokens * env.world * cfg.train.update_freq,
+    })
+    atomic_write(path, json.dumps(record, indent=1).encode())
+
+
+def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, resume: bool = False,
           device: str | None = None, overrides: dict | None = None, force_batching: bool = False) -> dict:
-    """Train a model on prepared data (§5); with `resume`, continue run_dir from its last checkpoint."""
+    """Train a model on prepared data (§5); with `resume`, continue run_dir from its last checkpoint.
+    Returns the final progress (step, epoch, elapsed seconds, best validation scores)."""
     run = Run(run_dir)
+    data_dir = None if data_dir is None else Path(data_dir)
     resume_from = None
     if resume:
         if not (run.path / "config.yaml").is_file() or not (run.path / "run.json").is_file():
@@ -513,10 +567,12 @@ def train(cfg: Config | None, data_dir: Path | None, run_dir: Path, resume: bool
         for stale in run.ckpt_dir.glob(".*.tmp"):  # half-written files of a killed process
             stale.unlink(missing_ok=True)
         cfg.save_yaml(run.path / "config.yaml")
-        (run.path / "run.json").write_text(json.dumps({"data_dir": str(Path(data_dir).resolve())}))
+        write_provenance(run.path / "run.json", Path(data_dir), cfg, env, resumed=resume_from is not None)
         handler = logging.FileHandler(run.path / "train.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
+        progress_log.addHandler(handler)
+        progress_log.setLevel(logging.INFO)
         if log.getEffectiveLevel() > logging.INFO:
             log.setLevel(logging.INFO)
     try:
@@ -531,4 +587,5 @@ def train(cfg: Config | None, data_dir: Path | None, run_dir: Path, resume: bool
     finally:
         if handler is not None:
             log.removeHandler(handler)
+            progress_log.removeHandler(handler)
             handler.close()

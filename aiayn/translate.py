@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,6 +17,33 @@ from .search import Hypothesis, beam_search, greedy_search
 from .tokenizer import EOS, PAD, Tokenizer
 
 log = logging.getLogger("aiayn")
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass
+class Translation:
+    """One translation of a sentence: detokenized text, score and subword pieces."""
+
+    text: str
+    score: float
+    pieces: list[str]
+
+
+def pick_device(name: str | torch.device | None) -> torch.device:
+    """The device to run on: CUDA when available unless named (the same rule for train, translate
+    and serve); an unknown name or an absent accelerator is a ConfigError naming it."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"--device {name!r}: not a device (use cpu, cuda or cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: CUDA is not available here (torch {torch.__version__}, "
+                          f"{'built without CUDA' if torch.version.cuda is None else 'no GPU visible'})")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {name}: aiayn runs on cpu or cuda")
+    return dev
 
 
 class Translator:
@@ -35,20 +63,34 @@ class Translator:
         self.model = model.eval() if self.device == here else model.eval().to(self.device)
         self.tokenizer = tokenizer
         self.decode_cfg = decode or DecodeConfig()
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.precision = precision
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "cpu", precision: str = "fp32",
+    def load(cls, path: str | Path, device: str | torch.device | None = None, precision: str = "fp32",
              **decode_overrides) -> Translator:
+        """Load a checkpoint; decode_overrides are DecodeConfig fields (beam, alpha, max_len_a,
+        max_len_b, nbest, max_tokens). device None: CUDA when available, else the CPU."""
+        import dataclasses
+
         from .checkpoint import load_checkpoint
 
-        model, cfg, tokenizer, _ = load_checkpoint(Path(path), device)
+        fields = [f.name for f in dataclasses.fields(DecodeConfig)]
+        unknown = [k for k in decode_overrides if k not in fields]
+        if unknown:
+            raise TypeError(f"Translator.load() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+                            f"decoding settings are: {', '.join(fields)}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        dev = pick_device(device)
+        model, cfg, tokenizer, _ = load_checkpoint(Path(path), dev)
         for k, v in decode_overrides.items():
             setattr(cfg.decode, k, v)
         cfg.decode.validate()
         if cfg.decode.beam > len(tokenizer):
             raise ConfigError(f"decode.beam ({cfg.decode.beam}) is larger than the vocabulary ({len(tokenizer)})")
-        return cls(model, tokenizer, cfg.decode, device, precision)
+        return cls(model, tokenizer, cfg.decode, dev, precision)
 
     def encode_sources(self, lines: list[str]) -> list[list[int]]:
         """Subword ids + EOS; sources longer than the model allows are truncated with a warning."""
@@ -107,6 +149,24 @@ class Translator:
             bar.update(len(batch))
         bar.close()
         return results
+
+    def hypotheses(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
+                   nbest: int | None = None) -> list[list[Translation]]:
+        """The `nbest` best translations of each line, best first, with their scores (beam search:
+        log-probability / lp(|Y|), §6.1; greedy, beam=1: log-probability); empty line, empty list."""
+        hyps = self.translate_ids(self.encode_sources(lines), beam, alpha, nbest)
+        out = []
+        for hs in hyps:
+            texts = self.tokenizer.decode([h.tokens for h in hs]) if hs else []
+            out.append([Translation(t, h.score, self.tokenizer.id_to_piece(h.tokens)) for t, h in zip(texts, hs)])
+        return out
+
+    def attention(self, src: str, tgt: str | None = None):
+        """Every attention map of one sentence (plot.AttentionData: numpy arrays of shape (layers,
+        heads, queries, keys)), teacher-forced on `tgt` or on this translator's own translation."""
+        from .plot import attention_data
+
+        return attention_data(self.model, self.tokenizer, src, tgt, self.decode_cfg)
 
     def translate(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
                   progress: bool = False) -> list[str]:
