@@ -22,11 +22,12 @@ PRECISIONS = ("fp32", "bf16")
 
 @dataclass
 class Translation:
-    """One translation of a sentence: detokenized text, score and subword pieces."""
+    """One translation of a sentence: detokenized text, score, subword pieces and their ids."""
 
     text: str
     score: float
     pieces: list[str]
+    ids: list[int]
 
 
 def pick_device(name: str | torch.device | None) -> torch.device:
@@ -158,7 +159,8 @@ class Translator:
         out = []
         for hs in hyps:
             texts = self.tokenizer.decode([h.tokens for h in hs]) if hs else []
-            out.append([Translation(t, h.score, self.tokenizer.id_to_piece(h.tokens)) for t, h in zip(texts, hs)])
+            out.append([Translation(t, h.score, self.tokenizer.id_to_piece(h.tokens), h.tokens)
+                        for t, h in zip(texts, hs)])
         return out
 
     def attention(self, src: str, tgt: str | None = None):

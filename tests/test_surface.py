@@ -1,0 +1,213 @@
+"""The toolkit's surface: a strict Python API, one flag vocabulary, discoverable configs, runs that
+record how they were made, early stopping, interactive translation, no import side effects."""
+
+import importlib
+import json
+import os
+import pty
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_config
+
+import aiayn
+from aiayn.checkpoint import list_checkpoints
+from aiayn.cli import main
+from aiayn.config import ConfigError, apply_overrides, load_yaml, preset
+from aiayn.search import length_penalty
+from aiayn.tokenizer import BOS, EOS
+from aiayn.translate import Translator
+
+
+@pytest.fixture(scope="module")
+def ckpt(toy_prepared, tmp_path_factory):
+    run = tmp_path_factory.mktemp("surface") / "run"
+    aiayn.train(tiny_config(max_steps=40, lr_scale=0.5), str(toy_prepared), str(run))
+    return list_checkpoints(run)[-1]
+
+
+def aiayn_cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "aiayn", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+# -- the Python API -----------------------------------------------------------------------------
+def test_translator_load_rejects_unknown_keywords_and_values(ckpt):
+    with pytest.raises(TypeError, match="'beam_size'.*beam, alpha"):
+        Translator.load(ckpt, beam_size=8)
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, got 'fp16'"):
+        Translator.load(ckpt, precision="fp16")
+    with pytest.raises(ConfigError, match="decode.beam must be >= 1"):
+        Translator.load(ckpt, beam=0)
+    t = Translator.load(ckpt, beam=3)
+    assert t.decode_cfg.beam == 3
+    with pytest.raises(ValueError, match="beam must be in"):
+        t.translate(["the dog"], beam=0)
+    with pytest.raises(ConfigError, match="not a device"):
+        Translator.load(ckpt, device="gpu")
+
+
+def test_hypotheses_carry_the_scores_a_teacher_forced_pass_gives(ckpt):
+    t = Translator.load(ckpt)
+    hyps = t.hypotheses(["the big dog runs", "", "a cat"], beam=4, alpha=0.6, nbest=3)
+    assert len(hyps) == 3 and hyps[1] == [] and len(hyps[0]) == 3
+    for h in hyps[0] + hyps[2]:
+        assert h.text == t.tokenizer.decode([h.ids])[0] and len(h.pieces) == len(h.ids)
+    for line, hs in (("the big dog runs", hyps[0]), ("a cat", hyps[2])):
+        assert [h.score for h in hs] == sorted((h.score for h in hs), reverse=True)
+        src = torch.tensor([t.encode_sources([line])[0]])
+        for h in hs:
+            ids = h.ids
+            tgt_in, tgt_out = torch.tensor([[BOS] + ids]), torch.tensor(ids + [EOS])
+            with torch.no_grad():
+                lp = torch.log_softmax(t.model(src, tgt_in)[0].float(), -1)
+            total = lp[torch.arange(len(tgt_out)), tgt_out].sum().item()
+            assert h.score == pytest.approx(total / length_penalty(len(ids) + 1, 0.6), abs=1e-4)
+
+
+def test_attention_of_a_translation(ckpt):
+    t = Translator.load(ckpt)
+    a = t.attention("the big dog")
+    assert a.translation == t.translate(["the big dog"])[0]
+    assert a.cross.shape[2:] == (len(a.tgt_out_tokens), len(a.src_tokens))
+    assert abs(a.cross.sum(-1) - 1).max() < 1e-4
+
+
+def test_training_from_python_is_two_calls(toy_corpus, tmp_path):
+    manifest = aiayn.prepare({"train": (toy_corpus / "train.en", toy_corpus / "train.de"),
+                              "valid": (str(toy_corpus / "valid.en"), str(toy_corpus / "valid.de"))},
+                             str(tmp_path / "prep"), "en", "de", vocab_size=60)
+    assert manifest["splits"]["train"]["pairs"] == 400
+    state = aiayn.train(tiny_config(max_steps=3), tmp_path / "prep", tmp_path / "run")
+    assert state["step"] == 3 and list_checkpoints(tmp_path / "run")
+
+
+# -- configs ------------------------------------------------------------------------------------------
+def test_config_command_round_trips_through_config(tmp_path, capsys):
+    assert main(["config", "--preset", "base"]) == 0
+    path = tmp_path / "base.yaml"
+    path.write_text(capsys.readouterr().out)
+    assert load_yaml(path).to_dict() == preset("base").to_dict()
+    assert main(["config", "--preset", "multi30k", "--train.lr_scale", "0.5"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["train"]["lr_scale"] == 0.5
+
+
+@pytest.mark.parametrize("typed,meant", [("train.lr", "train.lr_scale"), ("model.dmodel", "model.d_model"),
+                                         ("decode.beam_size", "decode.beam"), ("trian.seed", "train.seed")])
+def test_a_typo_gets_the_closest_key(typed, meant):
+    with pytest.raises(ConfigError, match=f"did you mean '{meant}'"):
+        apply_overrides(preset("base"), {typed: "1"})
+
+
+def test_train_help_lists_every_key():
+    out = aiayn_cli("train", "--help").stdout
+    for key in ("train.lr_scale = 1.0", "model.d_model = 512", "data.max_tokens = 4096", "decode.beam = 4",
+                "train.patience = 0"):
+        assert key in out
+
+
+# -- one flag vocabulary --------------------------------------------------------------------------------
+def test_flags_are_spelled_the_same_in_every_verb(ckpt, toy_corpus, toy_prepared, tmp_path):
+    p = aiayn_cli("--version")
+    assert p.returncode == 0 and p.stdout.startswith(f"aiayn {aiayn.__version__}")
+    p = aiayn_cli("prepare", "--data-dir", toy_corpus, "--src", "en", "--tgt", "de", "-o", tmp_path / "prep",
+                  "--data.vocab_size", "60")
+    assert p.returncode == 0 and (tmp_path / "prep" / "manifest.json").exists()
+    p = aiayn_cli("translate", "--checkpoint", ckpt, "-i", toy_prepared / "valid.en.txt", "-o", tmp_path / "h.txt")
+    assert p.returncode == 0 and len((tmp_path / "h.txt").read_text().splitlines()) == 20
+    run = ckpt.parent.parent
+    p = aiayn_cli("average", "--run-dir", run, "--last", "1", "-o", tmp_path / "avg.safetensors")
+    assert p.returncode == 0 and (tmp_path / "avg.safetensors").exists()
+    p = aiayn_cli("plot", "curves", "--run-dir", run, "-o", tmp_path / "c.png")
+    assert p.returncode == 0 and (tmp_path / "c.png").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--beam", "0"], "--beam: decode.beam must be >= 1"),
+    (["--max-tokens", "0"], "--max-tokens: decode.max_tokens must be positive"),
+    (["--device", "cuda"], "CUDA is not available here"),
+])
+def test_translate_errors_name_the_flag(ckpt, args, message):
+    if args[-1] == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    p = aiayn_cli("translate", "--checkpoint", ckpt, "-i", os.devnull, *args)
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
+
+
+# -- runs record how they were made --------------------------------------------------------------------
+def test_run_json_and_train_log_record_the_run(toy_prepared, tmp_path):
+    run = tmp_path / "run"
+    p = aiayn_cli("train", "--data", toy_prepared, "--run-dir", run, "--model.d_model", "32", "--model.d_ff", "64",
+                  "--model.N", "1", "--train.max_steps", "10", "--train.log_every", "5", "--train.threads", "1",
+                  "--train.valid_bleu_sentences", "0", "--data.max_tokens", "400")
+    assert p.returncode == 0, p.stderr[-1500:]
+    rec = json.loads((run / "run.json").read_text())
+    s = rec["sessions"][0]
+    assert s["command"][1:3] == ["train", "--data"] and s["aiayn"] == aiayn.__version__
+    assert s["torch"] == torch.__version__ and s["device"] == "cpu" and s["threads"] == 1 and s["world"] == 1
+    assert s["max_tokens_per_update"] == 400 and "git" in s and not s["resumed"]
+    log = (run / "train.log").read_text()
+    assert "step 5 epoch" in log and "step 10 epoch" in log and "target tok/s" in log
+    p = aiayn_cli("train", "--resume", run, "--train.max_steps", "12")
+    assert p.returncode == 0
+    assert [x["resumed"] for x in json.loads((run / "run.json").read_text())["sessions"]] == [False, True]
+
+
+def test_importing_aiayn_leaves_the_environment_alone():
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    out = subprocess.run([sys.executable, "-c", "import os, aiayn, aiayn.train, aiayn.serve; "
+                          "print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))"],
+                         capture_output=True, text=True, env=env, timeout=120).stdout
+    assert out.strip() == "None"
+
+
+# -- early stopping --------------------------------------------------------------------------------------
+def scripted_validation(monkeypatch, losses):
+    seq = iter(losses)
+
+    def fake(model, data, cfg, device):
+        loss = next(seq)
+        return {"valid_loss": loss, "valid_nll": loss, "valid_ppl": 2.0 ** loss}
+
+    monkeypatch.setattr(importlib.import_module("aiayn.train"), "validate", fake)
+
+
+def test_patience_stops_training_and_survives_a_resume(toy_prepared, tmp_path, monkeypatch):
+    # validations at steps 2, 4, 6, ...: better, better, worse, worse -> stop at step 8 with patience 2
+    scripted_validation(monkeypatch, [5.0, 4.0, 4.5, 4.2, 3.0, 3.0])
+    state = aiayn.train(tiny_config(max_steps=50, valid_every=2, patience=2), toy_prepared, tmp_path / "a")
+    assert state["step"] == 8 and state["stale"] == 2
+    assert (tmp_path / "a/checkpoints/step-00000008.safetensors").exists()
+    # one stale validation before the run stops at max_steps; the resumed run stops at the next one
+    scripted_validation(monkeypatch, [5.0, 4.0, 4.5])
+    state = aiayn.train(tiny_config(max_steps=5, valid_every=2, patience=2), toy_prepared, tmp_path / "b")
+    assert state["step"] == 5 and state["stale"] == 1
+    scripted_validation(monkeypatch, [4.8, 4.9])
+    state = aiayn.train(None, None, tmp_path / "b", resume=True, overrides={"train.max_steps": "50"})
+    assert state["step"] == 6 and state["stale"] == 2
+    assert not preset("base").train.patience  # off by default: the paper's fixed schedule
+
+
+# -- interactive translation ------------------------------------------------------------------------------
+def test_translate_on_a_terminal_answers_line_by_line(ckpt):
+    expected = Translator.load(ckpt).translate(["the big dog", "a cat"])
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(ckpt)], stdin=slave,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(slave)
+    try:
+        os.write(master, b"the big dog\n")
+        first = proc.stdout.readline()  # answered before the second line is typed
+        assert first.rstrip("\n") == expected[0]
+        os.write(master, b"a cat\n")
+        assert proc.stdout.readline().rstrip("\n") == expected[1]
+        os.write(master, b"\x04")  # Ctrl-D
+        proc.wait(timeout=60)
+        assert proc.returncode == 0
+    finally:
+        proc.kill()
+        os.close(master)
+
