@@ -211,3 +211,33 @@ def test_translate_on_a_terminal_answers_line_by_line(ckpt):
         proc.kill()
         os.close(master)
 
+
+
+def test_train_translate_and_serve_choose_the_device_the_same_way(ckpt):
+    import argparse
+
+    from aiayn.cli import main as cli_main
+    from aiayn.translate import pick_device
+
+    expected = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert pick_device(None) == expected
+    assert Translator.load(ckpt).device.type == expected.type
+    seen = {}
+
+    def capture(self, args=None, namespace=None):  # the parsed defaults of each verb, nothing run
+        ns, extra = real(self, args, namespace)
+        if not hasattr(ns, "command"):  # a verb's own parser, inside the top-level one
+            return ns, extra
+        seen[ns.command] = ns.device
+        raise SystemExit(0)
+
+    real = argparse.ArgumentParser.parse_known_args
+    try:
+        argparse.ArgumentParser.parse_known_args = capture
+        for argv in (["train", "--data", "d", "--run-dir", "r"], ["translate", "--checkpoint", "c"],
+                     ["serve", "--checkpoint", "c"], ["reproduce", "--suite", "quick"]):
+            with pytest.raises(SystemExit):
+                cli_main(argv)
+    finally:
+        argparse.ArgumentParser.parse_known_args = real
+    assert seen == {"train": None, "translate": None, "serve": None, "reproduce": None}
