@@ -266,6 +266,7 @@ class Trainer:
         self.bar: tqdm | None = None
         self._batches: tuple[int, list[np.ndarray]] | None = None
         self._window = [0.0, 0.0, 0.0, 0, time.perf_counter()]  # loss, nll, tokens/rank, tokens, start
+        self._window_step = 0  # the step the window starts after
 
     def batching(self) -> dict:
         return {"max_tokens": self.cfg.data.max_tokens, "seed": self.cfg.train.seed,
@@ -349,10 +350,12 @@ class Trainer:
         now = time.perf_counter()
         rec = {"step": self.state["step"], "epoch": self.state["epoch"], "lr": lr, "loss": loss / tok,
                "nll": nll / tok, "ppl": math.exp(min(nll / tok, 50)), "tgt_tok_s": tokens / (now - start),
-               "elapsed_s": self.state["elapsed"]}
+               "elapsed_s": self.state["elapsed"],
+               "tgt_tokens_per_update": tokens / max(1, self.state["step"] - self._window_step)}
         self.run.metrics(rec)
-        progress_log.info("step %d epoch %d loss %.4f ppl %.2f lr %.3g %.0f target tok/s", rec["step"],
-                          rec["epoch"], rec["loss"], rec["ppl"], lr, rec["tgt_tok_s"])
+        progress_log.info("step %d epoch %d loss %.4f ppl %.2f lr %.3g %.0f target tok/s %.0f target tokens/update",
+                          rec["step"], rec["epoch"], rec["loss"], rec["ppl"], lr, rec["tgt_tok_s"],
+                          rec["tgt_tokens_per_update"])
         if self.tb:
             for key in ("lr", "loss", "ppl", "tgt_tok_s"):
                 self.tb.add_scalar(f"train/{key}", rec[key], rec["step"])
@@ -361,6 +364,7 @@ class Trainer:
                                  tok_s=f"{rec['tgt_tok_s']:.0f}", refresh=False)
             self.bar.refresh()
         self._window = [0.0, 0.0, 0.0, 0, now]
+        self._window_step = self.state["step"]
 
     # -- validation --------------------------------------------------------------------------
     def validate(self) -> bool:
@@ -450,6 +454,7 @@ class Trainer:
         self.bar = tqdm(total=int(limit_s) if limit_s else t_cfg.max_steps, unit="s" if limit_s else "step",
                         disable=not env.is_main, dynamic_ncols=True)
         self.start = time.perf_counter() - state["elapsed"]
+        self._window_step = state["step"]
         last_save = time.perf_counter()
         handlers = {}
         if _main_thread():

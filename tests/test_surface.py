@@ -151,6 +151,9 @@ def test_run_json_and_train_log_record_the_run(toy_prepared, tmp_path):
     assert s["max_tokens_per_update"] == 400 and "git" in s and not s["resumed"]
     log = (run / "train.log").read_text()
     assert "step 5 epoch" in log and "step 10 epoch" in log and "target tok/s" in log
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    per_update = [r["tgt_tokens_per_update"] for r in rows if "tgt_tokens_per_update" in r]
+    assert len(per_update) == 2 and all(0 < x <= 400 for x in per_update)  # at most max_tokens, padding aside
     p = aiayn_cli("train", "--resume", run, "--train.max_steps", "12")
     assert p.returncode == 0
     assert [x["resumed"] for x in json.loads((run / "run.json").read_text())["sessions"]] == [False, True]
