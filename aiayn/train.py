@@ -254,14 +254,7 @@ class Trainer:
         k = cfg.train.valid_bleu_sentences
         self.v_src = (self.data_dir / f"valid.{settings['src']}.txt").read_text().splitlines()[:k]
         self.v_ref = (self.data_dir / f"valid.{settings['tgt']}.txt").read_text().splitlines()[:k]
-        self.tb = None
-        if env.is_main:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(run.path / "tensorboard"))
-            except Exception:  # tensorboard is optional
-                self.tb = None
+        self.tb = None  # opened when the loop starts: a refused start leaves the run folder alone
         self.signal: int | None = None  # set by the SIGTERM/SIGINT handler
         self.bar: tqdm | None = None
         self._batches: tuple[int, list[np.ndarray]] | None = None
@@ -455,6 +448,13 @@ class Trainer:
                         disable=not env.is_main, dynamic_ncols=True)
         self.start = time.perf_counter() - state["elapsed"]
         self._window_step = state["step"]
+        if env.is_main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(self.run.path / "tensorboard"))
+            except Exception:  # tensorboard is optional
+                self.tb = None
         last_save = time.perf_counter()
         handlers = {}
         if _main_thread():
@@ -571,8 +571,9 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
         run.path.mkdir(parents=True, exist_ok=True)
         for stale in run.ckpt_dir.glob(".*.tmp"):  # half-written files of a killed process
             stale.unlink(missing_ok=True)
-        cfg.save_yaml(run.path / "config.yaml")
-        write_provenance(run.path / "run.json", Path(data_dir), cfg, env, resumed=resume_from is not None)
+        if resume_from is None:
+            cfg.save_yaml(run.path / "config.yaml")
+            write_provenance(run.path / "run.json", Path(data_dir), cfg, env, resumed=resume is True)
         handler = logging.FileHandler(run.path / "train.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
@@ -583,8 +584,10 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
     try:
         if resume_from is not None:
             trainer.restore(resume_from, force_batching)
-            if env.is_main:
+            if env.is_main:  # only once the checkpoint proved good: a refused resume changes nothing
                 run.forget_metrics_after(trainer.state["step"])
+                cfg.save_yaml(run.path / "config.yaml")
+                write_provenance(run.path / "run.json", Path(data_dir), cfg, env, resumed=True)
         n_params = sum(p.numel() for p in trainer.model.parameters())
         log.info("model: %.2fM parameters, vocabulary %d, device %s, world %d, precision %s",
                  n_params / 1e6, cfg.model.vocab_size, env.device, env.world, cfg.train.precision)
