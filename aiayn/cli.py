@@ -95,6 +95,22 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
     from .data import CORPORA, fetch_corpus, find_file, prepare
 
     cfg = build_config(args, extra)
+    if args.task == "parse":  # §6.3: words -> linearized trees, from a treebank
+        from .parse import TreeError, write_splits
+
+        if not args.treebank:
+            raise UserError("prepare --task parse needs --treebank PATH (a folder of .mrg files or treebank.zip)")
+        try:
+            files = write_splits(Path(args.treebank), Path(args.out))
+        except TreeError as e:
+            raise UserError(str(e)) from None
+        symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if x != "XX"}
+        manifest = prepare(files, Path(args.out), "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
+                           cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols))
+        print(json.dumps(manifest["splits"], indent=1))
+        return
+    if not args.src or not args.tgt:
+        raise UserError("prepare needs --src and --tgt (language suffixes of the files, e.g. en and de)")
     data_dir = args.data_dir
     names = {"train": args.train, "valid": args.valid}
     tests = args.test
@@ -272,10 +288,53 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
 
 
 def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
-    """sacreBLEU BLEU and chrF of detokenized hypotheses against references."""
+    """sacreBLEU BLEU and chrF of detokenized hypotheses against references; with --parse,
+    EVALB-style labeled bracketing F1 of trees (§6.3)."""
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    if args.parse or args.right_branching:
+        from .parse import TreeError, evalb, read_trees, right_branching
+
+        try:
+            gold = read_trees("\n".join(_read_input(args.ref)), args.ref)
+            if args.right_branching:
+                test = [right_branching(g.words()) for g in gold]
+            elif args.hyp:
+                test = read_trees("\n".join(_read_input(args.hyp)), args.hyp)
+            else:
+                raise UserError("score --parse needs --hyp TREES (or --right-branching for the baseline)")
+            print(evalb(gold, test))
+            if args.right_branching:
+                print(f"unlabeled: {evalb(gold, test, labeled=False)}")
+        except TreeError as e:
+            raise UserError(str(e)) from None
+        return
+    if not args.hyp:
+        raise UserError("score needs --hyp FILE")
     print(_score_lines(_read_input(args.hyp), _read_input(args.ref), args.hyp, args.ref))
+
+
+def cmd_parse(args: argparse.Namespace, extra: list[str]) -> None:
+    """§6.3: sentences (words separated by spaces) in, one well-formed tree per line out."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    from .parse import trees_from_output
+    from .translate import Translator
+
+    try:
+        translator = Translator.load(args.checkpoint, device=args.device)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    lines = _read_input(args.input)
+    start = time.perf_counter()
+    trees = trees_from_output(translator.translate(lines, progress=sys.stderr.isatty()), lines)
+    out = "".join(f"{t}\n" if line.split() else "\n" for t, line in zip(trees, lines))
+    if args.output:
+        Path(args.output).write_text(out)
+    else:
+        sys.stdout.write(out)
+    log.info("parsed %d sentences in %.1fs (beam %d, alpha %g)", len(lines), time.perf_counter() - start,
+             translator.decode_cfg.beam, translator.decode_cfg.alpha)
 
 
 def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
@@ -404,8 +463,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", help="folder with {split}.{lang}[.gz] files")
     p.add_argument("--corpus", choices=["multi30k"], help="a public corpus (downloaded unless --data-dir "
                    "or its environment variable, AIAYN_MULTI30K, points to a local copy)")
-    p.add_argument("--src", required=True, help="source language suffix, e.g. en")
-    p.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
+    p.add_argument("--task", choices=["translate", "parse"], default="translate",
+                   help="parse: words -> linearized trees from --treebank (§6.3)")
+    p.add_argument("--treebank", help="--task parse: a folder of .mrg files or NLTK's treebank.zip")
+    p.add_argument("--src", help="source language suffix, e.g. en")
+    p.add_argument("--tgt", help="target language suffix, e.g. de")
     p.add_argument("--train", help="train split name/prefix, or SRC_FILE,TGT_FILE")
     p.add_argument("--valid", help="validation split name/prefix, or SRC_FILE,TGT_FILE")
     p.add_argument("--test", action="append", help="test split (repeatable)")
@@ -452,10 +514,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.set_defaults(func=cmd_translate)
 
-    p = sub.add_parser("score", help="sacreBLEU BLEU and chrF")
-    p.add_argument("--hyp", required=True)
-    p.add_argument("--ref", required=True)
+    p = sub.add_parser("score", help="sacreBLEU BLEU and chrF; --parse: EVALB bracketing F1 of trees")
+    p.add_argument("--hyp", help="hypotheses (one per line)")
+    p.add_argument("--ref", required=True, help="references (one per line)")
+    p.add_argument("--parse", action="store_true", help="score trees: labeled bracketing F1, EVALB COLLINS.prm")
+    p.add_argument("--right-branching", action="store_true",
+                   help="with --parse: score the right-branching baseline built from --ref's words")
     p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("parse", help="constituency parsing with a model trained on --task parse data (§6.3)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("-i", "--input", help="sentences, words separated by spaces (default: standard input)")
+    p.add_argument("-o", "--output", help="trees, one per line (default: standard output)")
+    p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
+    p.set_defaults(func=cmd_parse)
 
     p = sub.add_parser("plot", help="attention maps or training curves")
     p.add_argument("what", choices=["attention", "curves"])

@@ -244,6 +244,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.save_every_minutes": 1.5, "train.keep_last": 5, "train.log_every": 25,
     },
 }
+# §6.3 constituency parsing (parse.py) scaled to the 3,100 training trees of the WSJ sample: 4 layers,
+# heavier dropout for the small data; beam 21, alpha 0.3, max output length = input length + 300.
+PRESETS["parse"] = {**PRESETS["multi30k"], "model.N": 4, "model.p_drop": 0.3, "model.max_positions": 1024,
+                    "data.vocab_size": 4000, "data.max_len": 512, "train.valid_bleu_sentences": 0,
+                    "train.valid_every": 250, "decode.beam": 21, "decode.alpha": 0.3, "decode.max_len_b": 300}
 # The recurrent attention baseline (rnn.py) on the same data and schedule: 2 layers, hidden 512.
 PRESETS["multi30k-rnn"] = {**PRESETS["multi30k"], "model.arch": "rnn", "model.d_model": 512, "model.N": 2,
                            "model.p_drop": 0.3}

@@ -142,6 +142,7 @@ def _write_split(out: Path, split: str, side: str, ids: list[list[int]]) -> None
 def prepare(
     splits: dict[str, tuple[str | Path, str | Path]], out: str | Path, src_lang: str, tgt_lang: str,
     vocab_size: int = 37000, max_len: int = 256, strict: bool = False, seed: int = 1,
+    symbols: tuple[str, ...] = (),
 ) -> dict:
     """Validate, learn the joint vocabulary on train, and cache every split.
 
@@ -155,6 +156,8 @@ def prepare(
             raise DataError(f"a {need} split is required")
     settings = {"format": FORMAT_VERSION, "src": src_lang, "tgt": tgt_lang, "vocab_size": vocab_size,
                 "max_len": max_len, "strict": strict, "seed": seed}
+    if symbols:  # (absent otherwise, so earlier manifests still match)
+        settings["symbols"] = sorted(symbols)
     inputs = {name: {"src": str(s), "tgt": str(t), "src_sha256": sha256(s), "tgt_sha256": sha256(t)}
               for name, (s, t) in splits.items()}
     manifest_path = out / "manifest.json"
@@ -168,7 +171,7 @@ def prepare(
     if not train_s:
         raise DataError(f"{splits['train'][0]}: no sentence pairs to learn from ({dropped} dropped as empty)")
     log.info("learning a joint BPE vocabulary of %d on %d + %d sentences", vocab_size, len(train_s), len(train_t))
-    tok = Tokenizer.train(train_s + train_t, vocab_size, seed)
+    tok = Tokenizer.train(train_s + train_t, vocab_size, seed, tuple(sorted(symbols)))
     if len(tok) < vocab_size:
         short = (f"the joint vocabulary has {len(tok)} subwords, fewer than the {vocab_size} asked for "
                  "(data.vocab_size): the training text holds no more merges")

@@ -24,11 +24,14 @@ class Tokenizer:
             raise TokenizerError("SentencePiece model must use ids pad=0, unk=1, bos=2, eos=3")
 
     @classmethod
-    def train(cls, sentences: Iterable[str], vocab_size: int, seed: int = 1) -> Tokenizer:
-        """Learn a joint BPE model on source+target training text."""
+    def train(cls, sentences: Iterable[str], vocab_size: int, seed: int = 1, symbols: tuple[str, ...] = ()
+              ) -> Tokenizer:
+        """Learn a joint BPE model on source+target training text; `symbols` are always one piece
+        (the labelled brackets of linearized trees, §6.3)."""
         buf = io.BytesIO()
+        extra = {"user_defined_symbols": list(symbols)} if symbols else {}
         try:
-            spm.SentencePieceTrainer.train(
+            spm.SentencePieceTrainer.train(**extra,
                 sentence_iterator=iter(sentences), model_writer=buf, model_type="bpe",
                 vocab_size=vocab_size, character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS,
                 eos_id=EOS, normalization_rule_name="identity", input_sentence_size=2_000_000,

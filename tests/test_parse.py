@@ -1,0 +1,170 @@
+"""§6.3 parsing: tree clean-up against hand-made trees, the linearization round trip on every tree
+of the sample, output repair, the EVALB-style scorer against hand-computed scores, and the
+commands end to end on a tiny treebank."""
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn.parse import (
+    LEAF,
+    TreeError,
+    brackets,
+    clean,
+    delinearize,
+    evalb,
+    linearize,
+    read_treebank,
+    read_trees,
+    right_branching,
+)
+
+SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/ptb-sample/treebank.zip"
+
+
+def one(text):
+    (t,) = read_trees(text)
+    return t
+
+
+def test_clean_follows_the_wsj_conventions():
+    raw = one("""( (S (NP-SBJ-1 (-NONE- *T*-1)) (NP-SBJ=2 (DT The) (NN dog))
+              (VP (VBD said) (SBAR (-NONE- 0) (S (NP-SBJ (-NONE- *-1)) (VP (TO to) (VP (VB go))))))
+              (PRN (-LRB- -LRB-) (NP (NN sic)) (-RRB- -RRB-)) (. .)) )""")
+    assert str(clean(raw)) == ("(S (NP (DT The) (NN dog)) (VP (VBD said) (SBAR (S (VP (TO to) (VP (VB go)))))) "
+                               "(PRN (-LRB- -LRB-) (NP (NN sic)) (-RRB- -RRB-)) (. .))")
+    assert clean(one("( (X (-NONE- *)) )")) is None
+
+
+@pytest.mark.parametrize("text,message", [
+    ("(S (NP (DT a)) ", "tree 1: 1 bracket(s) never closed"),
+    ("(S (NN a)) )", "tree 2: ')' without an open bracket"),
+    ("(S (NP) (NN a))", "tree 1: empty constituent (NP)"),
+    ("(S (NN a) word)", "tree 1: word 'word' beside constituents"),
+])
+def test_malformed_trees_name_file_and_tree(text, message):
+    with pytest.raises(TreeError, match=r"wsj_0007.mrg: " + message.replace("(", r"\(").replace(")", r"\)")):
+        read_trees(text, "wsj_0007.mrg")
+
+
+def test_linearization_is_vinyals_and_kaiser():
+    t = one("(S (NP (NNP John)) (VP (VBZ has) (NP (DT a) (NN dog))) (. .))")
+    assert linearize(t) == "(S (NP XX )NP (VP XX (NP XX XX )NP )VP XX )S"
+
+
+@pytest.mark.skipif(not SAMPLE.exists(), reason="the PTB sample is not beside the repository")
+def test_round_trip_on_every_tree_of_the_sample():
+    n = 0
+    for trees in read_treebank(SAMPLE).values():
+        for t in trees:
+            c = clean(t)
+            if c is None:
+                continue
+            tags = [tag for tag, _ in c.tagged()]
+            assert str(delinearize(linearize(c), c.words(), tags)) == str(c)
+            n += 1
+    assert n == 3914
+
+
+def test_repair_always_gives_a_tree_with_exactly_the_words():
+    rng = random.Random(0)
+    symbols = ["(S", "(NP", "(VP", ")NP", ")S", ")VP", LEAF, LEAF, LEAF, "junk", "(", ")"]
+    for _ in range(500):
+        words = [f"w{i}" for i in range(rng.randint(1, 8))]
+        hyp = " ".join(rng.choice(symbols) for _ in range(rng.randint(0, 20)))
+        tree = delinearize(hyp, words)
+        again = one(str(tree))  # well-formed: it reads back as one tree
+        assert again.words() == words and str(again) == str(tree)
+        assert all(tag == LEAF for tag, _ in tree.tagged())
+
+
+def test_repair_cases():
+    w = ["a", "b", "c"]
+    assert str(delinearize("(S (NP XX XX )NP XX )S", w)) == "(S (NP (XX a) (XX b)) (XX c))"
+    assert str(delinearize(")VP (S (NP XX XX XX XX XX", w)) == "(S (NP (XX a) (XX b) (XX c)))"  # close, drop
+    assert str(delinearize("(NP XX )NP (VP XX )VP", w)) == "(S (NP (XX a)) (VP (XX b)) (XX c))"  # one root
+    assert str(delinearize("", w)) == "(S (XX a) (XX b) (XX c))"
+    assert str(delinearize("(S (PP )PP XX XX XX )S", w)) == "(S (XX a) (XX b) (XX c))"  # empty PP removed
+
+
+GOLD = "(S (NP (DT The) (NN dog)) (VP (VBD saw) (NP (DT a) (NN cat)) (PRT (RP off))) (. .))"
+
+
+def test_evalb_counts_constituents_by_hand():
+    gold = one(GOLD)
+    # gold brackets: S(0,6) NP(0,2) VP(2,6) NP(3,5) PRT(5,6); '.' deleted, so S spans 0-6 of 6 words
+    assert sorted(brackets(gold, [True] * 6 + [False])) == [
+        ("ADVP", 5, 6), ("NP", 0, 2), ("NP", 3, 5), ("S", 0, 6), ("VP", 2, 6)]
+    test = one("(S (NP (DT The) (NN dog)) (VP (VBD saw) (NP (DT a) (NN cat) (ADVP (RB off)))) (. .))")
+    s = evalb([gold], [test])
+    # test: S(0,6) NP(0,2) VP(2,6) NP(3,6) ADVP(5,6) -> matched S, NP(0,2), VP, ADVP=PRT = 4 of 5 each
+    assert (s.matched, s.gold, s.test) == (4, 5, 5)
+    assert s.precision == pytest.approx(80.0) and s.recall == pytest.approx(80.0) and s.f1 == pytest.approx(80.0)
+    assert evalb([gold], [gold]).f1 == 100.0 and evalb([gold], [gold]).exact == 1
+
+
+def test_evalb_deletes_punctuation_by_the_gold_tags():
+    gold = one("(S (NP (NNP Bob)) (VP (VBD left)) (, ,) (S (ADVP (RB then))) (. .))")
+    # a test bracket that differs only by punctuation is the same span once punctuation is deleted
+    test = one("(S (NP (XX Bob)) (VP (XX left) (XX ,)) (S (ADVP (XX then)) (XX .)))")
+    s = evalb([gold], [test])
+    assert (s.matched, s.gold, s.test) == (5, 5, 5)  # S NP VP S ADVP on both sides
+    only_punct = one("(S (NP (NNP Bob)) (VP (VBD left)) (X (, ,)) (. .))")
+    assert ("X", 2, 2) not in brackets(only_punct, [True, True, False, False])
+    assert sum(brackets(only_punct, [True, True, False, False]).values()) == 3
+
+
+def test_evalb_refuses_trees_over_other_words():
+    with pytest.raises(TreeError, match="tree 1: the test tree's words differ"):
+        evalb([one("(S (NN a))")], [one("(S (NN b))")])
+
+
+def test_right_branching_baseline():
+    t = right_branching(["a", "b", "c"])
+    assert str(t) == "(S (XX a) (S (XX b) (XX c)))"
+    assert str(right_branching(["a"])) == "(S (XX a))"
+
+
+# -- end to end ------------------------------------------------------------------------------------
+def tiny_treebank(folder: Path) -> Path:
+    trees = ["( (S (NP-SBJ (DT The) (NN dog)) (VP (VBZ runs)) (. .)) )",
+             "( (S (NP-SBJ (DT A) (NN cat)) (VP (VBZ sits) (PP (IN on) (NP (DT the) (NN mat)))) (. .)) )",
+             "( (S (NP-SBJ (NNP Bob)) (VP (VBD saw) (NP (DT a) (NN dog))) (. .)) )"]
+    for name, reps in (("wsj_0001.mrg", 30), ("wsj_0002.mrg", 30), ("wsj_0165.mrg", 1), ("wsj_0190.mrg", 1)):
+        (folder / name).write_text("\n".join(trees * reps) + "\n")
+    return folder
+
+
+def aiayn(*args):
+    return subprocess.run([sys.executable, "-m", "aiayn", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_prepare_train_parse_score_end_to_end(tmp_path):
+    (tmp_path / "tb").mkdir()
+    tb = tiny_treebank(tmp_path / "tb")
+    prep, run = tmp_path / "prep", tmp_path / "run"
+    p = aiayn("prepare", "--task", "parse", "--treebank", tb, "-o", prep, "--preset", "parse",
+              "--data.vocab_size", "60")
+    assert p.returncode == 0, p.stderr[-1500:]
+    assert (prep / "test.gold.mrg").read_text().splitlines()[0] == "(S (NP (DT The) (NN dog)) (VP (VBZ runs)) (. .))"
+    p = aiayn("train", "--data", prep, "--run-dir", run, "--preset", "parse", "--model.d_model", "32", "--model.d_ff",
+              "64", "--model.N", "1", "--train.max_steps", "40", "--train.max_minutes", "0", "--train.threads", "1",
+              "--data.max_tokens", "600", "--train.lr_scale", "2")
+    assert p.returncode == 0, p.stderr[-1500:]
+    ckpt = sorted((run / "checkpoints").glob("step-*.safetensors"))[-1]
+    p = aiayn("parse", "--checkpoint", ckpt, "-i", prep / "test.words.txt", "-o", tmp_path / "hyp.mrg")
+    assert p.returncode == 0, p.stderr[-1500:]
+    gold = read_trees((prep / "test.gold.mrg").read_text())
+    hyps = read_trees((tmp_path / "hyp.mrg").read_text())
+    assert [h.words() for h in hyps] == [g.words() for g in gold]  # well-formed, words preserved
+    p = aiayn("score", "--parse", "--hyp", tmp_path / "hyp.mrg", "--ref", prep / "test.gold.mrg")
+    assert p.returncode == 0 and p.stdout.startswith(f"F1 {evalb(gold, hyps).f1:.2f}")
+    p = aiayn("score", "--parse", "--right-branching", "--ref", prep / "test.gold.mrg")
+    assert p.returncode == 0 and "unlabeled: F1" in p.stdout
+    (tb / "wsj_0003.mrg").write_text("(S (NN a)\n( (S (NN b)) )\n")
+    p = aiayn("prepare", "--task", "parse", "--treebank", tb, "-o", tmp_path / "prep2")
+    assert p.returncode == 2 and "wsj_0003.mrg: tree 1" in p.stderr and "Traceback" not in p.stderr
