@@ -4,10 +4,10 @@ import math
 
 import pytest
 import torch
+from conftest import overfit
 
 from aiayn.cli import count_parameters, main
 from aiayn.config import ModelConfig, preset
-from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer, sinusoidal_positions
 
 
@@ -172,13 +172,6 @@ def test_tiny_model_overfits_a_few_pairs():
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=20, d_model=32, d_ff=64, h=4, N=1, p_drop=0.0, max_positions=32)
     m = Transformer(cfg)
-    src = torch.randint(4, 20, (4, 6))
-    tgt = torch.cat([torch.full((4, 1), 2), torch.randint(4, 20, (4, 5)), torch.full((4, 1), 3)], 1)
-    opt = torch.optim.Adam(m.parameters(), lr=3e-3)
-    for _ in range(150):
-        loss, _, n = label_smoothed_loss(m(src, tgt[:, :-1]), tgt[:, 1:], 0.0, 0)
-        opt.zero_grad()
-        (loss / n).backward()
-        opt.step()
-    assert (loss / n).item() < 0.05
+    loss, src, tgt = overfit(m, 20, 150, 3e-3)
+    assert loss < 0.05
     assert torch.equal(m.eval()(src, tgt[:, :-1]).argmax(-1), tgt[:, 1:])

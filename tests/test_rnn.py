@@ -6,12 +6,11 @@ import math
 import pytest
 import sacrebleu
 import torch
-from conftest import tiny_config
+from conftest import overfit, tiny_config
 
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.cli import main
 from aiayn.config import ConfigError, ModelConfig, preset
-from aiayn.loss import label_smoothed_loss
 from aiayn.model import build_model
 from aiayn.rnn import AdditiveAttention, MultiplicativeAttention, RecurrentModel, attend
 from aiayn.search import beam_search
@@ -110,15 +109,8 @@ def test_grouped_cache_and_reorder_follow_the_rows():
 
 def test_tiny_model_overfits_a_few_pairs():
     m = rnn(vocab_size=20, d_model=32, N=1).train()
-    src = torch.randint(4, 20, (4, 6))
-    tgt = torch.cat([torch.full((4, 1), 2), torch.randint(4, 20, (4, 5)), torch.full((4, 1), 3)], 1)
-    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-    for _ in range(150):
-        loss, _, n = label_smoothed_loss(m(src, tgt[:, :-1]), tgt[:, 1:], 0.0, 0)
-        opt.zero_grad()
-        (loss / n).backward()
-        opt.step()
-    assert (loss / n).item() < 0.05
+    loss, src, tgt = overfit(m, 20, 150, 1e-2)
+    assert loss < 0.05
     assert torch.equal(m.eval()(src, tgt[:, :-1]).argmax(-1), tgt[:, 1:])
     hyps = beam_search(m, src, beam=4, max_len_b=8)  # the one beam search serves this model too
     assert [h[0].tokens for h in hyps] == tgt[:, 1:-1].tolist()
