@@ -151,8 +151,10 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    from .train import _git_commit
+
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
-            "torch": torch.__version__, "python": platform.python_version()}
+            "torch": torch.__version__, "python": platform.python_version(), "git": _git_commit()}
 
 
 def row_config(row: Row, common: dict[str, Any]) -> Config:
@@ -265,6 +267,9 @@ def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: 
     run_dir = Path(work) / suite / row.name
     result_path = run_dir / "result.json"
     copy = Path(results) / suite / f"{row.name}.json"
+    if not result_path.exists() and _same_row(copy, row, common):  # the run folder went, its result stayed
+        log.info("%s/%s: result already in %s, skipped", suite, row.name, copy)
+        return json.loads(copy.read_text())
     if result_path.exists():
         log.info("%s/%s: finished earlier, skipped", suite, row.name)
         result = json.loads(result_path.read_text())
@@ -302,6 +307,16 @@ def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: 
     copy.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(result_path, copy)
     return result
+
+
+def _same_row(path: Path, row: Row, common: dict[str, Any]) -> bool:
+    """A result file written for this very row: same preset, overrides, seed and suite settings."""
+    try:
+        r = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return (r.get("preset"), r.get("overrides"), r.get("seed"), r.get("common")) == (
+        row.preset, row.overrides, row.seed, common)
 
 
 def _minutes_at(step: int, train_rows: list[dict]) -> float:
@@ -345,14 +360,12 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
             raise ConfigError("this suite trains models: give a prepared data folder with --data")
         if not (Path(data_dir) / "manifest.json").exists():
             raise ConfigError(f"{data_dir}: not a prepared data folder (run `aiayn prepare` first)")
+    known = [r.name for _, suite_rows, _, _ in plan for r in suite_rows]
+    unknown = [r for r in rows or [] if r not in known]
+    if unknown:
+        raise ConfigError(f"unknown row(s) {', '.join(unknown)} in suite {suite}; rows: {', '.join(known)}")
     for name, suite_rows, common, sentences in plan:
-        chosen = suite_rows
-        if rows:
-            known = {r.name for r in suite_rows}
-            unknown = [r for r in rows if r not in known]
-            if unknown:
-                raise ConfigError(f"unknown row(s) {', '.join(unknown)} in suite {name}; rows: {', '.join(known)}")
-            chosen = [r for r in suite_rows if r.name in rows]
+        chosen = [r for r in suite_rows if r.name in rows] if rows else suite_rows
         for row in chosen:
             row_config(row, common)  # every config checked before the first run starts
         for row in chosen:

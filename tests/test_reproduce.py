@@ -3,6 +3,7 @@ report's verdicts, and Table 1's layers against brute-force references."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -63,6 +64,10 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     assert p.returncode == 0, p.stderr[-2000:]
     assert "resumed from step-00000004.safetensors at step 4" in p.stderr
     assert json.loads((row / "result.json").read_text())["updates"] == 8
+    # A run folder lost with its machine: the committed result stands in for it, nothing retrains.
+    shutil.rmtree(work / "table3" / "E")
+    p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report, "--rows", "E")
+    assert p.returncode == 0 and "result already in" in p.stderr and not (work / "table3" / "E").exists()
 
 
 def test_bad_suite_requests_get_one_line_errors(toy_prepared, tmp_path):
