@@ -318,12 +318,14 @@ def cmd_parse(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.3: sentences (words separated by spaces) in, one well-formed tree per line out."""
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-    from .parse import trees_from_output
+    from .parse import LeafCounting, TreeError, trees_from_output
     from .translate import Translator
 
     try:
         translator = Translator.load(args.checkpoint, device=args.device)
-    except ConfigError as e:
+        if not args.free:  # one XX leaf per input word, enforced during the search
+            translator.model = LeafCounting(translator.model, translator.tokenizer).eval()
+    except (ConfigError, TreeError) as e:
         raise UserError(str(e)) from None
     lines = _read_input(args.input)
     start = time.perf_counter()
@@ -527,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-i", "--input", help="sentences, words separated by spaces (default: standard input)")
     p.add_argument("-o", "--output", help="trees, one per line (default: standard output)")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
+    p.add_argument("--free", action="store_true",
+                   help="do not make the search output one leaf per input word (repair alone fixes the tree)")
     p.set_defaults(func=cmd_parse)
 
     p = sub.add_parser("plot", help="attention maps or training curves")

@@ -18,6 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+from torch import nn
+
 LEAF = "XX"  # the placeholder for a part-of-speech tag and its word
 PUNCT = {",", ":", "``", "''", "."}  # COLLINS.prm DELETE_LABEL (punctuation tags)
 EQ_LABELS = {"PRT": "ADVP"}  # COLLINS.prm EQ_LABEL ADVP PRT
@@ -300,3 +303,50 @@ def write_splits(treebank: Path, out: Path) -> dict[str, tuple[Path, Path]]:
 def trees_from_output(lines: list[str], sources: list[str]) -> list[Tree]:
     """Repair each decoded line into a tree over its source sentence's words."""
     return [delinearize(hyp, src.split()) for hyp, src in zip(lines, sources)]
+
+
+# -- decoding with the right number of leaves ---------------------------------------------------------
+class LeafCounting(nn.Module):
+    """Search's `IncrementalDecoder` around a parser: every output gets exactly as many XX leaves
+    as its source has words. Until a row has them all, EOS is not allowed; after that, XX is not.
+    A source word is a subword that starts a word (SentencePiece's ▁); the counts follow the rows
+    through `reorder`, so the one beam search serves unchanged."""
+
+    def __init__(self, model: nn.Module, tokenizer):
+        super().__init__()
+        self.model, self.cfg = model, model.cfg
+        pieces = tokenizer.id_to_piece(list(range(len(tokenizer))))
+        self.register_buffer("starts_word", torch.tensor([p.startswith("▁") for p in pieces]),
+                             persistent=False)
+        self.starts_word[:4] = False  # pad, unk, bos, eos
+        self.leaf = tokenizer.encode([LEAF])[0]
+        if len(self.leaf) != 1:
+            raise TreeError(f"the vocabulary does not hold {LEAF!r} as one subword: not a parsing model")
+        self.leaf = self.leaf[0]
+
+    def start_decoding(self, src, group: int = 1):
+        return _LeafState(self.model.start_decoding(src, group),
+                           self.starts_word.to(src.device)[src].sum(1).repeat_interleave(group),
+                           torch.zeros(src.size(0) * group, dtype=torch.long, device=src.device), group)
+
+    def decode_step(self, tokens, state):
+        from .tokenizer import EOS
+
+        state.have += (tokens == self.leaf).long()
+        logits = self.model.decode_step(tokens, state.inner).clone()
+        done = state.have >= state.need
+        logits[done, self.leaf] = float("-inf")
+        logits[~done, EOS] = float("-inf")
+        return logits
+
+
+@dataclass
+class _LeafState:
+    inner: object
+    need: torch.Tensor  # (R,) words of each row's source
+    have: torch.Tensor  # (R,) leaves output so far
+    group: int
+
+    def reorder(self, rows, sources=None) -> None:
+        self.inner.reorder(rows, sources)
+        self.need, self.have = self.need.index_select(0, rows), self.have.index_select(0, rows)

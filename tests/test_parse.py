@@ -11,6 +11,7 @@ import pytest
 
 from aiayn.parse import (
     LEAF,
+    LeafCounting,
     TreeError,
     brackets,
     clean,
@@ -21,6 +22,7 @@ from aiayn.parse import (
     read_trees,
     right_branching,
 )
+from aiayn.translate import Translator
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/ptb-sample/treebank.zip"
 
@@ -156,6 +158,12 @@ def test_prepare_train_parse_score_end_to_end(tmp_path):
               "--data.max_tokens", "600", "--train.lr_scale", "2")
     assert p.returncode == 0, p.stderr[-1500:]
     ckpt = sorted((run / "checkpoints").glob("step-*.safetensors"))[-1]
+    # The search itself gives one XX leaf per input word (before any repair).
+    t = Translator.load(ckpt)
+    t.model = LeafCounting(t.model, t.tokenizer).eval()
+    words = (prep / "test.words.txt").read_text().splitlines() + ["a b c d e f g h i j k l"]
+    for line, out in zip(words, t.translate(words)):
+        assert out.split().count(LEAF) == len(line.split()), (line, out)
     p = aiayn("parse", "--checkpoint", ckpt, "-i", prep / "test.words.txt", "-o", tmp_path / "hyp.mrg")
     assert p.returncode == 0, p.stderr[-1500:]
     gold = read_trees((prep / "test.gold.mrg").read_text())
