@@ -91,9 +91,11 @@ def table3_section(rs: list[dict], img: Path) -> list[str]:
            "does; the last 5 checkpoints are averaged (§6.1) and decoded with beam 4, α 0.6. Verdicts compare "
            "validation scores only (PPL and beam-4 BLEU on the full validation set); test2016 BLEU is shown, "
            "never used to decide.", "",
+           f"Made by `aiayn reproduce --suite table3 --steps {common['train.max_steps']} --warmup "
+           f"{common['train.warmup_steps']}` (`bash scripts/reproduce.sh table3`).", "",
            f"Reference: {len(refs)} seed(s), validation PPL {ref_ppl:.3f}, BLEU {ref_bleu:.2f}; noise band = "
-           f"the seeds' range: BLEU ±{noise_bleu if noise_bleu is not None else float('nan'):.2f}, "
-           f"PPL ±{noise_ppl if noise_ppl is not None else float('nan'):.3f}.", "",
+           + (f"the seeds' range: BLEU ±{noise_bleu:.2f}, PPL ±{noise_ppl:.3f}." if noise_bleu is not None
+              else "not known until a second seed has run."), "",
            "| row | change | params | updates | valid PPL | valid BLEU | test2016 BLEU | paper row: PPL / BLEU | "
            "paper ΔPPL / ΔBLEU | ours ΔPPL / ΔBLEU | verdict BLEU | verdict PPL |",
            "|---|---|--:|--:|--:|--:|--:|---|--:|--:|---|---|"]
@@ -144,6 +146,7 @@ def rnn_section(rs: list[dict], img: Path) -> list[str]:
            f"Each model trains for the same wall-clock budget ({minutes:g} minutes) on Multi30k, alone on the "
            "machine; then the last 5 checkpoints are averaged and decoded with beam 4, α 0.6. FLOPs per target "
            "token count one training step (forward and backward) with PyTorch's FlopCounterMode.", "",
+           f"Made by `aiayn reproduce --suite rnn --minutes {minutes:g}` (`bash scripts/reproduce.sh rnn`).", "",
            "| model | architecture | params | updates | minutes | train tgt tok/s | training FLOPs / tok | "
            "valid PPL | valid BLEU | test2016 BLEU | test2017 BLEU |",
            "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
@@ -174,7 +177,7 @@ def table1_section(t1: dict, img: Path) -> list[str]:
            f"forward + backward time (median of {t1['repeats']}), activation memory saved for the backward pass, "
            "sequential steps (operations that must wait for the previous one), and the maximum path length "
            "between positions 0 and n - 1 (counted on the layer's connections, checked by autograd). Slopes are "
-           f"fitted on log-log for n ≥ {t1['fit_from']}.", "",
+           f"fitted on log-log for n ≥ {t1['fit_from']}. Made by `aiayn reproduce --suite table1`.", "",
            f"| layer | Table 1: complexity / sequential / path | ms at n={mid} | ms at n={top} | time slope | "
            f"memory slope | sequential steps at n={top} | path length at n={top} |",
            "|---|---|--:|--:|--:|--:|--:|--:|"]
@@ -266,7 +269,13 @@ def render(report_dir: Path, command: str = "") -> Path:
            "re-render with `aiayn reproduce --suite table3 --render-only`. BLEU is sacreBLEU on detokenized, "
            "cased text (signature below), not the paper's tokenized BLEU, and Multi30k is not WMT14: compare "
            "directions, not values.", ""]
-    if command:
+    from .reproduce import rnn_rows, table3_rows
+
+    t1_done = (report_dir / "results" / "table1" / "table1.json").exists()
+    out += [f"Progress: table3 {len(results.get('table3', []))} of {len(table3_rows())} rows, "
+            f"rnn {len(results.get('rnn', []))} of {len(rnn_rows())}, table1 {'done' if t1_done else 'not run'}. "
+            "A suite resumes where it stopped when its command is run again.", ""]
+    if command and "--render-only" not in command:
         out += [f"Last command: `{command}`", ""]
     if "table3" in results:
         out += table3_section(results["table3"], img)
