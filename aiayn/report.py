@@ -298,7 +298,7 @@ def render(report_dir: Path, command: str = "") -> Path:
         _plot_schedule(img / "schedule.png", settings)
         out += ["## The learning-rate schedule (Eq. 3)", "", "![Eq. 3](img/schedule.png)", "",
                 f"sacreBLEU signature: `{r0.get('signature', '?')}`", ""]
-    if len(out) <= 7:
+    if not trained and not t1_files:
         out += ["No suite has finished a run yet.", ""]
     path = report_dir / "REPORT.md"
     atomic_write(path, "\n".join(out).encode())
