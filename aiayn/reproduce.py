@@ -267,7 +267,7 @@ def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: 
     run_dir = Path(work) / suite / row.name
     result_path = run_dir / "result.json"
     copy = Path(results) / suite / f"{row.name}.json"
-    if not result_path.exists() and _same_row(copy, row, common):  # the run folder went, its result stayed
+    if not run_dir.exists() and _same_row(copy, row, common):  # the run folder went, its result stayed
         log.info("%s/%s: result already in %s, skipped", suite, row.name, copy)
         return json.loads(copy.read_text())
     if result_path.exists():

@@ -51,7 +51,7 @@ def test_multiplicative_attention_is_luong_formula(general):
     a = MultiplicativeAttention(d, general)
     q, mem = torch.randn(B, g, d), torch.randn(B, S, d)
     got = a.scores(q, a.keys(mem))
-    Wa = a.W_a.weight.double() if general else torch.eye(d, dtype=torch.float64)
+    Wa = a.W_a.weight.detach().double() if general else torch.eye(d, dtype=torch.float64)
     for i in range(B):
         for t in range(g):
             for j in range(S):
