@@ -103,7 +103,9 @@ def test_server_under_load_with_clients_that_hang_up(server):
     assert len(statuses) == REQUESTS
     assert set(statuses) <= {200, 503, 504}, sorted(set(statuses))
     assert statuses.count(200) > 0 and statuses.count(503) > 0  # served, and the queue bound held
-    assert len(health) >= 3 and max(health) < 1.0, max(health)
+    # /health never waits behind translation (seconds under this load); a busy machine may delay
+    # one probe, so the median is held tight and the worst case loosely.
+    assert len(health) >= 3 and sorted(health)[len(health) // 2] < 0.25 and max(health) < 3.0, health
     r = httpx.post(url + "/translate", json={"sentences": ["the dog runs"]}, timeout=30)
     assert r.status_code == 200 and len(r.json()["translations"]) == 1
     deadline = time.time() + 20
