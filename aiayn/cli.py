@@ -92,7 +92,8 @@ def cmd_params(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
     """Validate parallel text, learn the joint BPE vocabulary (§5.1), cache every split."""
-    from .data import CORPORA, fetch_corpus, find_file, prepare
+    from .corpora import CORPORA, cache_dir, fetch_multi30k, fetch_wmt14
+    from .data import find_file, prepare
 
     cfg = build_config(args, extra)
     if args.task == "parse":  # §6.3: words -> linearized trees, from a treebank
@@ -106,7 +107,8 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
             raise UserError(str(e)) from None
         symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if x != "XX"}
         manifest = prepare(files, Path(args.out), "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
-                           cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols))
+                           cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols),
+                           dedup=False, max_ratio=0.0)  # trees are longer than their sentences by design
         print(json.dumps(manifest["splits"], indent=1))
         return
     if not args.src or not args.tgt:
@@ -118,9 +120,10 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
         spec = CORPORA[args.corpus]
         if data_dir is None and os.environ.get(spec["env"]):
             data_dir = Path(os.environ[spec["env"]])
-        if data_dir is None:
-            cache = Path(os.environ.get("AIAYN_CACHE", Path.home() / ".cache" / "aiayn"))
-            data_dir = fetch_corpus(args.corpus, args.src, args.tgt, cache)
+        if args.corpus == "wmt14-en-de":  # archives (local or downloaded) -> extracted text in the cache
+            data_dir = fetch_wmt14(args.src, args.tgt, cache_dir(), data_dir, args.mirror)
+        elif data_dir is None:
+            data_dir = fetch_multi30k(args.src, args.tgt, cache_dir())
         names = {"train": args.train or spec["train"], "valid": args.valid or spec["valid"]}
         tests = tests or list(spec["test"])
     names = {"train": names["train"] or "train", "valid": names["valid"] or "valid"}
@@ -149,7 +152,8 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
             raise
         splits[Path(value.split(",")[0]).name.split(".")[0]] = pair
     manifest = prepare(splits, Path(args.out), args.src, args.tgt, cfg.data.vocab_size, cfg.data.max_len,
-                       cfg.data.strict or args.strict, cfg.train.seed)
+                       cfg.data.strict or args.strict, cfg.train.seed, dedup=cfg.data.dedup,
+                       max_ratio=cfg.data.max_ratio)
     print(json.dumps(manifest["splits"], indent=1))
 
 
@@ -177,6 +181,13 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> None:
     paths = list_checkpoints(Path(args.run_dir))
     if not paths:
         raise UserError(f"{args.run_dir}: no checkpoints found (expected checkpoints/step-*.safetensors)")
+    if args.last is None:  # the run's own rotation: 5 for base, 20 for big (§6.1)
+        try:
+            args.last = load_yaml(Path(args.run_dir) / "config.yaml").train.keep_last
+        except ConfigError:
+            args.last = 5
+    if args.last < 1:
+        raise UserError(f"--last must be >= 1, got {args.last}")
     if len(paths) < args.last:
         log.warning("only %d checkpoints in %s; averaging them all", len(paths), args.run_dir)
     chosen = paths[-args.last:]
@@ -311,7 +322,12 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
         return
     if not args.hyp:
         raise UserError("score needs --hyp FILE")
-    print(_score_lines(_read_input(args.hyp), _read_input(args.ref), args.hyp, args.ref))
+    hyps, refs = _read_input(args.hyp), _read_input(args.ref)
+    print(_score_lines(hyps, refs, args.hyp, args.ref))
+    if args.paper:
+        from .score import paper_score
+
+        print(paper_score(hyps, refs, args.lang))
 
 
 def cmd_parse(args: argparse.Namespace, extra: list[str]) -> None:
@@ -463,8 +479,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("prepare", help="validate parallel text, learn joint BPE, cache subwords")
     p.add_argument("--data-dir", help="folder with {split}.{lang}[.gz] files")
-    p.add_argument("--corpus", choices=["multi30k"], help="a public corpus (downloaded unless --data-dir "
-                   "or its environment variable, AIAYN_MULTI30K, points to a local copy)")
+    p.add_argument("--corpus", choices=["multi30k", "wmt14-en-de"],
+                   help="a public corpus, downloaded unless --data-dir or its environment variable (AIAYN_MULTI30K, "
+                        "AIAYN_WMT14) points to a local copy; wmt14-en-de: a folder of the official .tgz archives")
+    p.add_argument("--mirror", help="wmt14-en-de: download the archives from this URL prefix instead of statmt.org")
     p.add_argument("--task", choices=["translate", "parse"], default="translate",
                    help="parse: words -> linearized trees from --treebank (§6.3)")
     p.add_argument("--treebank", help="--task parse: a folder of .mrg files or NLTK's treebank.zip")
@@ -498,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("average", help="average the last checkpoints of a run (§6.1)")
     p.add_argument("run_dir", nargs="?", help="run folder (or --run-dir)")
     p.add_argument("--run-dir", "--run", dest="run_dir_flag", help="run folder")
-    p.add_argument("--last", type=int, default=5)
+    p.add_argument("--last", type=int, help="how many of the last checkpoints (default: the run's train.keep_last, "
+                   "5 for base and 20 for big, §6.1)")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_average)
 
@@ -522,6 +541,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parse", action="store_true", help="score trees: labeled bracketing F1, EVALB COLLINS.prm")
     p.add_argument("--right-branching", action="store_true",
                    help="with --parse: score the right-branching baseline built from --ref's words")
+    p.add_argument("--paper", action="store_true",
+                   help="also the paper's tokenized BLEU (Moses tokenizer, compound splitting, multi-bleu, as "
+                        "tensor2tensor's get_ende_bleu); not comparable to sacreBLEU")
+    p.add_argument("--lang", default="de", help="with --paper: the target language for the Moses tokenizer")
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("parse", help="constituency parsing with a model trained on --task parse data (§6.3)")

@@ -10,32 +10,26 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import logging
 import os
 import shutil
+import tempfile
 import unicodedata
-import urllib.request
+from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from .tokenizer import BOS, EOS, PAD, Tokenizer
 
 log = logging.getLogger("aiayn")
 FORMAT_VERSION = 1
-
-# Public corpora `aiayn prepare --corpus NAME` can download (and what their splits are called).
-CORPORA = {
-    "multi30k": {
-        "url": "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{split}.{lang}.gz",
-        "env": "AIAYN_MULTI30K",
-        "train": "train", "valid": "val", "test": ["test_2016_flickr", "test_2017_flickr"],
-    },
-}
-
 
 class DataError(ValueError):
     """Bad input data; the message names the file and line."""
@@ -50,46 +44,55 @@ def find_file(prefix: str | Path, lang: str) -> Path:
     raise DataError(f"no file {prefix}.{lang} or {prefix}.{lang}.gz")
 
 
-def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 text file (plain or .gz), NFC-normalized, without line ends."""
+def iter_lines(path: Path) -> Iterator[str]:
+    """Lines of a UTF-8 text file (plain or .gz), NFC-normalized, without line ends; read as a
+    stream, so a file of any size holds one line in memory."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    n = 0
     try:
-        opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as f:
-            raw = f.read()
+            for n, line in enumerate(f, 1):  # noqa: B007 (n names the line of an error)
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}:{n}: invalid UTF-8 at byte {e.start}: {line[:60]!r}") from None
+                yield unicodedata.normalize("NFC", text.rstrip("\n").rstrip("\r"))
     except (OSError, EOFError) as e:
-        raise DataError(f"{path}: cannot read: {e}") from None
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    out = []
-    for n, line in enumerate(lines, 1):
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}:{n}: invalid UTF-8 at byte {e.start}: {line[:60]!r}") from None
-        out.append(unicodedata.normalize("NFC", text.rstrip("\r")))
-    return out
+        raise DataError(f"{path}: cannot read{f' after line {n}' if n else ''}: {e}") from None
+
+
+def read_lines(path: Path) -> list[str]:
+    """Every line of a file (see iter_lines)."""
+    return list(iter_lines(path))
+
+
+def iter_pairs(src: Path, tgt: Path, strict: bool = False, counts: dict | None = None) -> Iterator[tuple[str, str]]:
+    """Aligned, stripped source/target lines as a stream. Pairs with an empty side are dropped
+    and counted in counts["dropped_empty"] (with `strict`, an error naming the file and line);
+    files of different lengths are an error naming both counts."""
+    counts = {} if counts is None else counts
+    counts.setdefault("dropped_empty", 0)
+    s_it, t_it = iter_lines(src), iter_lines(tgt)
+    for n, (s, t) in enumerate(itertools.zip_longest(s_it, t_it), 1):
+        if s is None or t is None:
+            rest = 1 + sum(1 for _ in (t_it if s is None else s_it))
+            s_n, t_n = (n - 1, n - 1 + rest) if s is None else (n - 1 + rest, n - 1)
+            raise DataError(f"misaligned corpus: {src} has {s_n} lines but {tgt} has {t_n}")
+        s, t = s.strip(), t.strip()
+        if not s or not t:
+            if strict:
+                raise DataError(f"{src if not s else tgt}:{n}: empty line (its pair would be dropped; "
+                                "--strict forbids it)")
+            counts["dropped_empty"] += 1
+            continue
+        yield s, t
 
 
 def read_parallel(src: Path, tgt: Path, strict: bool = False) -> tuple[list[str], list[str], int]:
-    """Aligned source/target lines; pairs with an empty side are dropped (counted) or, with
-    `strict`, an error naming the file and line."""
-    s_lines, t_lines = read_lines(src), read_lines(tgt)
-    if len(s_lines) != len(t_lines):
-        raise DataError(
-            f"misaligned corpus: {src} has {len(s_lines)} lines but {tgt} has {len(t_lines)}"
-        )
-    keep_s, keep_t, dropped = [], [], 0
-    for n, (s, t) in enumerate(zip(s_lines, t_lines), 1):
-        if not s.strip() or not t.strip():
-            if strict:
-                which = src if not s.strip() else tgt
-                raise DataError(f"{which}:{n}: empty line (its pair would be dropped; --strict forbids it)")
-            dropped += 1
-            continue
-        keep_s.append(s.strip())
-        keep_t.append(t.strip())
-    return keep_s, keep_t, dropped
+    """Every pair of two aligned files (see iter_pairs) and the number dropped as empty."""
+    counts: dict = {}
+    pairs = list(iter_pairs(src, tgt, strict, counts))
+    return [s for s, _ in pairs], [t for _, t in pairs], counts["dropped_empty"]
 
 
 def sha256(path: Path) -> str:
@@ -100,54 +103,122 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def fetch_corpus(name: str, src: str, tgt: str, cache_dir: Path) -> Path:
-    """Download a public corpus's raw files into cache_dir (once) and return the directory."""
-    spec = CORPORA[name]
-    out = cache_dir / name
-    out.mkdir(parents=True, exist_ok=True)
-    for split in [spec["train"], spec["valid"], *spec["test"]]:
-        for lang in (src, tgt):
-            dest = out / f"{split}.{lang}.gz"
-            if dest.exists():
-                continue
-            url = spec["url"].format(split=split, lang=lang)
-            log.info("downloading %s", url)
-            tmp = dest.with_suffix(".part")
-            try:
-                with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
-                    shutil.copyfileobj(r, f)
-            except OSError as e:
-                tmp.unlink(missing_ok=True)
-                if split in spec["test"]:
-                    log.warning("no %s for %s (%s); skipping that test set", split, lang, e)
-                    continue
-                raise DataError(
-                    f"cannot download {url}: {e}. Pass --data-dir with a local copy "
-                    f"(or set {spec['env']})"
-                ) from None
-            os.replace(tmp, dest)
-    return out
-
-
 # -- the prepared cache --------------------------------------------------------------------
-def _write_split(out: Path, split: str, side: str, ids: list[list[int]]) -> None:
-    lens = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    flat = np.fromiter((t for x in ids for t in x), dtype=np.int32, count=int(offsets[-1]))
-    np.save(out / f"{split}.{side}.tok.npy", flat)
-    np.save(out / f"{split}.{side}.off.npy", offsets)
+_CHUNK = 20_000  # pairs encoded at a time: memory stays flat whatever the corpus size
+
+
+def _pair_hash(s: str, t: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{s}\n{t}".encode(), digest_size=8).digest(), "little")
+
+
+def _clean_split(src: Path, tgt: Path, folder: Path, name: str, strict: bool, dedup: bool
+                 ) -> tuple[dict, np.ndarray | None]:
+    """Pass 1: stream a split's valid pairs to folder/NAME.src and NAME.tgt, one clean line each.
+    Returns its counts and, with `dedup`, the mask of pairs seen for the first time (8 bytes of
+    hash per pair in memory, not the text)."""
+    counts: dict = {}
+    hashes = array("Q")
+    n = 0
+    with open(folder / f"{name}.src", "w", encoding="utf-8", newline="\n") as fs, \
+            open(folder / f"{name}.tgt", "w", encoding="utf-8", newline="\n") as ft:
+        for s, t in tqdm(iter_pairs(src, tgt, strict, counts), desc=f"reading {name}", unit=" pairs",
+                         disable=None, leave=False):
+            fs.write(s + "\n")
+            ft.write(t + "\n")
+            n += 1
+            if dedup:
+                hashes.append(_pair_hash(s, t))
+    counts = {"pairs_in": n + counts["dropped_empty"], "dropped_empty": counts["dropped_empty"]}
+    if not dedup:
+        return counts, None
+    h = np.frombuffer(hashes, dtype=np.uint64)
+    _, first = np.unique(h, return_index=True)
+    keep = np.zeros(len(h), dtype=bool)
+    keep[first] = True
+    counts["dropped_duplicate"] = int(len(h) - len(first))
+    return counts, keep
+
+
+def _read_clean(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8", newline="\n") as f:
+        for line in f:
+            yield line[:-1]
+
+
+def _kept(path: Path, keep: np.ndarray | None) -> Iterator[str]:
+    lines = _read_clean(path)
+    return lines if keep is None else (x for x, k in zip(lines, keep) if k)
+
+
+def _chunks(folder: Path, name: str, keep: np.ndarray | None) -> Iterator[tuple[list[str], list[str]]]:
+    src, tgt = _kept(folder / f"{name}.src", keep), _kept(folder / f"{name}.tgt", keep)
+    while True:
+        s = list(itertools.islice(src, _CHUNK))
+        if not s:
+            return
+        yield s, list(itertools.islice(tgt, len(s)))
+
+
+def _save_npy(path: Path, raw: Path, n: int) -> None:
+    """A .npy file of n int32 values from a raw file, copied in blocks (never whole in memory)."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.int32)), "fortran_order": False, "shape": (n,)}
+    with open(path, "wb") as f, open(raw, "rb") as r:
+        np.lib.format.write_array_header_1_0(f, header)
+        shutil.copyfileobj(r, f, 1 << 22)
+
+
+def _encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | None, out: Path, max_len: int,
+                  max_ratio: float, threads: int) -> dict:
+    """Pass 2: encode a split in chunks with `threads` threads, drop pairs too long for max_len
+    (+ EOS, + BOS/EOS) and, with max_ratio, pairs whose lengths differ more than that factor;
+    write the ids as flat int32 arrays with int64 offsets, as TokenData reads them."""
+    counts = {"dropped_too_long": 0, **({"dropped_ratio": 0} if max_ratio else {})}
+    lens: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
+    raws = {side: folder / f"{name}.{side}.raw" for side in ("src", "tgt")}
+    total = int(keep.sum()) if keep is not None else None
+    with open(raws["src"], "wb") as fs, open(raws["tgt"], "wb") as ft, \
+            tqdm(total=total, desc=f"encoding {name}", unit=" pairs", disable=None, leave=False) as bar:
+        for s_lines, t_lines in _chunks(folder, name, keep):
+            s_ids = tok.sp.encode(s_lines, num_threads=threads)
+            t_ids = tok.sp.encode(t_lines, num_threads=threads)
+            ls = np.fromiter(map(len, s_ids), dtype=np.int64, count=len(s_ids))
+            lt = np.fromiter(map(len, t_ids), dtype=np.int64, count=len(t_ids))
+            ok = (ls + 1 <= max_len) & (lt + 2 <= max_len)
+            counts["dropped_too_long"] += int((~ok).sum())
+            if max_ratio:
+                wild = ok & (np.maximum(ls, lt) > max_ratio * np.maximum(np.minimum(ls, lt), 1))
+                counts["dropped_ratio"] += int(wild.sum())
+                ok &= ~wild
+            for ids, n, f, side in ((s_ids, ls, fs, "src"), (t_ids, lt, ft, "tgt")):
+                flat = itertools.chain.from_iterable(x for x, k in zip(ids, ok) if k)
+                np.fromiter(flat, dtype=np.int32, count=int(n[ok].sum())).tofile(f)
+                lens[side].append(n[ok])
+            bar.update(len(s_lines))
+    for side in ("src", "tgt"):
+        n = np.concatenate(lens[side]) if lens[side] else np.zeros(0, dtype=np.int64)
+        offsets = np.zeros(len(n) + 1, dtype=np.int64)
+        np.cumsum(n, out=offsets[1:])
+        _save_npy(out / f"{name}.{side}.tok.npy", raws[side], int(offsets[-1]))
+        np.save(out / f"{name}.{side}.off.npy", offsets)
+        raws[side].unlink()
+        counts[f"{side}_tokens"] = int(offsets[-1])
+        counts["pairs"] = len(n)
+    return counts
 
 
 def prepare(
     splits: dict[str, tuple[str | Path, str | Path]], out: str | Path, src_lang: str, tgt_lang: str,
     vocab_size: int = 37000, max_len: int = 256, strict: bool = False, seed: int = 1,
-    symbols: tuple[str, ...] = (),
+    symbols: tuple[str, ...] = (), dedup: bool = True, max_ratio: float = 3.0,
 ) -> dict:
-    """Validate, learn the joint vocabulary on train, and cache every split.
+    """Validate, learn the joint vocabulary on train, and cache every split, in bounded memory.
 
-    splits maps "train", "valid" and test names to (source file, target file). Returns the
-    manifest; if one with the same inputs and settings exists in `out`, it is reused.
+    splits maps "train", "valid" and test names to (source file, target file). The text is read
+    as a stream into clean temporary files (pass 1: UTF-8, alignment, empty lines, NFC; repeated
+    training pairs dropped with `dedup`), SentencePiece learns the vocabulary on a sample of at
+    most 2M sentences, and pass 2 encodes in chunks on every core, dropping over-long pairs and,
+    for training, pairs with a length ratio above `max_ratio` (0: off). Every drop is counted.
+    Returns the manifest; if one with the same inputs and settings exists in `out`, it is reused.
     """
     splits = {name: (Path(s), Path(t)) for name, (s, t) in splits.items()}
     out = Path(out)
@@ -155,7 +226,7 @@ def prepare(
         if need not in splits:
             raise DataError(f"a {need} split is required")
     settings = {"format": FORMAT_VERSION, "src": src_lang, "tgt": tgt_lang, "vocab_size": vocab_size,
-                "max_len": max_len, "strict": strict, "seed": seed}
+                "max_len": max_len, "strict": strict, "seed": seed, "dedup": dedup, "max_ratio": max_ratio}
     if symbols:  # (absent otherwise, so earlier manifests still match)
         settings["symbols"] = sorted(symbols)
     inputs = {name: {"src": str(s), "tgt": str(t), "src_sha256": sha256(s), "tgt_sha256": sha256(t)}
@@ -166,43 +237,46 @@ def prepare(
         if old.get("settings") == settings and old.get("inputs") == inputs:
             log.info("%s: inputs unchanged, reusing the prepared data", out)
             return old
-    texts = {name: read_parallel(s, t, strict) for name, (s, t) in splits.items()}
-    train_s, train_t, dropped = texts["train"]
-    if not train_s:
-        raise DataError(f"{splits['train'][0]}: no sentence pairs to learn from ({dropped} dropped as empty)")
-    log.info("learning a joint BPE vocabulary of %d on %d + %d sentences", vocab_size, len(train_s), len(train_t))
-    tok = Tokenizer.train(train_s + train_t, vocab_size, seed, tuple(sorted(symbols)))
-    if len(tok) < vocab_size:
-        short = (f"the joint vocabulary has {len(tok)} subwords, fewer than the {vocab_size} asked for "
-                 "(data.vocab_size): the training text holds no more merges")
-        if strict:
-            raise DataError(f"{short}; --strict forbids a smaller vocabulary")
-        log.warning("%s; continuing with %d", short, len(tok))
-    out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
-    (out / "spm.model").write_bytes(tok.proto)
-    stats: dict[str, dict] = {}
-    for name, (s_lines, t_lines, dropped_empty) in texts.items():
-        s_ids, t_ids = tok.encode(s_lines), tok.encode(t_lines)
-        entry = {"pairs_in": len(s_lines) + dropped_empty, "dropped_empty": dropped_empty}
-        if name in ("train", "valid"):
-            # +2 for EOS on the source and BOS/EOS on the target.
-            keep = [i for i in range(len(s_ids)) if len(s_ids[i]) + 1 <= max_len and len(t_ids[i]) + 2 <= max_len]
-            entry["dropped_too_long"] = len(s_ids) - len(keep)
-            s_ids, t_ids = [s_ids[i] for i in keep], [t_ids[i] for i in keep]
-            _write_split(out, name, "src", s_ids)
-            _write_split(out, name, "tgt", t_ids)
-            entry.update(pairs=len(keep), src_tokens=sum(map(len, s_ids)), tgt_tokens=sum(map(len, t_ids)))
-        if name != "train":  # raw text for translation and BLEU (every line kept)
-            (out / f"{name}.{src_lang}.txt").write_text("".join(x + "\n" for x in s_lines))
-            (out / f"{name}.{tgt_lang}.txt").write_text("".join(x + "\n" for x in t_lines))
-            entry.setdefault("pairs", len(s_lines))
-        stats[name] = entry
-        log.info("%s: %s", name, ", ".join(f"{k}={v}" for k, v in entry.items()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
+        folder = Path(tmp)
+        stats: dict[str, dict] = {}
+        keeps: dict[str, np.ndarray | None] = {}
+        for name, (s, t) in splits.items():
+            stats[name], keeps[name] = _clean_split(s, t, folder, name, strict, dedup and name == "train")
+        kept = stats["train"]["pairs_in"] - stats["train"]["dropped_empty"] - stats["train"].get("dropped_duplicate", 0)
+        if not kept:
+            raise DataError(f"{splits['train'][0]}: no sentence pairs to learn from "
+                            f"({stats['train']['dropped_empty']} dropped as empty)")
+        log.info("learning a joint BPE vocabulary of %d on %d + %d sentences (a sample of at most 2M)",
+                 vocab_size, kept, kept)
+        text = itertools.chain(_kept(folder / "train.src", keeps["train"]), _kept(folder / "train.tgt", keeps["train"]))
+        tok = Tokenizer.train(text, vocab_size, seed, tuple(sorted(symbols)))
+        if len(tok) < vocab_size:
+            short = (f"the joint vocabulary has {len(tok)} subwords, fewer than the {vocab_size} asked for "
+                     "(data.vocab_size): the training text holds no more merges")
+            if strict:
+                raise DataError(f"{short}; --strict forbids a smaller vocabulary")
+            log.warning("%s; continuing with %d", short, len(tok))
+        out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
+        manifest_path.unlink(missing_ok=True)  # the old cache is no longer whole
+        (out / "spm.model").write_bytes(tok.proto)
+        for name in splits:
+            entry = stats[name]
+            if name in ("train", "valid"):
+                entry.update(_encode_split(tok, folder, name, keeps[name], out, max_len,
+                                           max_ratio if name == "train" else 0.0, threads))
+            if name != "train":  # raw text for translation and BLEU (every non-empty pair kept)
+                for side, lang in (("src", src_lang), ("tgt", tgt_lang)):
+                    shutil.copyfile(folder / f"{name}.{side}", out / f"{name}.{lang}.txt")
+                entry.setdefault("pairs", entry["pairs_in"] - entry["dropped_empty"])
+            log.info("%s: %s", name, ", ".join(f"{k}={v}" for k, v in entry.items()))
     manifest = {"settings": settings, "inputs": inputs, "vocab_size": len(tok), "splits": stats,
                 "tests": [n for n in splits if n not in ("train", "valid")]}
-    tmp = manifest_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, manifest_path)  # written last: a manifest means a complete cache
+    tmp_path = manifest_path.with_suffix(".tmp")
+    tmp_path.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp_path, manifest_path)  # written last: a manifest means a complete cache
     return manifest
 
 

@@ -29,6 +29,19 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
     return pe.float()
 
 
+class OutputProjection(Linear):
+    """§3.4 the pre-softmax linear transformation, computed in fp32 even under bf16 autocast.
+
+    bf16 keeps 8 significant bits: logits near ±16 would be 0.125 apart, coarser than the
+    differences that the loss and the beam compare. The product runs on fp32 inputs and weights
+    (oneDNN on a CPU, see linear.py), and the softmax and loss that follow stay in fp32.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return super().forward(x.float())
+
+
 class Dropout(nn.Module):
     """§5.4 dropout: zero each element with probability p, scale the rest by 1/(1-p).
 
@@ -205,7 +218,7 @@ class Transformer(nn.Module):
         d, V = cfg.d_model, cfg.vocab_size
         self.src_embed = nn.Embedding(V, d, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(V, d, padding_idx=cfg.pad_id)
-        self.out_proj = Linear(d, V, bias=False)
+        self.out_proj = OutputProjection(d, V, bias=False)
         if cfg.share_embeddings:
             self.out_proj.weight = self.src_embed.weight  # §3.4: one matrix, three uses
         if cfg.learned_positions:  # Table 3 row (E)

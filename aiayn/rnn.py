@@ -20,7 +20,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .config import ModelConfig
 from .linear import Linear
-from .model import AttentionMaps, Dropout
+from .model import AttentionMaps, Dropout, OutputProjection
 
 
 # -- attention -------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ class RecurrentModel(nn.Module):
         self.lstm = cfg.rnn_cell == "lstm"
         self.src_embed = nn.Embedding(V, d, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(V, d, padding_idx=cfg.pad_id)
-        self.out_proj = Linear(d, V, bias=False)
+        self.out_proj = OutputProjection(d, V, bias=False)
         if cfg.share_embeddings:
             self.out_proj.weight = self.src_embed.weight
         rnn = nn.LSTM if self.lstm else nn.GRU

@@ -24,6 +24,7 @@ import numpy as np
 import sacrebleu
 import torch
 import torch.distributed as dist
+import yaml
 from torch import nn
 from tqdm import tqdm
 
@@ -239,6 +240,8 @@ class Trainer:
         cfg.model.vocab_size = len(self.tokenizer)
         cfg.validate()
         self.train_data, self.valid_data = TokenData(data_dir, "train"), TokenData(data_dir, "valid")
+        self._batches: tuple[int, list[np.ndarray]] | None = None
+        self.per_update = self._batches_per_update()
         self.state: dict = {"step": 0, "epoch": 0, "batch": 0, "elapsed": 0.0, "best_bleu": -1.0,
                             "best_loss": 1e9, "stale": 0, "batching": self.batching()}
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
@@ -257,13 +260,31 @@ class Trainer:
         self.tb = None  # opened when the loop starts: a refused start leaves the run folder alone
         self.signal: int | None = None  # set by the SIGTERM/SIGINT handler
         self.bar: tqdm | None = None
-        self._batches: tuple[int, list[np.ndarray]] | None = None
         self._window = [0.0, 0.0, 0.0, 0, time.perf_counter()]  # loss, nll, tokens/rank, tokens, start
         self._window_step = 0  # the step the window starts after
 
     def batching(self) -> dict:
         return {"max_tokens": self.cfg.data.max_tokens, "seed": self.cfg.train.seed,
-                "pairs": len(self.train_data), "world": self.env.world, "update_freq": self.cfg.train.update_freq}
+                "pairs": len(self.train_data), "world": self.env.world, "update_freq": self.cfg.train.update_freq,
+                "per_update": self.per_update}
+
+    def _batches_per_update(self) -> int:
+        """§5.1: batches in one update. With train.tokens_per_update, the number of this data's
+        batches (at data.max_tokens) whose target tokens add up closest to it — the same whatever
+        the world size, as ranks share an update's batches; otherwise world × update_freq."""
+        t_cfg = self.cfg.train
+        if not t_cfg.tokens_per_update:
+            return self.env.world * t_cfg.update_freq
+        self._batches = (0, epoch_batches(self.train_data, self.cfg, 0))
+        mean = float(self.train_data.tgt_lens.sum()) / max(len(self._batches[1]), 1)
+        n = max(1, round(t_cfg.tokens_per_update / mean))
+        log.info("tokens per update: %d target tokens asked; %d batches of %.0f on average (data.max_tokens %d) "
+                 "make %.0f, over %d rank(s)", t_cfg.tokens_per_update, n, mean, self.cfg.data.max_tokens,
+                 n * mean, self.env.world)
+        if n > len(self._batches[1]):
+            log.warning("an update of %d batches is more than an epoch (%d batches): each update is one epoch",
+                        n, len(self._batches[1]))
+        return n
 
     # -- set-up ------------------------------------------------------------------------------
     def restore(self, state_path: Path, force_batching: bool = False) -> None:
@@ -305,11 +326,10 @@ class Trainer:
                         "; ".join(changed), self.state["epoch"] + 1)
             self.state["epoch"] += 1
             self.state["batch"] = 0
-        g_was, g_now = was.get("world", 1) * was.get("update_freq", 1), now["world"] * now["update_freq"]
-        if was and g_was != g_now:
-            log.warning("batches per update were %d (world %d × update_freq %d) and are now %d: the data "
-                        "position is the same, each update is a different size", g_was, was.get("world", 1),
-                        was.get("update_freq", 1), g_now)
+        g_was = was.get("per_update", was.get("world", 1) * was.get("update_freq", 1))
+        if was and g_was != now["per_update"]:
+            log.warning("batches per update were %d and are now %d: the data position is the same, each update "
+                        "is a different size", g_was, now["per_update"])
 
     # -- one update --------------------------------------------------------------------------
     def epoch_batches(self) -> list[np.ndarray]:
@@ -319,10 +339,10 @@ class Trainer:
         return self._batches[1]
 
     def update(self) -> None:
-        """One optimizer update on the next world × update_freq batches of the epoch (Eq. 3 lr)."""
+        """One optimizer update on the epoch's next `per_update` batches, shared by the ranks (Eq. 3 lr)."""
         t_cfg, env, state = self.cfg.train, self.env, self.state
         batches = self.epoch_batches()
-        group = batches[state["batch"]:state["batch"] + env.world * t_cfg.update_freq]
+        group = batches[state["batch"]:state["batch"] + self.per_update]
         total = int(sum(self.train_data.tgt_lens[b].sum() for b in group))
         mine = [(collate(self.train_data, b), w) for b, w in shard(group, env.rank, env.world)]
         lr = noam_lr(state["step"] + 1, self.cfg.model.d_model, t_cfg.warmup_steps, t_cfg.lr_scale)
@@ -405,6 +425,13 @@ class Trainer:
             old.with_name(old.name.replace(".safetensors", ".state.pt")).unlink(missing_ok=True)
         log.info("saved %s", name)
 
+    def save_best(self) -> None:
+        """best.safetensors alone (rank 0; weights are the same on every rank)."""
+        if self.env.is_main:
+            save_weights(self.run.ckpt_dir / "best.safetensors", model_tensors(self.model), self.cfg,
+                         self.tokenizer, self.state["step"])
+            log.info("saved best.safetensors (step %d)", self.state["step"])
+
     # -- the stop decision -------------------------------------------------------------------
     def agree(self, save_wish: bool, early_stop: bool = False) -> tuple[bool, bool, bool]:
         """The collective decision after an update: rank 0's clock, save wish and early-stopping
@@ -468,13 +495,17 @@ class Trainer:
                 if env.is_main and t_cfg.valid_every and state["step"] % t_cfg.valid_every == 0:
                     better, validated = self.validate(), True
                 now = time.perf_counter()
-                wish = better or bool(t_cfg.save_every and state["step"] % t_cfg.save_every == 0) or bool(
+                # Interval checkpoints (§6.1) keep their spacing: a better validation score writes
+                # best.safetensors only, never a step checkpoint that would push one out of the rotation.
+                wish = bool(t_cfg.save_every and state["step"] % t_cfg.save_every == 0) or bool(
                     t_cfg.save_every_minutes and now - last_save >= t_cfg.save_every_minutes * 60)
                 early = bool(validated and t_cfg.patience and state["stale"] >= t_cfg.patience)
                 save, stop, early = self.agree(wish, early)
                 if save:
                     self.save(best=better)
                     last_save, saved = now, True
+                elif better:
+                    self.save_best()
                 if stop:
                     log.warning("stopped by a signal at step %d; checkpoint written", state["step"])
                     raise KeyboardInterrupt
@@ -484,8 +515,10 @@ class Trainer:
                     break
                 self.bar.n = int(state["elapsed"]) if limit_s else state["step"]
             better = self.validate() if env.is_main and not validated and not self.stopped_early() else False
-            if self.agree(better or not saved)[0]:
+            if self.agree(not saved)[0]:
                 self.save(best=better)
+            elif better:
+                self.save_best()
             log.info("finished at step %d, epoch %d, %.1f minutes", state["step"], state["epoch"],
                      state["elapsed"] / 60)
         finally:
@@ -514,7 +547,7 @@ def _git_commit() -> str | None:
         return None
 
 
-def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed: bool) -> None:
+def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed: bool, per_update: int) -> None:
     """run.json: where the data is, and how each session of the run was started (command line,
     versions, git commit, device, threads, ranks, tokens per update)."""
     import platform
@@ -532,8 +565,8 @@ def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed
         "aiayn": __version__, "git": _git_commit(), "torch": torch.__version__,
         "python": platform.python_version(), "device": str(env.device),
         "threads": torch.get_num_threads() if env.device.type == "cpu" else None, "world": env.world,
-        "update_freq": cfg.train.update_freq,
-        "max_tokens_per_update": cfg.data.max_tokens * env.world * cfg.train.update_freq,
+        "update_freq": cfg.train.update_freq, "tokens_per_update": cfg.train.tokens_per_update,
+        "batches_per_update": per_update, "max_tokens_per_update": cfg.data.max_tokens * per_update,
     })
     atomic_write(path, json.dumps(record, indent=1).encode())
 
@@ -550,7 +583,10 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
             raise CheckpointError(f"{run.path}: not an aiayn run directory (no config.yaml and run.json)")
         from .config import apply_overrides
 
-        cfg = apply_overrides(load_yaml(run.path / "config.yaml"), overrides or {}).validate()
+        cfg = load_yaml(run.path / "config.yaml")
+        if "tokens_per_update" not in (yaml.safe_load((run.path / "config.yaml").read_text()).get("train") or {}):
+            cfg.train.tokens_per_update = 0  # written before the setting existed: update_freq sized the update
+        cfg = apply_overrides(cfg, overrides or {}).validate()
         try:
             meta = json.loads((run.path / "run.json").read_text())
             data_dir = Path(meta["data_dir"]) if data_dir is None else data_dir
@@ -573,7 +609,7 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
             stale.unlink(missing_ok=True)
         if resume_from is None:
             cfg.save_yaml(run.path / "config.yaml")
-            write_provenance(run.path / "run.json", Path(data_dir), cfg, env, resumed=resume is True)
+            write_provenance(run.path / "run.json", Path(data_dir), cfg, env, resume is True, trainer.per_update)
         handler = logging.FileHandler(run.path / "train.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(handler)
@@ -587,7 +623,7 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
             if env.is_main:  # only once the checkpoint proved good: a refused resume changes nothing
                 run.forget_metrics_after(trainer.state["step"])
                 cfg.save_yaml(run.path / "config.yaml")
-                write_provenance(run.path / "run.json", Path(data_dir), cfg, env, resumed=True)
+                write_provenance(run.path / "run.json", Path(data_dir), cfg, env, True, trainer.per_update)
         n_params = sum(p.numel() for p in trainer.model.parameters())
         log.info("model: %.2fM parameters, vocabulary %d, device %s, world %d, precision %s",
                  n_params / 1e6, cfg.model.vocab_size, env.device, env.world, cfg.train.precision)

@@ -62,6 +62,7 @@ def tiny_config(**train):
     t = cfg.train
     t.warmup_steps, t.lr_scale, t.valid_every, t.valid_bleu_sentences = 20, 1.0, 0, 0
     t.save_every_minutes, t.log_every, t.threads = 0.0, 5, 1
+    t.tokens_per_update = 0  # one small batch per update (the paper's 25k tokens would be an epoch here)
     cfg.decode.max_len_b = 12
     for k, v in train.items():
         setattr(t, k, v)

@@ -19,7 +19,7 @@ def trained(toy_corpus, tmp_path_factory):
                  "--model.h", "4", "--model.N", "2", "--model.p_drop", "0", "--train.max_steps", "300",
                  "--train.warmup_steps", "50", "--train.lr_scale", "0.5", "--data.max_tokens", "600",
                  "--train.save_every", "20", "--train.valid_every", "150", "--train.valid_bleu_sentences", "10",
-                 "--train.threads", "1"]) == 0
+                 "--train.threads", "1", "--train.tokens_per_update", "0"]) == 0
     assert main(["average", str(run), "--last", "3", "-o", str(work / "avg.safetensors")]) == 0
     return work, prep
 

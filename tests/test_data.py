@@ -168,3 +168,58 @@ def test_a_vocabulary_smaller_than_asked_is_reported(toy_corpus, tmp_path, caplo
     with pytest.raises(DataError, match=f"has {got} subwords.*--strict"):
         prepare(splits, tmp_path / "strict", "en", "de", vocab_size=5000, max_len=32, strict=True)
     assert not (tmp_path / "strict" / "spm.model").exists()
+
+
+def test_streaming_prepare_equals_encoding_the_kept_pairs_whole(tmp_path, monkeypatch):
+    """The chunked, two-pass prepare against a second path: every kept pair encoded at once with
+    the learned vocabulary. Duplicates, an over-long pair and a wild length ratio are dropped and
+    counted (in train only); chunk borders fall everywhere."""
+    from aiayn import data
+
+    monkeypatch.setattr(data, "_CHUNK", 7)
+    en, de = list(SENTS_EN), list(SENTS_DE)
+    en += [SENTS_EN[3], SENTS_EN[3], SENTS_EN[5], "word " * 60, "a"]
+    de += [SENTS_DE[3], SENTS_DE[3], "anders", "wort " * 60, "ein sehr langer satz mit vielen wörtern darin"]
+    d = tmp_path / "c"
+    d.mkdir()
+    write(d / "train.en.gz", en, gz=True)
+    write(d / "train.de", de)
+    write(d / "valid.en", SENTS_EN[:6] + SENTS_EN[:2])
+    write(d / "valid.de", SENTS_DE[:6] + SENTS_DE[:2])
+    out = tmp_path / "prep"
+    m = prepare({"train": (d / "train.en.gz", d / "train.de"), "valid": (d / "valid.en", d / "valid.de")}, out,
+                "en", "de", vocab_size=120, max_len=40, max_ratio=3.0)
+    t = m["splits"]["train"]
+    assert (t["pairs_in"], t["dropped_duplicate"], t["dropped_too_long"], t["dropped_ratio"]) == (85, 2, 1, 1)
+    assert m["splits"]["valid"]["pairs"] == 8 and "dropped_duplicate" not in m["splits"]["valid"]
+    tok = Tokenizer.load(str(out / "spm.model"))
+    kept = list(range(len(SENTS_EN))) + [82]  # first copies of each pair, and ("sentence 5", "anders")
+    want_src = tok.encode([en[i] for i in kept])
+    want_tgt = tok.encode([de[i] for i in kept])
+    got = TokenData(out, "train")
+    assert len(got) == len(kept)
+    assert [got.src(i).tolist() for i in range(len(got))] == want_src
+    assert [got.tgt(i).tolist() for i in range(len(got))] == want_tgt
+    assert got.src_tok.dtype == np.int32 and got.src_off[-1] == sum(map(len, want_src)) == t["src_tokens"]
+    assert (out / "valid.en.txt").read_text().splitlines() == SENTS_EN[:6] + SENTS_EN[:2]
+    off = prepare({"train": (d / "train.en.gz", d / "train.de"), "valid": (d / "valid.en", d / "valid.de")},
+                  tmp_path / "prep2", "en", "de", vocab_size=120, max_len=40, dedup=False, max_ratio=0)
+    assert off["splits"]["train"]["pairs"] == 85 - 1 and "dropped_ratio" not in off["splits"]["train"]
+
+
+@pytest.mark.parametrize("n_en,n_de", [(5, 3), (3, 5)])
+def test_misaligned_corpus_counts_both_files_and_leaves_nothing(tmp_path, n_en, n_de):
+    a = write(tmp_path / "t.en", SENTS_EN[:n_en])
+    b = write(tmp_path / "t.de", SENTS_DE[:n_de])
+    v = write(tmp_path / "v.en", SENTS_EN[:2]), write(tmp_path / "v.de", SENTS_DE[:2])
+    with pytest.raises(DataError, match=rf"t\.en has {n_en} lines but .*t\.de has {n_de}"):
+        prepare({"train": (a, b), "valid": v}, tmp_path / "out" / "prep", "en", "de", vocab_size=60)
+    assert not (tmp_path / "out" / "prep").exists() and list((tmp_path / "out").iterdir()) == []
+
+
+def test_invalid_utf8_deep_in_a_gzip_file_names_its_line(tmp_path):
+    p = tmp_path / "big.de.gz"
+    with gzip.open(p, "wb") as f:
+        f.write(b"".join(b"zeile %d\n" % i for i in range(5000)) + b"kaputt \xc3\x28\n")
+    with pytest.raises(DataError, match=r"big\.de\.gz:5001: invalid UTF-8"):
+        read_lines(p)

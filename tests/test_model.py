@@ -175,3 +175,32 @@ def test_tiny_model_overfits_a_few_pairs():
     loss, src, tgt = overfit(m, 20, 150, 3e-3)
     assert loss < 0.05
     assert torch.equal(m.eval()(src, tgt[:, :-1]).argmax(-1), tgt[:, 1:])
+
+
+@pytest.mark.parametrize("arch", ["transformer", "rnn"])
+def test_logits_and_loss_stay_fp32_under_bf16_autocast(arch):
+    """§3.4's projection under autocast: fp32 logits equal to an fp32 product of the (bf16-computed)
+    decoder output with the embedding matrix, not bf16 values cast up."""
+    from aiayn.loss import label_smoothed_loss
+    from aiayn.model import build_model
+
+    cfg = ModelConfig(arch=arch, vocab_size=50, d_model=32, d_ff=64, h=4, N=2, p_drop=0.0, max_positions=64)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    with torch.no_grad():  # logits far from zero, where bf16 is coarse
+        model.out_proj.weight.mul_(40)
+    captured = {}
+    model.out_proj.register_forward_hook(lambda m, inp, out: captured.update(h=inp[0]))
+    src, tgt = torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 6))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(src, tgt)
+        loss, _, _ = label_smoothed_loss(logits, tgt, 0.1, 0)
+    assert logits.dtype == torch.float32 and loss.dtype == torch.float32
+    reference = captured["h"].float() @ model.out_proj.weight.detach().float().T
+    torch.testing.assert_close(logits, reference.view_as(logits), atol=1e-4, rtol=1e-5)
+    assert (logits != logits.bfloat16().float()).float().mean() > 0.9  # not bf16 values
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), tgt.reshape(-1), label_smoothing=0.1,
+                                                 reduction="sum")
+    torch.testing.assert_close(loss, expected, atol=1e-3, rtol=1e-5)
+    loss.backward()
+    assert model.src_embed.weight.grad is not None and model.src_embed.weight.grad.dtype == torch.float32

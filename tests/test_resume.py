@@ -29,7 +29,7 @@ TINY = ["--model.d_model", "32", "--model.d_ff", "64", "--model.h", "4", "--mode
         "--model.max_positions", "128", "--data.max_tokens", "400", "--train.warmup_steps", "20",
         "--train.lr_scale", "0.5", "--train.valid_every", "0", "--train.valid_bleu_sentences", "0",
         "--train.save_every_minutes", "0", "--train.save_every", "5", "--train.log_every", "5",
-        "--train.threads", "1", "--train.max_steps", str(STEPS)]
+        "--train.threads", "1", "--train.tokens_per_update", "0", "--train.max_steps", str(STEPS)]
 
 
 def aiayn(*args: str) -> list[str]:

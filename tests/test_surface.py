@@ -142,7 +142,7 @@ def test_run_json_and_train_log_record_the_run(toy_prepared, tmp_path):
     run = tmp_path / "run"
     p = aiayn_cli("train", "--data", toy_prepared, "--run-dir", run, "--model.d_model", "32", "--model.d_ff", "64",
                   "--model.N", "1", "--train.max_steps", "10", "--train.log_every", "5", "--train.threads", "1",
-                  "--train.valid_bleu_sentences", "0", "--data.max_tokens", "400")
+                  "--train.valid_bleu_sentences", "0", "--data.max_tokens", "400", "--train.tokens_per_update", "0")
     assert p.returncode == 0, p.stderr[-1500:]
     rec = json.loads((run / "run.json").read_text())
     s = rec["sessions"][0]

@@ -186,7 +186,7 @@ def test_torchrun_two_processes_train_and_resume(toy_prepared, tmp_path):
     first = subprocess.run(base() + ["--data", str(toy_prepared), "--run-dir", str(run), "--model.d_model", "32",
                                    "--model.d_ff", "64", "--model.h", "4", "--model.N", "1", "--train.max_steps", "6",
                                    "--data.max_tokens", "400", "--train.threads", "1", "--train.valid_bleu_sentences",
-                                   "0"], capture_output=True, text=True, timeout=120)
+                                   "0", "--train.tokens_per_update", "0"], capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr[-2000:]
     assert first.stderr.count("finished at step 6") == 1  # only rank 0 logs
     second = subprocess.run(base() + ["--resume", str(run), "--train.max_steps", "9"], capture_output=True, text=True,

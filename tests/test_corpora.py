@@ -1,0 +1,146 @@
+"""WMT14 EN-DE (§5.1) from archives with the official layout, built here: extraction, SGML, checks."""
+
+import hashlib
+import io
+import logging
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+from sacrebleu.dataset.fake_sgml import FakeSGMLDataset
+
+from aiayn import corpora
+from aiayn.cli import main
+from aiayn.corpora import DataError, fetch_wmt14
+
+EP = (["Wiederaufnahme der Sitzungsperiode", "", "Ich bitte Sie, sich zu einer Schweigeminute zu erheben."],
+      ["Resumption of the session", "Please rise, then.", "Please rise, then, for this minute's silence."])
+CC = (["Ein Haus am See.", "Zwei Hunde spielen."], ["A house by the lake.", "Two dogs play."])
+NC = (["Die Wirtschaft wächst.", "Gold steigt."], ["The economy grows.", "Gold rises."])
+
+
+def sgml(lines: list[str], lang: str) -> str:
+    segs = "".join(f'<seg id="{i}">  {x}  </seg>\n' for i, x in enumerate(lines, 1))
+    return f'<srcset setid="x" srclang="any">\n<doc sysid="ref" docid="d1" genre="news" origlang="{lang}">\n' \
+           f"<p>\n{segs}</p>\n</doc>\n</srcset>\n"
+
+
+def tgz(path: Path, members: dict[str, str]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in members.items():
+            data = text.encode("utf-8")
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def lines(xs: list[str], end: bool = True) -> str:
+    return "\n".join(xs) + ("\n" if end else "")
+
+
+@pytest.fixture
+def archives(tmp_path) -> Path:
+    d = tmp_path / "archives"
+    d.mkdir()
+    tgz(d / "training-parallel-europarl-v7.tgz", {
+        "training/europarl-v7.de-en.de": lines(EP[0], end=False),  # no final newline: the next corpus must not join
+        "training/europarl-v7.de-en.en": lines(EP[1], end=False),
+        "training/europarl-v7.fr-en.fr": "pas ici\n"})
+    tgz(d / "training-parallel-commoncrawl.tgz", {"commoncrawl.de-en.de": lines(CC[0]),
+                                                   "commoncrawl.de-en.en": lines(CC[1])})
+    tgz(d / "training-parallel-nc-v9.tgz", {"training/news-commentary-v9.de-en.de": lines(NC[0]),
+                                             "training/news-commentary-v9.de-en.en": lines(NC[1])})
+    dev = ["Die Katze schläft &amp; träumt.", "Es   regnet."], ["The cat sleeps &amp; dreams.", "It   rains."]
+    tgz(d / "test.tgz", {"test/newstest2013-src.de.sgm": sgml(dev[0], "de"),
+                         "test/newstest2013-src.en.sgm": sgml(dev[1], "en")})
+    test = {("src", "en"): ["source side, English"], ("ref", "de"): ["Referenz, Deutsch"],
+            ("src", "de"): ["Quelle, Deutsch"], ("ref", "en"): ["reference, English"]}
+    tgz(d / "test-full.tgz", {f"test-full/newstest2014-deen-{r}.{lang}.sgm": sgml(x, lang)
+                              for (r, lang), x in test.items()})
+    return d
+
+
+def test_prepare_wmt14_from_local_archives(archives, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "prep"
+    with caplog.at_level(logging.WARNING, logger="aiayn"):
+        assert main(["prepare", "--corpus", "wmt14-en-de", "--data-dir", str(archives), "--src", "en", "--tgt", "de",
+                     "-o", str(out), "--data.vocab_size", "80"]) == 0
+    assert caplog.text.count("not the official archive, used as given") == 5  # these small ones, and said so
+    text = tmp_path / "cache" / "wmt14-en-de"
+    assert (text / "train.de").read_text().splitlines() == EP[0] + CC[0] + NC[0]
+    assert (text / "train.en").read_text().splitlines() == EP[1] + CC[1] + NC[1]
+    # the test sets as sacreBLEU itself reads the SGML (a second implementation)
+    for split, member in (("newstest2013", "test/newstest2013-src.de.sgm"),
+                          ("newstest2014", "test-full/newstest2014-deen-ref.de.sgm")):
+        with tarfile.open(archives / ("test.tgz" if split == "newstest2013" else "test-full.tgz")) as tar:
+            tar.extract(member, tmp_path / "x", filter="data")
+        sacrebleu_reader = FakeSGMLDataset.__new__(FakeSGMLDataset)
+        sacrebleu_reader._convert_format(str(tmp_path / "x" / member), str(tmp_path / "x" / "plain"))
+        assert (text / f"{split}.de").read_text() == (tmp_path / "x" / "plain").read_text()
+    assert (out / "newstest2014.en.txt").read_text() == "source side, English\n"
+    assert (out / "newstest2014.de.txt").read_text() == "Referenz, Deutsch\n"
+    assert (out / "valid.de.txt").read_text().splitlines()[1] == "Es regnet."
+    import json
+
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["splits"]["train"]["pairs_in"] == 7 and m["splits"]["train"]["dropped_empty"] == 1
+    assert m["tests"] == ["newstest2014"]
+    stamp = (text / "train.de").stat().st_mtime_ns  # a second prepare extracts nothing
+    fetch_wmt14("en", "de", tmp_path / "cache", archives)
+    assert (text / "train.de").stat().st_mtime_ns == stamp
+
+
+def test_german_to_english_takes_the_other_sides_of_newstest2014(archives, tmp_path):
+    text = fetch_wmt14("de", "en", tmp_path / "cache", archives)
+    assert (text / "newstest2014.de").read_text() == "Quelle, Deutsch\n"
+    assert (text / "newstest2014.en").read_text() == "reference, English\n"
+
+
+def test_download_is_verified_and_a_bad_file_is_not_kept(archives, tmp_path, monkeypatch):
+    table = {}
+    for name, (url, _, _) in corpora.WMT14_ARCHIVES.items():
+        data = (archives / name).read_bytes()
+        table[name] = (url, len(data), "sha256:" + hashlib.sha256(data).hexdigest())
+    monkeypatch.setattr(corpora, "WMT14_ARCHIVES", table)
+    text = fetch_wmt14("en", "de", tmp_path / "cache", mirror=archives.as_uri())
+    assert (text / "train.en").read_text().splitlines() == EP[1] + CC[1] + NC[1]
+    assert sorted(p.name for p in (text / "archives").iterdir()) == sorted(table)
+    # a corrupted archive on the mirror: refused, named, and not left in the cache
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in table:
+        (bad / name).write_bytes((archives / name).read_bytes())
+    (bad / "test.tgz").write_bytes(b"\0" * table["test.tgz"][1])
+    with pytest.raises(DataError, match=r"test\.tgz: sha256 .* the official archive's is"):
+        fetch_wmt14("en", "de", tmp_path / "cache2", mirror=bad.as_uri())
+    assert not (tmp_path / "cache2/wmt14-en-de/archives/test.tgz").exists()
+    assert not list((tmp_path / "cache2/wmt14-en-de/archives").glob("*.part"))
+
+
+def test_local_copies_are_checked_and_a_different_one_is_named(archives, tmp_path, monkeypatch, caplog):
+    table = {name: (url, (archives / name).stat().st_size,
+                    "sha256:" + hashlib.sha256((archives / name).read_bytes()).hexdigest())
+             for name, (url, _, _) in corpora.WMT14_ARCHIVES.items()}
+    name = "training-parallel-nc-v9.tgz"
+    table[name] = (table[name][0], table[name][1], "sha256:" + "0" * 64)
+    monkeypatch.setattr(corpora, "WMT14_ARCHIVES", table)
+    with caplog.at_level(logging.WARNING, logger="aiayn"):
+        fetch_wmt14("en", "de", tmp_path / "cache", archives)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and re.search(r"nc-v9\.tgz: sha256 [0-9a-f]{64}, the official archive's is 0{64}",
+                                          warned[0])
+
+
+def test_missing_archive_member_or_language_gets_a_clear_error(archives, tmp_path, capsys):
+    (archives / "test.tgz").unlink()
+    assert main(["prepare", "--corpus", "wmt14-en-de", "--data-dir", str(archives), "--src", "en", "--tgt", "de",
+                 "-o", str(tmp_path / "p")]) == 2
+    assert "test.tgz: missing" in capsys.readouterr().err
+    tgz(archives / "test.tgz", {"test/newstest2013-src.de.sgm": sgml(["x"], "de")})
+    with pytest.raises(DataError, match=r"test\.tgz: has no test/newstest2013-src\.en\.sgm"):
+        fetch_wmt14("en", "de", tmp_path / "cache", archives)
+    with pytest.raises(DataError, match="must be en and de"):
+        fetch_wmt14("en", "fr", tmp_path / "cache", archives)
