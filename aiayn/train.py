@@ -260,7 +260,7 @@ class Trainer:
         self.tb = None  # opened when the loop starts: a refused start leaves the run folder alone
         self.signal: int | None = None  # set by the SIGTERM/SIGINT handler
         self.bar: tqdm | None = None
-        self._window = [0.0, 0.0, 0.0, 0, time.perf_counter()]  # loss, nll, tokens/rank, tokens, start
+        self._window = [0.0, 0.0, 0, time.perf_counter()]  # this rank's loss and nll sums, all tokens, start
         self._window_step = 0  # the step the window starts after
 
     def batching(self) -> dict:
@@ -350,8 +350,8 @@ class Trainer:
         state["step"] += 1
         state["batch"] += len(group)
         w = self._window
-        w[0], w[1], w[2], w[3] = w[0] + loss, w[1] + nll, w[2] + total / env.world, w[3] + total
-        if env.is_main and state["step"] % t_cfg.log_every == 0:
+        w[0], w[1], w[2] = w[0] + loss, w[1] + nll, w[2] + total
+        if state["step"] % t_cfg.log_every == 0:  # collective under DDP: every rank's losses are summed
             self._log_training(lr)
         if state["batch"] >= len(batches):
             state["epoch"] += 1
@@ -359,12 +359,23 @@ class Trainer:
             log.info("epoch %d done at step %d", state["epoch"], state["step"])
 
     def _log_training(self, lr: float) -> None:
-        loss, nll, tok, tokens, start = self._window
+        """Loss and perplexity per target token of the updates since the last log (all ranks)."""
+        loss, nll, tokens, start = self._window
         now = time.perf_counter()
+        self._window = [0.0, 0.0, 0, now]
+        self._window_step, last_step = self.state["step"], self._window_step
+        if self.env.world > 1:
+            t = torch.tensor([loss, nll], dtype=torch.float64,
+                             device=self.env.device if self.env.device.type == "cuda" else "cpu")
+            dist.all_reduce(t)
+            loss, nll = t.tolist()
+        if not self.env.is_main:
+            return
+        tok = max(tokens, 1)
         rec = {"step": self.state["step"], "epoch": self.state["epoch"], "lr": lr, "loss": loss / tok,
                "nll": nll / tok, "ppl": math.exp(min(nll / tok, 50)), "tgt_tok_s": tokens / (now - start),
                "elapsed_s": self.state["elapsed"],
-               "tgt_tokens_per_update": tokens / max(1, self.state["step"] - self._window_step)}
+               "tgt_tokens_per_update": tokens / max(1, self.state["step"] - last_step)}
         self.run.metrics(rec)
         progress_log.info("step %d epoch %d loss %.4f ppl %.2f lr %.3g %.0f target tok/s %.0f target tokens/update",
                           rec["step"], rec["epoch"], rec["loss"], rec["ppl"], lr, rec["tgt_tok_s"],
@@ -376,8 +387,6 @@ class Trainer:
             self.bar.set_postfix(step=rec["step"], loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}",
                                  tok_s=f"{rec['tgt_tok_s']:.0f}", refresh=False)
             self.bar.refresh()
-        self._window = [0.0, 0.0, 0.0, 0, now]
-        self._window_step = self.state["step"]
 
     # -- validation --------------------------------------------------------------------------
     def validate(self) -> bool:
@@ -398,7 +407,7 @@ class Trainer:
         if self.tb:
             for key, v in metrics.items():
                 self.tb.add_scalar(key, v, state["step"])
-        self._window[4] = time.perf_counter()  # keep tokens/s honest
+        self._window[3] = time.perf_counter()  # keep tokens/s honest
         return better
 
     # -- saving ------------------------------------------------------------------------------

@@ -208,3 +208,38 @@ def test_soak_short_form(toy_prepared, tmp_path):
     # A random kill may land after a short run has already finished; the kill mid-write cannot.
     assert summary["kills_survived"] >= 2 and summary["kills_during_write"] >= 1
     assert summary["corrupt_checkpoints"] == 0 and summary["final_weights_identical"] is True
+
+
+def test_tokens_per_update_gives_the_same_update_on_one_and_two_ranks(toy_prepared, tmp_path):
+    """§5.1: the update's size follows train.tokens_per_update, not the number of ranks: one
+    process and two torchrun ranks make the same updates (no dropout, so no RNG in the way)."""
+    extra = ("--train.max_steps", "4", "--model.p_drop", "0", "--train.tokens_per_update", "1200",
+             "--train.save_every", "4", "--train.log_every", "1")
+
+    def last(run: str) -> dict:
+        return read_weights(tmp_path / run / "checkpoints/step-00000004.safetensors")[0]
+
+    one = subprocess.run(start_training(toy_prepared, tmp_path / "one", extra), capture_output=True, text=True,
+                         timeout=180)
+    assert one.returncode == 0, one.stderr[-2000:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), "-m", "aiayn", "train", "--data", str(toy_prepared), "--run-dir",
+           str(tmp_path / "two"), *TINY, *extra]
+    two = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert two.returncode == 0, two.stderr[-2000:]
+    s1, s2 = (json.loads((tmp_path / r / "run.json").read_text())["sessions"][0] for r in ("one", "two"))
+    assert (s1["world"], s2["world"]) == (1, 2) and s1["batches_per_update"] == s2["batches_per_update"] > 1
+    def losses(run: str) -> list[float]:
+        rows = [json.loads(x) for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in rows if "loss" in r]
+
+    other = subprocess.run(start_training(toy_prepared, tmp_path / "other", (*extra, "--train.tokens_per_update",
+                                                                              "400")), capture_output=True, timeout=180)
+    assert other.returncode == 0
+    assert losses("one") == pytest.approx(losses("two"), rel=1e-4) and len(losses("one")) == 4
+    # Adam turns rounding-level gradient differences of near-zero entries into whole steps, so the
+    # weights are compared as a whole: far closer to each other than to another update size's.
+    a, b, c = last("one"), last("two"), last("other")
+    gap = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
+    other_gap = sum(float(((a[k] - c[k]) ** 2).sum()) for k in a) ** 0.5
+    assert gap < 0.05 * other_gap

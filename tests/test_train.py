@@ -194,3 +194,67 @@ def test_torchrun_two_processes_train_and_resume(toy_prepared, tmp_path):
     assert second.returncode == 0, second.stderr[-2000:]
     assert "resumed from step-00000006" in second.stderr
     assert list_checkpoints(run)[-1].name == "step-00000009.safetensors"
+
+
+# -- §5.1 tokens per update, §6.1 checkpoints for averaging --------------------------------------------
+def test_tokens_per_update_makes_updates_of_about_that_many_target_tokens(toy_prepared, tmp_path):
+    cfg = tiny_config(max_epochs=1, max_steps=10**6, log_every=1)
+    cfg.train.tokens_per_update = 1200
+    train(cfg, toy_prepared, tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    sizes = [r["tgt_tokens_per_update"] for r in rows if "tgt_tokens_per_update" in r]
+    data = TokenData(toy_prepared, "train")
+    batches = make_batches(data.src_lens, data.tgt_lens, 400, 1, 0)
+    per_batch = data.tgt_lens.sum() / len(batches)
+    assert sum(sizes) == data.tgt_lens.sum()  # one epoch, every target token once
+    full = sizes[:-1]  # the epoch's last update takes what is left
+    assert abs(sum(full) / len(full) - 1200) <= per_batch / 2 + 1
+    session = json.loads((tmp_path / "run/run.json").read_text())["sessions"][0]
+    assert session["tokens_per_update"] == 1200 and len(sizes) == -(-len(batches) // session["batches_per_update"])
+
+
+def test_tokens_per_update_conflicts_with_update_freq(capsys, toy_prepared, tmp_path):
+    assert main(["train", "--data", str(toy_prepared), "--run-dir", str(tmp_path / "r"), "--train.update_freq",
+                 "2"]) == 2
+    err = capsys.readouterr().err
+    assert "train.update_freq (2) and train.tokens_per_update (25000)" in err and "tokens_per_update 0" in err
+
+
+def test_best_checkpoint_stays_out_of_the_rotation_and_average_defaults_to_keep_last(toy_prepared, tmp_path):
+    # validation every 2 updates (mostly improving), interval checkpoints every 5, keep 3
+    cfg = tiny_config(max_steps=20, save_every=5, keep_last=3, valid_every=2)
+    train(cfg, toy_prepared, tmp_path / "run")
+    paths = list_checkpoints(tmp_path / "run")
+    assert [p.name for p in paths] == [f"step-{s:08d}.safetensors" for s in (10, 15, 20)]
+    rows = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    valid = [(r["step"], r["valid_loss"]) for r in rows if "valid_loss" in r]
+    best_step = min(valid, key=lambda x: x[1])[0]
+    assert read_weights(tmp_path / "run/checkpoints/best.safetensors")[1]["step"] == str(best_step)
+    out = tmp_path / "avg.safetensors"
+    assert main(["average", str(tmp_path / "run"), "-o", str(out)]) == 0  # no --last: the run's keep_last, 3
+    ws = [weights(p) for p in paths]
+    avg = weights(out)
+    for k in avg:
+        torch.testing.assert_close(avg[k], (ws[0][k] + ws[1][k] + ws[2][k]) / 3, atol=1e-6, rtol=0)
+
+
+def test_presets_keep_what_section_6_1_averages():
+    from aiayn.config import preset
+
+    assert preset("base").train.keep_last == 5 and preset("big").train.keep_last == 20
+    assert preset("base").train.tokens_per_update == preset("big").train.tokens_per_update == 25_000
+    assert preset("base").train.save_every_minutes == 10.0
+
+
+def test_a_run_from_before_tokens_per_update_resumes_with_its_update_freq(toy_prepared, tmp_path):
+    import yaml
+
+    run = tmp_path / "run"
+    train(tiny_config(max_steps=3, save_every=3), toy_prepared, run)
+    raw = yaml.safe_load((run / "config.yaml").read_text())
+    del raw["train"]["tokens_per_update"]  # as an older aiayn wrote it
+    (run / "config.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["train", "--resume", str(run), "--train.max_steps", "5"]) == 0
+    last = json.loads((run / "run.json").read_text())["sessions"][-1]
+    assert last["tokens_per_update"] == 0 and last["batches_per_update"] == 1
+    assert list_checkpoints(run)[-1].name == "step-00000005.safetensors"
