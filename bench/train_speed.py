@@ -7,6 +7,7 @@ tokens/s, the ratio to HF Marian, and peak resident memory.
 
     .venv/bin/pip install -e '.[bench]'
     .venv/bin/python bench/train_speed.py [--data work/multi30k-en-de] [--configs small,base] [--reps 3]
+    .venv/bin/python bench/train_speed.py --systems aiayn-bf16,aiayn-bf16-logits --out bench/fp32_logits.json
 
 The default data directory is prepared with `aiayn prepare` when missing (bench/benchdata.py).
 
@@ -30,7 +31,7 @@ from benchdata import DATA, prepared_data
 
 SIZES = {"small": dict(d_model=256, d_ff=1024, h=4, N=3), "base": dict(d_model=512, d_ff=2048, h=8, N=6)}
 STEPS = {"small": (5, 25), "base": (3, 8)}  # (warm-up, measured) updates
-SYSTEMS = ["aiayn-bf16", "aiayn-fp32", "hf-fp32"]
+SYSTEMS = ["aiayn-bf16", "aiayn-fp32", "hf-fp32"]  # also aiayn-bf16-logits: bf16 output projection
 
 
 def worker(system: str, size: str, data_dir: str, threads: int) -> dict:
@@ -56,7 +57,12 @@ def worker(system: str, size: str, data_dir: str, threads: int) -> dict:
     for k, v in dims.items():
         setattr(cfg.model, k, v)
     if system.startswith("aiayn"):
-        cfg.train.precision = "bf16" if system.endswith("bf16") else "fp32"
+        cfg.train.precision = "bf16" if "bf16" in system else "fp32"
+        if system == "aiayn-bf16-logits":  # the output projection in bf16 too (aiayn before #12)
+            from aiayn.linear import Linear
+            from aiayn.model import OutputProjection
+
+            OutputProjection.forward = Linear.forward
         model = Transformer(cfg.model)
         opt = make_optimizer(model, cfg.train)
 

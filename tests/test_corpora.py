@@ -144,3 +144,27 @@ def test_missing_archive_member_or_language_gets_a_clear_error(archives, tmp_pat
         fetch_wmt14("en", "de", tmp_path / "cache", archives)
     with pytest.raises(DataError, match="must be en and de"):
         fetch_wmt14("en", "fr", tmp_path / "cache", archives)
+
+
+def test_wmt14_script_refuses_a_cpu_and_runs_end_to_end_when_allowed(archives, tmp_path):
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "AIAYN_ALLOW_CPU"}
+    env.update(AIAYN_CACHE=str(tmp_path / "cache"), AIAYN_WMT14=str(archives), DATA=str(tmp_path / "data"),
+               RUN=str(tmp_path / "run"), PATH=f"{tmp_path}:{env['PATH']}")
+    (tmp_path / "nvidia-smi").write_text("#!/bin/sh\nexit 1\n")  # whatever this machine has: no GPU
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    res = subprocess.run(["bash", str(root / "scripts/wmt14.sh")], env=env, capture_output=True, text=True)
+    assert res.returncode == 2 and "no CUDA GPU found" in res.stderr and not (tmp_path / "data").exists()
+    tiny = ["--model.d_model", "32", "--model.d_ff", "64", "--model.h", "4", "--model.N", "1", "--train.max_steps",
+            "2", "--train.tokens_per_update", "0", "--data.max_tokens", "400", "--train.valid_bleu_sentences", "0",
+            "--train.threads", "1", "--train.save_every", "1"]
+    res = subprocess.run(["bash", str(root / "scripts/wmt14.sh"), *tiny], env={**env, "AIAYN_ALLOW_CPU": "1"},
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout.splitlines()
+    assert out[-3].startswith("BLEU = ") and out[-1].startswith("paper BLEU (tokenized")
+    assert len((tmp_path / "run/newstest2014.de.hyp").read_text().splitlines()) == 1
+    assert "averaged 2 checkpoints" in res.stdout
