@@ -298,6 +298,34 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         print(_score_lines([x.split("\t")[0] for x in best], refs, "translation", args.ref), file=sys.stderr)
 
 
+def _numbers(text: str, kind: type, flag: str) -> tuple:
+    try:
+        values = tuple(kind(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise UserError(f"{flag}: no values in {text!r}")
+    return values
+
+
+def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
+    """§6.1: choose beam size and alpha on the validation set; write them into a copy of the checkpoint."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    from .tune import tune
+
+    beams, alphas = _numbers(args.beams, int, "--beams"), _numbers(args.alphas, float, "--alphas")
+    if any(b < 1 for b in beams) or any(not (math.isfinite(a) and a >= 0) for a in alphas):
+        raise UserError("--beams must be >= 1 and --alphas finite and >= 0")
+    best, points, out = tune(args.checkpoint, args.data, beams, alphas, args.sentences, args.precision, args.output,
+                             args.device)
+    print(f"{'beam':>4} {'alpha':>5} {'valid BLEU':>10} {'BP':>6}")
+    for p in points:
+        mark = "  <- chosen" if p is best else ""
+        print(f"{p.beam:>4} {p.alpha:>5.2f} {p.bleu:>10.2f} {p.bp:>6.3f}{mark}")
+    print(f"beam {best.beam}, alpha {best.alpha:g} -> {out} (translate, serve and Translator use them by default)")
+
+
 def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
     """sacreBLEU BLEU and chrF of detokenized hypotheses against references; with --parse,
     EVALB-style labeled bracketing F1 of trees (§6.3)."""
@@ -395,7 +423,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)):
             raise UserError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
-    serve(args.checkpoint, args.host, args.port, args.device, limits)
+    serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision)
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
@@ -532,8 +560,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nbest", type=int, help="hypotheses per line, written as TEXT<TAB>SCORE")
     p.add_argument("--max-tokens", type=int, help="source tokens per batch")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
+                   help="auto (default): bf16 where the processor computes it natively (AVX-512 BF16, AMX, recent "
+                        "GPUs), else fp32; int8: quantized projections, CPU only")
     p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("tune", help="choose beam size and alpha on the validation set (§6.1)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data", help="prepared data folder (default: the run's, from run.json beside the checkpoint)")
+    p.add_argument("--beams", default="2,4,6", help="beam sizes to try (default 2,4,6)")
+    p.add_argument("--alphas", default="0,0.3,0.6,1,1.5,2", help="length penalties to try (default 0,0.3,0.6,1,1.5,2)")
+    p.add_argument("--sentences", type=int, default=0, help="only the first N validation sentences (0: all)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto")
+    p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
+    p.add_argument("-o", "--output", help="the tuned copy (default: CHECKPOINT.tuned.safetensors)")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("score", help="sacreBLEU BLEU and chrF; --parse: EVALB bracketing F1 of trees")
     p.add_argument("--hyp", help="hypotheses (one per line)")
@@ -576,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-queue", type=int, default=1024,
                    help="sentences waiting or in translation; above it requests get 503 with Retry-After")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait and run (504 past it)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
+                   help="as for translate (default auto)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("export", help="export a checkpoint to Hugging Face MarianMTModel or CTranslate2")

@@ -43,7 +43,7 @@ def attention_data(model: Transformer | RecurrentModel, tokenizer: Tokenizer, sr
     limit = model.cfg.max_positions - 1
     src_ids = tokenizer.encode([src.strip()])[0][:limit] + [EOS]
     if tgt is None:
-        hyps = Translator(model, tokenizer, decode).translate_ids([src_ids], nbest=1)[0]
+        hyps = Translator(model, tokenizer, decode, precision="fp32").translate_ids([src_ids], nbest=1)[0]
         tgt_ids = hyps[0].tokens if hyps else []
     else:
         tgt_ids = tokenizer.encode([tgt.strip()])[0][:limit - 1]

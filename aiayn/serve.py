@@ -288,8 +288,8 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
 
 
 def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
-          limits: Limits | None = None) -> None:
+          limits: Limits | None = None, precision: str = "auto") -> None:
     import uvicorn
 
-    translator = Translator.load(checkpoint, device=device)
+    translator = Translator.load(checkpoint, device=device, precision=precision)
     uvicorn.run(create_app(translator, limits), host=host, port=port, log_level="info")

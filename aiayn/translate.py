@@ -17,7 +17,53 @@ from .search import Hypothesis, beam_search, greedy_search
 from .tokenizer import EOS, PAD, Tokenizer
 
 log = logging.getLogger("aiayn")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
+_NATIVE_BF16 = {"avx512_bf16", "amx_bf16"}  # x86 flags of processors that compute bf16 products natively
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (Linux /proc/cpuinfo); empty where they cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((x for x in text.splitlines() if x.startswith(("flags", "Features"))), "")
+    return set(line.partition(":")[2].split())
+
+
+def resolve_precision(precision: str, device: torch.device, flags: set[str] | None = None) -> tuple[str, str]:
+    """The precision that runs, and why. `auto` is bf16 where the processor computes bf16
+    natively — a CUDA GPU with bf16 (Ampere or later), a CPU with AVX-512 BF16 or AMX — and fp32
+    elsewhere; int8 (CPU only) is never chosen for the user. `flags`: a CPU's flags (for tests)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "int8" and device.type != "cpu":
+        raise ConfigError("--precision int8 runs on the CPU (PyTorch's quantized kernels); on a GPU use bf16")
+    if precision != "auto":
+        return precision, "asked for"
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bf16", "auto: this GPU computes bf16 natively"
+        return "fp32", "auto: this GPU has no native bf16"
+    native = sorted((cpu_flags() if flags is None else flags) & _NATIVE_BF16)
+    if native:
+        return "bf16", f"auto: the CPU computes bf16 natively ({', '.join(native)})"
+    return "fp32", "auto: the CPU has no native bf16 (AVX-512 BF16 or AMX)"
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the model whose projections (§3.2.2, §3.3) and output layer (§3.4) hold int8
+    weights with one scale per output channel and quantize their inputs on the fly (PyTorch's
+    dynamic quantization; oneDNN/FBGEMM kernels). Embeddings, LayerNorm, softmax stay in fp32."""
+    from torch.ao.nn.quantized.dynamic import Linear as QLinear
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    from .linear import Linear
+    from .model import OutputProjection
+
+    kinds = (torch.nn.Linear, Linear, OutputProjection)
+    return quantize_dynamic(model, {k: per_channel_dynamic_qconfig for k in kinds},
+                            mapping={k: QLinear for k in kinds}, inplace=False)
 
 
 @dataclass
@@ -55,21 +101,24 @@ class Translator:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, decode: DecodeConfig | None = None,
-                 device: str | torch.device | None = None, precision: str = "fp32"):
+                 device: str | torch.device | None = None, precision: str = "auto"):
         """`device` moves the model there; None (the default) uses it where it is, so a model shared
-        with other users (the server's, the trainer's) is never moved behind their back."""
+        with other users (the server's, the trainer's) is never moved behind their back.
+        `precision`: auto (bf16 where the processor has it natively, else fp32), fp32, bf16 or
+        int8 (CPU; translates with a quantized copy, the given model is left as it is)."""
         kernel_cache(1024)  # decoding reuses its shapes: a larger oneDNN cache pays (linear.py)
         here = next(model.parameters()).device
         self.device = here if device is None else torch.device(device)
+        self.precision, why = resolve_precision(precision, self.device)
+        log.info("decoding in %s (%s)", self.precision, why)
         self.model = model.eval() if self.device == here else model.eval().to(self.device)
+        if self.precision == "int8":
+            self.model = quantize_int8(self.model)
         self.tokenizer = tokenizer
         self.decode_cfg = decode or DecodeConfig()
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-        self.precision = precision
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device | None = None, precision: str = "fp32",
+    def load(cls, path: str | Path, device: str | torch.device | None = None, precision: str = "auto",
              **decode_overrides) -> Translator:
         """Load a checkpoint; decode_overrides are DecodeConfig fields (beam, alpha, max_len_a,
         max_len_b, nbest, max_tokens). device None: CUDA when available, else the CPU."""
@@ -132,7 +181,7 @@ class Translator:
         results: list[list[Hypothesis]] = [[] for _ in ids]
         limit = self.model.cfg.max_positions - 1
         ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self.precision == "bf16"
-               else torch.autocast(self.device.type, enabled=False))
+               else torch.autocast(self.device.type, enabled=False))  # int8: fp32 around the int8 products
         bar = tqdm(total=sum(1 for x in ids if x), unit="sent", disable=not progress, leave=False)
         for batch in self._batches(ids, d.max_tokens):
             S = max(len(ids[i]) for i in batch)

@@ -1,7 +1,7 @@
-"""Beam-4 decoding speed: aiayn vs Hugging Face `generate` and CTranslate2 (float32, int8) on
-the same weights (through `aiayn export hf` / `aiayn export ct2`).
-Runs alternate (A B C A B C ...); medians of sentences/s and target tokens/s,
-sacreBLEU of each, and the ratio to HF.
+"""Beam-4 decoding speed: aiayn (fp32, bf16, int8) vs Hugging Face `generate` and CTranslate2
+(float32, int8) on the same weights (through `aiayn export hf` / `aiayn export ct2`).
+Runs alternate (A B C A B C ...); medians of sentences/s and target tokens/s, sacreBLEU of
+each, the ratio to HF, and single-sentence latency (p50/p95, 1 and 2 threads).
 
     .venv/bin/pip install -e '.[bench]'      # scripts/setup.sh does this
     .venv/bin/python bench/decode_speed.py   # [--checkpoint FILE --src FILE --ref FILE]
@@ -59,6 +59,31 @@ def ct2_translate(translator, sp, src: list[str], beam: int, alpha: float) -> tu
     return [sp.decode(h) for h in hyps], sum(len(h) + 1 for h in hyps)
 
 
+def measure_latency(fns: dict, src: list[str], threads_after: int) -> list[dict]:
+    """p50/p95 of translating one sentence at a time (beam 4), with 1 and 2 threads; systems
+    alternate sentence by sentence, so a busy moment of the machine hits all of them alike."""
+    rows: list[dict] = []
+    if not src:
+        return rows
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        names = [n for n in fns if "@" not in n or n.endswith(f"@{threads}")]
+        for name in names:  # warm-up
+            fns[name](src[0])
+        times: dict[str, list[float]] = {n: [] for n in names}
+        for s in src:
+            for name in names:
+                start = time.perf_counter()
+                fns[name](s)
+                times[name].append(1000 * (time.perf_counter() - start))
+        for name in names:
+            t = sorted(times[name])
+            rows.append({"system": name.split("@")[0], "threads": threads, "p50_ms": statistics.median(t),
+                         "p95_ms": t[min(len(t) - 1, int(0.95 * len(t)))]})
+    torch.set_num_threads(threads_after)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
@@ -68,6 +93,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--unbatched", type=int, default=200,
                    help="compare the first N batched translations with one-sentence-at-a-time decoding")
+    p.add_argument("--latency", type=int, default=200, help="sentences for the single-sentence latency (0: skip)")
     p.add_argument("--out", default="bench/decode_speed.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -82,7 +108,7 @@ def main() -> None:
     export_hf(Path(args.checkpoint), hf_dir)
     hf_model = MarianMTModel.from_pretrained(hf_dir).eval()
     hf_tok = MarianTokenizer.from_pretrained(hf_dir)
-    ours = {prec: Translator.load(args.checkpoint, precision=prec) for prec in ("fp32", "bf16")}
+    ours = {prec: Translator.load(args.checkpoint, precision=prec) for prec in ("fp32", "bf16", "int8")}
 
     def run_ours(prec: str) -> tuple[list[str], int]:
         t = ours[prec]
@@ -90,7 +116,9 @@ def main() -> None:
         return t.tokenizer.decode([h[0].tokens if h else [] for h in hyps]), sum(len(h[0].tokens) + 1 for h in hyps)
 
     systems = {"aiayn-fp32": lambda: run_ours("fp32"), "aiayn-bf16": lambda: run_ours("bf16"),
+               "aiayn-int8": lambda: run_ours("int8"),
                "hf-generate-fp32": lambda: hf_translate(hf_model, hf_tok, src, 4, 0.6)}
+    one_sentence = {f"aiayn-{prec}": (lambda s, t=t: t.translate([s], beam=4, alpha=0.6)) for prec, t in ours.items()}
     try:
         import ctranslate2
         import sentencepiece as spm
@@ -101,6 +129,9 @@ def main() -> None:
             export_ct2(Path(args.checkpoint), ct2_dir, quant)
             tr = ctranslate2.Translator(str(ct2_dir), device="cpu", inter_threads=1, intra_threads=args.threads)
             systems[f"ct2-{quant}"] = lambda tr=tr: ct2_translate(tr, sp, src, 4, 0.6)
+            for threads in (1, 2):  # latency is measured at both thread counts
+                tr_t = ctranslate2.Translator(str(ct2_dir), device="cpu", inter_threads=1, intra_threads=threads)
+                one_sentence[f"ct2-{quant}@{threads}"] = lambda s, tr=tr_t: ct2_translate(tr, sp, [s], 4, 0.6)
     except ImportError:
         print("ctranslate2 not installed: skipping CTranslate2")
     times: dict[str, list[float]] = {k: [] for k in systems}
@@ -131,10 +162,15 @@ def main() -> None:
     for r in rows:
         print(f"{r['system']:<18}{r['sent_per_s']:>8.1f}{r['tgt_tok_per_s']:>8.0f}{r['vs_hf']:>7.2f}{r['bleu']:>7.2f}")
     print(f"aiayn fp32 and HF give the same translation for {same} of {len(src)} sentences")
+    latency = measure_latency(one_sentence, src[:args.latency], args.threads)
+    print(f"\nsingle-sentence latency over {min(args.latency, len(src))} sentences, beam 4 (ms):")
+    print(f"{'system':<18}{'threads':>8}{'p50':>8}{'p95':>8}")
+    for r in latency:
+        print(f"{r['system']:<18}{r['threads']:>8}{r['p50_ms']:>8.1f}{r['p95_ms']:>8.1f}")
     meta = {"torch": torch.__version__, "threads": args.threads, "machine": platform.processor() or platform.machine(),
             "sentences": len(src), "reps": args.reps, "date": time.strftime("%Y-%m-%d"), "identical_to_hf": same,
             "unbatched_checked": args.unbatched, "identical_to_unbatched": alone}
-    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "latency": latency}, indent=1))
 
 
 if __name__ == "__main__":

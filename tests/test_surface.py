@@ -38,7 +38,7 @@ def aiayn_cli(*args, **kw):
 def test_translator_load_rejects_unknown_keywords_and_values(ckpt):
     with pytest.raises(TypeError, match="'beam_size'.*beam, alpha"):
         Translator.load(ckpt, beam_size=8)
-    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, got 'fp16'"):
+    with pytest.raises(ValueError, match="precision must be one of auto, fp32, bf16, int8, got 'fp16'"):
         Translator.load(ckpt, precision="fp16")
     with pytest.raises(ConfigError, match="decode.beam must be >= 1"):
         Translator.load(ckpt, beam=0)
