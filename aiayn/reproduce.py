@@ -11,6 +11,7 @@ are skipped and interrupted ones resume, so a suite survives a stopped machine. 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -151,10 +152,17 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
+            "torch": torch.__version__, "python": platform.python_version(), "git": _code_commit()}
+
+
+@functools.cache
+def _code_commit() -> str | None:
+    """The commit of the code this process runs: read once, when the suite starts (a result
+    written an hour later must not name whatever the working tree holds by then)."""
     from .train import _git_commit
 
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
-            "torch": torch.__version__, "python": platform.python_version(), "git": _git_commit()}
+    return _git_commit()
 
 
 def row_config(row: Row, common: dict[str, Any]) -> Config:
@@ -346,6 +354,7 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
 
     if suite not in SUITES:
         raise ConfigError(f"unknown suite {suite!r}; choose from: {', '.join(SUITES)}")
+    _code_commit()
     results = Path(report_dir) / "results"
     plan: list[tuple[str, list[Row], dict[str, Any], int]] = []
     if suite == "table3":
