@@ -107,6 +107,16 @@ def sha256(path: Path) -> str:
 _CHUNK = 20_000  # pairs encoded at a time: memory stays flat whatever the corpus size
 
 
+def _peak_gb() -> float:
+    """This process's peak resident memory so far, in GB (0 where the platform does not say)."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    except (ImportError, OSError):
+        return 0.0
+
+
 def _pair_hash(s: str, t: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{s}\n{t}".encode(), digest_size=8).digest(), "little")
 
@@ -159,9 +169,9 @@ def _chunks(folder: Path, name: str, keep: np.ndarray | None) -> Iterator[tuple[
         yield s, list(itertools.islice(tgt, len(s)))
 
 
-def _save_npy(path: Path, raw: Path, n: int) -> None:
-    """A .npy file of n int32 values from a raw file, copied in blocks (never whole in memory)."""
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.int32)), "fortran_order": False, "shape": (n,)}
+def _save_npy(path: Path, raw: Path, n: int, dtype: type = np.int32) -> None:
+    """A .npy file of n values from a raw file, copied in blocks (never whole in memory)."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (n,)}
     with open(path, "wb") as f, open(raw, "rb") as r:
         np.lib.format.write_array_header_1_0(f, header)
         shutil.copyfileobj(r, f, 1 << 22)
@@ -173,36 +183,45 @@ def _encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | No
     (+ EOS, + BOS/EOS) and, with max_ratio, pairs whose lengths differ more than that factor;
     write the ids as flat int32 arrays with int64 offsets, as TokenData reads them."""
     counts = {"dropped_too_long": 0, **({"dropped_ratio": 0} if max_ratio else {})}
-    lens: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
-    raws = {side: folder / f"{name}.{side}.raw" for side in ("src", "tgt")}
-    total = int(keep.sum()) if keep is not None else None
-    with open(raws["src"], "wb") as fs, open(raws["tgt"], "wb") as ft, \
-            tqdm(total=total, desc=f"encoding {name}", unit=" pairs", disable=None, leave=False) as bar:
-        for s_lines, t_lines in _chunks(folder, name, keep):
-            s_ids = tok.sp.encode(s_lines, num_threads=threads)
-            t_ids = tok.sp.encode(t_lines, num_threads=threads)
-            ls = np.fromiter(map(len, s_ids), dtype=np.int64, count=len(s_ids))
-            lt = np.fromiter(map(len, t_ids), dtype=np.int64, count=len(t_ids))
-            ok = (ls + 1 <= max_len) & (lt + 2 <= max_len)
-            counts["dropped_too_long"] += int((~ok).sum())
-            if max_ratio:
-                wild = ok & (np.maximum(ls, lt) > max_ratio * np.maximum(np.minimum(ls, lt), 1))
-                counts["dropped_ratio"] += int(wild.sum())
-                ok &= ~wild
-            for ids, n, f, side in ((s_ids, ls, fs, "src"), (t_ids, lt, ft, "tgt")):
-                flat = itertools.chain.from_iterable(x for x, k in zip(ids, ok) if k)
-                np.fromiter(flat, dtype=np.int32, count=int(n[ok].sum())).tofile(f)
-                lens[side].append(n[ok])
-            bar.update(len(s_lines))
-    for side in ("src", "tgt"):
-        n = np.concatenate(lens[side]) if lens[side] else np.zeros(0, dtype=np.int64)
-        offsets = np.zeros(len(n) + 1, dtype=np.int64)
-        np.cumsum(n, out=offsets[1:])
-        _save_npy(out / f"{name}.{side}.tok.npy", raws[side], int(offsets[-1]))
-        np.save(out / f"{name}.{side}.off.npy", offsets)
-        raws[side].unlink()
-        counts[f"{side}_tokens"] = int(offsets[-1])
-        counts["pairs"] = len(n)
+    sides = ("src", "tgt")
+    raws = {(side, kind): folder / f"{name}.{side}.{kind}.raw" for side in sides for kind in ("tok", "off")}
+    files = {key: open(path, "wb") for key, path in raws.items()}
+    ends = {side: 0 for side in sides}  # tokens written so far: offsets are written as they come
+    pairs = 0
+    try:
+        for side in sides:
+            np.zeros(1, dtype=np.int64).tofile(files[side, "off"])
+        total = int(keep.sum()) if keep is not None else None
+        with tqdm(total=total, desc=f"encoding {name}", unit=" pairs", disable=None, leave=False) as bar:
+            for s_lines, t_lines in _chunks(folder, name, keep):
+                s_ids = tok.sp.encode(s_lines, num_threads=threads)
+                t_ids = tok.sp.encode(t_lines, num_threads=threads)
+                ls = np.fromiter(map(len, s_ids), dtype=np.int64, count=len(s_ids))
+                lt = np.fromiter(map(len, t_ids), dtype=np.int64, count=len(t_ids))
+                ok = (ls + 1 <= max_len) & (lt + 2 <= max_len)
+                counts["dropped_too_long"] += int((~ok).sum())
+                if max_ratio:
+                    wild = ok & (np.maximum(ls, lt) > max_ratio * np.maximum(np.minimum(ls, lt), 1))
+                    counts["dropped_ratio"] += int(wild.sum())
+                    ok &= ~wild
+                for ids, n, side in ((s_ids, ls, "src"), (t_ids, lt, "tgt")):
+                    flat = itertools.chain.from_iterable(x for x, k in zip(ids, ok) if k)
+                    np.fromiter(flat, dtype=np.int32, count=int(n[ok].sum())).tofile(files[side, "tok"])
+                    ends_here = ends[side] + np.cumsum(n[ok])
+                    ends_here.tofile(files[side, "off"])
+                    ends[side] = int(ends_here[-1]) if len(ends_here) else ends[side]
+                pairs += int(ok.sum())
+                bar.update(len(s_lines))
+    finally:
+        for f in files.values():
+            f.close()
+    for side in sides:
+        _save_npy(out / f"{name}.{side}.tok.npy", raws[side, "tok"], ends[side])
+        _save_npy(out / f"{name}.{side}.off.npy", raws[side, "off"], pairs + 1, np.int64)
+        raws[side, "tok"].unlink()
+        raws[side, "off"].unlink()
+        counts[f"{side}_tokens"] = ends[side]
+    counts["pairs"] = pairs
     return counts
 
 
@@ -245,6 +264,7 @@ def prepare(
         keeps: dict[str, np.ndarray | None] = {}
         for name, (s, t) in splits.items():
             stats[name], keeps[name] = _clean_split(s, t, folder, name, strict, dedup and name == "train")
+        log.debug("read and checked every split; peak memory %.2f GB", _peak_gb())
         kept = stats["train"]["pairs_in"] - stats["train"]["dropped_empty"] - stats["train"].get("dropped_duplicate", 0)
         if not kept:
             raise DataError(f"{splits['train'][0]}: no sentence pairs to learn from "
@@ -259,6 +279,7 @@ def prepare(
             if strict:
                 raise DataError(f"{short}; --strict forbids a smaller vocabulary")
             log.warning("%s; continuing with %d", short, len(tok))
+        log.debug("vocabulary learned; peak memory %.2f GB", _peak_gb())
         out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
         manifest_path.unlink(missing_ok=True)  # the old cache is no longer whole
         (out / "spm.model").write_bytes(tok.proto)
@@ -272,6 +293,7 @@ def prepare(
                     shutil.copyfile(folder / f"{name}.{side}", out / f"{name}.{lang}.txt")
                 entry.setdefault("pairs", entry["pairs_in"] - entry["dropped_empty"])
             log.info("%s: %s", name, ", ".join(f"{k}={v}" for k, v in entry.items()))
+            log.debug("%s written; peak memory %.2f GB", name, _peak_gb())
     manifest = {"settings": settings, "inputs": inputs, "vocab_size": len(tok), "splits": stats,
                 "tests": [n for n in splits if n not in ("train", "valid")]}
     tmp_path = manifest_path.with_suffix(".tmp")

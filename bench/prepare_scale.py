@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data" / "multi30k"
 CHILD = ("import resource, runpy, sys\n"
+         "import aiayn\n"
+         "print('CODE', aiayn.__file__, flush=True)\n"
          "sys.argv = ['aiayn', *sys.argv[1:]]\n"
          "try:\n    runpy.run_module('aiayn', run_name='__main__')\n"
          "except SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
@@ -73,11 +75,15 @@ def run_prepare(code: Path, corpus: Path, out: Path) -> dict:
     args = ["prepare", "--data-dir", str(corpus), "--src", "en", "--tgt", "de", "--out", str(out),
             "--data.vocab_size", "37000", "--data.max_len", "256"]
     start = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", CHILD, *args], env=env, capture_output=True, text=True)
+    # cwd outside any checkout: `python -c` puts the working directory first on sys.path
+    res = subprocess.run([sys.executable, "-c", CHILD, *args], env=env, capture_output=True, text=True, cwd=out.parent)
     wall = time.perf_counter() - start
     if res.returncode != 0:
         raise SystemExit(f"prepare failed ({code}):\n{res.stderr[-3000:]}")
     rss_kb = int(next(x for x in res.stdout.splitlines() if x.startswith("MAXRSS_KB")).split()[1])
+    ran = next(x for x in res.stdout.splitlines() if x.startswith("CODE")).split(maxsplit=1)[1]
+    if not Path(ran).resolve().is_relative_to(code.resolve()):
+        raise SystemExit(f"the child ran {ran}, not the code in {code}")
     manifest = json.loads((out / "manifest.json").read_text())
     tokens = manifest["splits"]["train"]["src_tokens"]
     shutil.rmtree(out, ignore_errors=True)
