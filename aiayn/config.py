@@ -57,6 +57,7 @@ class ModelConfig:
     pre_norm: bool = False  # §3.1 uses post-norm LayerNorm(x + Sublayer(x))
     learned_positions: bool = False  # Table 3 row (E)
     share_embeddings: bool = True  # §3.4 one matrix for both embeddings and the softmax
+    fp32_logits: bool = True  # under bf16 autocast, the output projection and softmax stay fp32
     max_positions: int = 1024
     pad_id: int = 0
     rnn_cell: str = "lstm"  # lstm | gru (arch: rnn)
@@ -252,6 +253,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "data.vocab_size": 8000, "data.max_len": 128, "data.max_tokens": 4096,
         "train.precision": "bf16", "train.max_minutes": 30.0, "train.max_steps": 1_000_000,
         "train.tokens_per_update": 0,  # one 4,096-token batch per update: many small updates in 30 minutes
+        "model.fp32_logits": False,  # bf16 logits: fp32 ones cost 22 % of a step here (bench/fp32_logits.json)
         "train.warmup_steps": 800, "train.lr_scale": 0.8,
         "train.valid_every": 500, "train.valid_bleu_sentences": 200,
         "train.save_every_minutes": 1.5, "train.keep_last": 5, "train.log_every": 25,

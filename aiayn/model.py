@@ -37,7 +37,11 @@ class OutputProjection(Linear):
     (oneDNN on a CPU, see linear.py), and the softmax and loss that follow stay in fp32.
     """
 
+    fp32 = True  # model.fp32_logits; False: bf16 under autocast, like every other projection
+
     def forward(self, x: Tensor) -> Tensor:
+        if not self.fp32:
+            return super().forward(x)
         with torch.autocast(x.device.type, enabled=False):
             return super().forward(x.float())
 
@@ -219,6 +223,7 @@ class Transformer(nn.Module):
         self.src_embed = nn.Embedding(V, d, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(V, d, padding_idx=cfg.pad_id)
         self.out_proj = OutputProjection(d, V, bias=False)
+        self.out_proj.fp32 = cfg.fp32_logits
         if cfg.share_embeddings:
             self.out_proj.weight = self.src_embed.weight  # §3.4: one matrix, three uses
         if cfg.learned_positions:  # Table 3 row (E)

@@ -145,6 +145,7 @@ class RecurrentModel(nn.Module):
         self.src_embed = nn.Embedding(V, d, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(V, d, padding_idx=cfg.pad_id)
         self.out_proj = OutputProjection(d, V, bias=False)
+        self.out_proj.fp32 = cfg.fp32_logits
         if cfg.share_embeddings:
             self.out_proj.weight = self.src_embed.weight
         rnn = nn.LSTM if self.lstm else nn.GRU

@@ -58,11 +58,7 @@ def worker(system: str, size: str, data_dir: str, threads: int) -> dict:
         setattr(cfg.model, k, v)
     if system.startswith("aiayn"):
         cfg.train.precision = "bf16" if "bf16" in system else "fp32"
-        if system == "aiayn-bf16-logits":  # the output projection in bf16 too (aiayn before #12)
-            from aiayn.linear import Linear
-            from aiayn.model import OutputProjection
-
-            OutputProjection.forward = Linear.forward
+        cfg.model.fp32_logits = system != "aiayn-bf16-logits"  # bf16-logits: the projection in bf16 too
         model = Transformer(cfg.model)
         opt = make_optimizer(model, cfg.train)
 

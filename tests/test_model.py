@@ -204,3 +204,12 @@ def test_logits_and_loss_stay_fp32_under_bf16_autocast(arch):
     torch.testing.assert_close(loss, expected, atol=1e-3, rtol=1e-5)
     loss.backward()
     assert model.src_embed.weight.grad is not None and model.src_embed.weight.grad.dtype == torch.float32
+
+
+def test_fp32_logits_can_be_turned_off_for_speed():
+    """model.fp32_logits false (the `multi30k` preset's CPU choice): bf16 logits, as any projection."""
+    cfg = ModelConfig(vocab_size=50, d_model=32, d_ff=64, h=4, N=1, p_drop=0.0, max_positions=64, fp32_logits=False)
+    model = Transformer(cfg)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(torch.randint(4, 50, (2, 5)), torch.randint(4, 50, (2, 4))).dtype == torch.bfloat16
+    assert preset("multi30k").model.fp32_logits is False and preset("base").model.fp32_logits is True
