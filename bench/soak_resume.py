@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = ["--model.d_model", "64", "--model.d_ff", "128", "--model.h", "4", "--model.N", "2", "--model.p_drop", "0.1",
          "--data.max_tokens", "1024", "--train.warmup_steps", "100", "--train.valid_every", "0",
          "--train.valid_bleu_sentences", "0", "--train.save_every_minutes", "0", "--train.log_every", "10",
-         "--train.keep_last", "3", "--train.threads", "1"]
+         "--train.keep_last", "3", "--train.threads", "1", "--train.tokens_per_update", "0"]
 
 
 def command(data: Path, run: Path, steps: int, save_every: int) -> list[str]:
