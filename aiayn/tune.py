@@ -54,6 +54,8 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
     from .translate import Translator
 
     checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise CheckpointError(f"checkpoint not found: {checkpoint}")
     data_dir = Path(data_dir) if data_dir else run_data_dir(checkpoint)
     if data_dir is None:
         raise DataError(f"{checkpoint}: no run.json beside it to find its data; pass --data PREPARED_DIR")

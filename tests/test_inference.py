@@ -99,3 +99,15 @@ def test_tune_picks_the_best_validation_bleu_and_translate_uses_it(trained, tmp_
     assert {(p["beam"], p["alpha"]): p["bleu"] for p in extra["tuned"]["points"]} == scores
     assert extra["tuned"]["valid"].endswith("valid.en.txt") and "<- chosen" in printed
     assert read_weights(out)[0].keys() == read_weights(ckpt)[0].keys()
+
+
+def test_tune_bad_input_gets_one_line_errors(trained, tmp_path, capsys):
+    ckpt, _ = trained
+    cases = [(["--checkpoint", str(tmp_path / "none.safetensors")], "checkpoint not found"),
+             (["--checkpoint", str(ckpt), "--beams", "2,x"], "--beams: expected comma-separated numbers"),
+             (["--checkpoint", str(ckpt), "--alphas", "-1"], "--alphas finite and >= 0"),
+             (["--checkpoint", str(ckpt), "--data", str(tmp_path)], "no manifest.json")]
+    for args, message in cases:
+        assert main(["tune", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
