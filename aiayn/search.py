@@ -120,18 +120,22 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
     """
     B, k, dev = src.size(0), beam, src.device
     max_len = max_lengths(src, max_len_a, max_len_b, limit)  # (B,)
+    L = int(max_len.max()) + 1
     cache = model.start_decoding(src, group=k)  # rows g·k .. g·k + k - 1: the beams of sentence g
     active = torch.arange(B, device=dev)  # sentence id of each active group of k rows
     scores = torch.full((B, k), float("-inf"), device=dev)
     scores[:, 0] = 0.0  # one live beam at the start
-    hist = torch.full((B * k, 0), BOS, dtype=torch.long, device=dev)
+    hist = torch.full((B * k, L), PAD, dtype=torch.long, device=dev)  # live beams' tokens so far
     tokens = torch.full((B * k,), BOS, dtype=torch.long, device=dev)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
-    max_len_l = max_len.tolist()
+    # The k best finished hypotheses of every sentence, best first (the bookkeeping stays in
+    # tensors: no per-sentence Python work per step). Scores in float64, as the ranking and the
+    # stopping rule compare normalized scores.
+    fin_score = torch.full((B, k), float("-inf"), dtype=torch.float64, device=dev)
+    fin_tok = torch.full((B, k, L), PAD, dtype=torch.long, device=dev)
     # Largest length penalty a hypothesis can still get: |Y| = max length + EOS.
-    bound_lp = [float(length_penalty(m + 1, alpha)) for m in max_len_l]
+    bound_lp = length_penalty(max_len.double() + 1, alpha)
     t = 0
-    while active.numel():
+    while True:
         n = active.numel()
         # The 2k best continuations of a sentence are among the 2k best of each of its beams.
         at_max = (t >= max_len[active]).repeat_interleave(k)
@@ -141,47 +145,41 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         top_scores, top_idx = cand.topk(min(2 * k, k * c), dim=1)  # (n, 2k)
         top_beam, top_tok = top_idx // c, row_tok.view(n, k * c).gather(1, top_idx)
         is_eos = (top_tok == EOS) & torch.isfinite(top_scores)
-        # Finished hypotheses: EOS among the first k candidates.
-        eos_rank = is_eos.clone()
-        eos_rank[:, k:] = False
-        if eos_rank.any():
-            lp = float(length_penalty(t + 1, alpha))
-            for g, c in eos_rank.nonzero().tolist():
-                row = g * k + int(top_beam[g, c])
-                finished[int(active[g])].append((float(top_scores[g, c]) / lp, hist[row].tolist()))
+        row_base = torch.arange(n, device=dev).unsqueeze(1) * k
+        # Finished hypotheses: EOS among the first k candidates join the sentence's k best
+        # finished ones; a stable sort keeps earlier ones first among equal scores.
+        eos_k = is_eos[:, :k]
+        if eos_k.any():
+            new = torch.where(eos_k, top_scores[:, :k].double() / length_penalty(t + 1, alpha), float("-inf"))
+            merged, order = torch.cat([fin_score[active], new], 1).sort(dim=1, descending=True, stable=True)
+            toks = torch.cat([fin_tok[active], hist[(row_base + top_beam[:, :k]).view(-1)].view(n, k, L)], 1)
+            fin_score[active] = merged[:, :k]
+            fin_tok[active] = toks.gather(1, order[:, :k, None].expand(n, k, L))
         # Live beams: the k best candidates that are not EOS.
         rank = torch.arange(top_scores.size(1), device=dev).expand_as(top_scores)
         live = (rank + is_eos.long() * 10_000).topk(k, dim=1, largest=False).indices  # (n, k)
         new_scores = top_scores.gather(1, live)
         new_tok = top_tok.gather(1, live)
-        src_rows = (torch.arange(n, device=dev).unsqueeze(1) * k + top_beam.gather(1, live)).view(-1)
-        # Which sentences are done?
-        keep = []
-        live_best, ids = new_scores[:, 0].tolist(), active.tolist()
-        for g, sid in enumerate(ids):
-            fin = finished[sid]
-            if t >= max_len_l[sid]:  # EOS was forced: every live beam has finished
-                continue
-            if len(fin) >= nbest:
-                fin.sort(key=lambda x: -x[0])
-                del fin[max(k, nbest):]
-                if live_best[g] / bound_lp[sid] <= fin[nbest - 1][0]:
-                    continue  # no live hypothesis can beat the finished ones
-            keep.append(g)
-        t += 1
-        dropped = len(keep) < n
-        if dropped:
-            keep_t = torch.tensor(keep, dtype=torch.long, device=dev)
-            src_rows = src_rows.view(n, k)[keep_t].view(-1)
-            new_scores, new_tok, active = new_scores[keep_t], new_tok[keep_t], active[keep_t]
-        if not active.numel():
+        src_rows = (row_base + top_beam.gather(1, live)).view(-1)
+        # A sentence is done when EOS was forced (every live beam has finished), or when it has
+        # `nbest` finished hypotheses and no live one can beat them.
+        nth = fin_score[active, nbest - 1]
+        done = (t >= max_len[active]) | ((nth > float("-inf"))
+                                         & (new_scores[:, 0].double() / bound_lp[active] <= nth))
+        keep = (~done).nonzero().squeeze(1)
+        if not keep.numel():
             break
-        hist = torch.cat([hist[src_rows], new_tok.view(-1, 1)], 1)
+        dropped = keep.numel() < n
+        if dropped:
+            src_rows = src_rows.view(n, k)[keep].view(-1)
+            new_scores, new_tok, active = new_scores[keep], new_tok[keep], active[keep]
+        hist = hist.index_select(0, src_rows)
+        hist[:, t] = new_tok.view(-1)
+        t += 1
         # Beams move only within their sentence, so the encoder side is selected only on a drop.
-        cache.reorder(src_rows, keep_t if dropped else None)
+        cache.reorder(src_rows, keep if dropped else None)
         scores, tokens = new_scores, new_tok.view(-1)
     results = []
-    for fin in finished:
-        fin.sort(key=lambda x: -x[0])
-        results.append([Hypothesis(toks, s) for s, toks in fin[:nbest]])
+    for sc, tk in zip(fin_score[:, :nbest].tolist(), fin_tok[:, :nbest].tolist()):
+        results.append([Hypothesis([i for i in row if i != PAD], s) for s, row in zip(sc, tk) if s > float("-inf")])
     return results

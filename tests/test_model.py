@@ -68,6 +68,29 @@ def test_incremental_decoding_equals_full_forward(pre_norm):
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
 
+def test_cache_survives_growth_and_reorders_every_step():
+    """The self-attention cache's buffers start at 64 positions and grow; beams reordered at every
+    step (rows repeated and dropped, as beam search does) must still see exactly their own
+    history: the last step's logits equal a full forward over each row's token sequence."""
+    m = tiny(max_positions=100)
+    g, T = 3, 80
+    src = torch.randint(4, 13, (2, 6))
+    gen = torch.Generator().manual_seed(1)
+    cache = m.start_decoding(src, group=g)
+    hist = torch.empty(2 * g, 0, dtype=torch.long)
+    with torch.no_grad():
+        for t in range(T):
+            tok = torch.randint(4, 13, (2 * g,), generator=gen)
+            hist = torch.cat([hist, tok[:, None]], 1)
+            last = m.decode_step(tok, cache)
+            if t < T - 1:  # rows move within their sentence: row r takes a row of the same group
+                rows = torch.randint(0, g, (2 * g,), generator=gen) + torch.arange(2 * g) // g * g
+                cache.reorder(rows)
+                hist = hist[rows]
+        full = m(src.repeat_interleave(g, 0), hist)
+    torch.testing.assert_close(last, full[:, -1], atol=1e-5, rtol=1e-5)
+
+
 def test_cache_reorder_selects_rows():
     m = tiny()
     src = torch.randint(4, 13, (3, 5))
