@@ -104,3 +104,44 @@ class Linear(nn.Linear):
                 and not _autocast_on() and not _compiling() and onednn_available()):
             return _OneDNNLinear.apply(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+class Int8Linear(nn.Module):
+    """y ≈ x Wᵀ + b with int8 weights (one scale per output channel) and int8 activations with
+    one scale per row, computed when the row arrives (dynamic quantization), through PyTorch's
+    integer product `torch._int_mm` (int8 × int8 → exact int32 sums, oneDNN's VNNI kernels on
+    x86). A row's result depends on that row only, so a sentence translates the same in any
+    batch — which PyTorch's `quantize_dynamic` (one activation scale per tensor) does not give.
+    Symmetric scales: w_q = round(W / s_w), s_w = max|W_row| / 127; the same for each input row."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach().float()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        scale = w.abs().amax(1).clamp_min(1e-12) / 127
+        self.register_buffer("w_scale", scale)  # (out,)
+        self.register_buffer("w_q", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).t().contiguous())
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    @staticmethod
+    def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+        """x (m, k) float -> int8 rows and their scales (m, 1): x ≈ x_q · s."""
+        s = x.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
+        return (x / s).round_().clamp_(-127, 127).to(torch.int8), s
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x_q, s = self.quantize_rows(x.reshape(-1, self.in_features).float())
+        y = torch._int_mm(x_q, self.w_q)  # (m, out) exact integer sums
+        out = torch.empty(y.shape, device=y.device)
+        # Back to floats by blocks of rows that stay in cache (the output layer's (m, 8000) result
+        # is memory-bound: 2.4 vs 3.2 ms for 1,000 rows in one pass on a 2-core CPU).
+        step = max(1, (1 << 18) // self.out_features)
+        for i in range(0, y.size(0), step):
+            o = torch.mul(y[i:i + step], s[i:i + step], out=out[i:i + step]).mul_(self.w_scale)
+            if self.bias is not None:
+                o.add_(self.bias)
+        return out.view(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights and rows"

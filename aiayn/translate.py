@@ -51,26 +51,38 @@ def resolve_precision(precision: str, device: torch.device, flags: set[str] | No
     return "fp32", "auto: the CPU has no native bf16 (AVX-512 BF16 or AMX)"
 
 
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of the model whose projections (§3.2.2, §3.3) and output layer (§3.4) hold int8
-    weights with one scale per output channel and quantize their inputs on the fly (PyTorch's
-    dynamic quantization; oneDNN/FBGEMM kernels). Embeddings, LayerNorm, softmax stay in fp32."""
+def cast_bf16(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the model whose projections hold bf16 weights, for decoding under bf16 autocast:
+    autocast would otherwise round every fp32 weight to bf16 again at every step (the same
+    rounding, so the results are identical), which for one sentence cost more than the products.
+    Embeddings and LayerNorm stay fp32; the tied output layer gets its own bf16 copy unless it
+    computes in fp32 (model.fp32_logits)."""
     import copy
-    import warnings
-
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     model = copy.deepcopy(model)
-    for parent in list(model.modules()):  # aiayn's projections (linear.py) as the nn.Linear the quantizer knows
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and not getattr(m, "fp32", False):
+            m.weight = torch.nn.Parameter(m.weight.detach().to(torch.bfloat16), requires_grad=False)
+            if m.bias is not None:
+                m.bias = torch.nn.Parameter(m.bias.detach().to(torch.bfloat16), requires_grad=False)
+    return model
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the model whose projections (§3.2.2, §3.3) and output layer (§3.4) compute with
+    int8 weights (one scale per output channel) and int8 activations (one scale per row, taken on
+    the fly): linear.Int8Linear. Embeddings, LayerNorm, softmax and attention stay in fp32; the
+    tied output layer gets its own int8 copy of the embedding matrix, the embeddings keep theirs."""
+    import copy
+
+    from .linear import Int8Linear
+
+    model = copy.deepcopy(model)
+    for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear) and type(child) is not torch.nn.Linear:
-                plain = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
-                                        device="meta")
-                plain.weight, plain.bias = child.weight, child.bias  # shared (the tied output layer stays tied)
-                setattr(parent, name, plain)
-    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, Int8Linear(child))
+    return model
 
 
 @dataclass
@@ -112,15 +124,18 @@ class Translator:
         """`device` moves the model there; None (the default) uses it where it is, so a model shared
         with other users (the server's, the trainer's) is never moved behind their back.
         `precision`: auto (bf16 where the processor has it natively, else fp32), fp32, bf16 or
-        int8 (CPU; translates with a quantized copy, the given model is left as it is)."""
+        int8 (CPU). bf16 and int8 decode with a converted copy made here (bf16 weights; int8
+        weights), so later changes to `model` reach them only through a new Translator; the given
+        model is left as it is."""
         kernel_cache(1024)  # decoding reuses its shapes: a larger oneDNN cache pays (linear.py)
         here = next(model.parameters()).device
         self.device = here if device is None else torch.device(device)
         self.precision, why = resolve_precision(precision, self.device)
         log.info("decoding in %s (%s)", self.precision, why)
         self.model = model.eval() if self.device == here else model.eval().to(self.device)
-        if self.precision == "int8":
-            self.model = quantize_int8(self.model)
+        # What the search runs: int8 and bf16 decode with a converted copy; `model` stays as given
+        # (attention maps, the trainer's and the server's own use).
+        self.search_model = {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(self.model)
         self.tokenizer = tokenizer
         self.decode_cfg = decode or DecodeConfig()
 
@@ -198,9 +213,9 @@ class Translator:
             src = src.to(self.device)
             with ctx:
                 if beam == 1:
-                    hyps = [[h] for h in greedy_search(self.model, src, d.max_len_a, d.max_len_b, limit)]
+                    hyps = [[h] for h in greedy_search(self.search_model, src, d.max_len_a, d.max_len_b, limit)]
                 else:
-                    hyps = beam_search(self.model, src, beam, alpha, d.max_len_a, d.max_len_b, nbest, limit)
+                    hyps = beam_search(self.search_model, src, beam, alpha, d.max_len_a, d.max_len_b, nbest, limit)
             for i, h in zip(batch, hyps):
                 results[i] = h
             bar.update(len(batch))

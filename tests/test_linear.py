@@ -1,12 +1,13 @@
 """The oneDNN fp32 path of `Linear` against `F.linear`: same values and gradients (to fp32
-rounding), and the cases that must fall back to `F.linear` exactly."""
+rounding), and the cases that must fall back to `F.linear` exactly; `Int8Linear` against exact
+integer arithmetic and the rounding bound."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from aiayn import linear
-from aiayn.linear import Linear
+from aiayn.linear import Int8Linear, Linear
 
 needs_onednn = pytest.mark.skipif(not linear.onednn_available(), reason="no oneDNN linear op in this PyTorch")
 
@@ -126,3 +127,39 @@ def test_backward_of_an_expanded_gradient_is_right_and_not_slow():
         return min(times)
 
     assert best(lambda: lin(x)) < 10 * best(lambda: F.linear(x, lin.weight, lin.bias)) + 0.002
+
+
+@pytest.mark.parametrize("n_in,n_out,bias", [(16, 48, True), (37, 5, False), (256, 1, False)])
+def test_int8_linear_is_exact_integer_arithmetic_within_the_rounding_bound(n_in, n_out, bias):
+    """Int8Linear against (1) its definition computed another way — symmetric per-row/per-channel
+    scales, rounded by hand, summed in int64 — and (2) fp32 `F.linear` within the bound that
+    rounding allows: |xw - x̂ŵ| <= Σ_j (|x_j|·s_w/2 + |w_j|·s_x/2 + s_x·s_w/4)."""
+    torch.manual_seed(1)
+    layer = torch.nn.Linear(n_in, n_out, bias=bias)
+    x = torch.randn(2, 9, n_in) * torch.logspace(-2, 1, 9)[:, None]  # rows of very different sizes
+    q = Int8Linear(layer)
+    y = q(x)
+    w = layer.weight.detach()
+    s_w = w.abs().amax(1) / 127
+    x2 = x.reshape(-1, n_in)
+    s_x = x2.abs().amax(1) / 127
+    xq, wq = torch.round(x2 / s_x[:, None]).long(), torch.round(w / s_w[:, None]).long()
+    exact = (xq @ wq.t()).double() * s_x[:, None].double() * s_w[None, :].double()
+    if bias:
+        exact = exact + layer.bias.detach().double()
+    torch.testing.assert_close(y.reshape(-1, n_out).double(), exact, atol=1e-5, rtol=1e-5)
+    bound = (x2.abs() @ (s_w[:, None] / 2).expand(n_out, n_in).t() + (s_x[:, None] / 2) @ w.abs().sum(1)[None]
+             + n_in * s_x[:, None] * s_w[None] / 4)
+    err = (y.reshape(-1, n_out) - F.linear(x2, w, layer.bias)).abs()
+    assert (err <= bound * 1.001 + 1e-6).all()
+    assert err.max() > 0  # it really ran in int8
+
+
+def test_int8_linear_rows_do_not_depend_on_their_batch():
+    torch.manual_seed(2)
+    q = Int8Linear(torch.nn.Linear(32, 24))
+    x = torch.randn(6, 32)
+    x[0] *= 100  # one large row must not change the others' scales
+    together = q(x)
+    for i in range(6):
+        assert torch.equal(together[i], q(x[i:i + 1])[0])
