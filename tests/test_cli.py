@@ -55,6 +55,17 @@ def test_translate_stdin_nbest_and_greedy(trained, tmp_path):
     assert greedy.stdout.count("\n") == 1
 
 
+def test_output_into_a_closed_pipe_is_not_a_traceback(trained):
+    """`aiayn translate ... | head -1`: the reader leaves early; aiayn stops quietly (exit 141,
+    as a shell reports SIGPIPE) instead of printing a BrokenPipeError traceback."""
+    work, _ = trained
+    cmd = [sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(work / "avg.safetensors"), "--beam", "1"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # nobody reads: the first write meets a closed pipe
+    _, err = proc.communicate(input=b"the big dog runs\n" * 20000, timeout=300)
+    assert proc.returncode == 141 and b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
+
+
 def test_score_rejects_mismatched_files(tmp_path, capsys):
     (tmp_path / "h").write_text("a\nb\n")
     (tmp_path / "r").write_text("a\n")
