@@ -1,7 +1,10 @@
 """Beam-4 decoding speed: aiayn (fp32, bf16, int8) vs Hugging Face `generate` and CTranslate2
 (float32, int8) on the same weights (through `aiayn export hf` / `aiayn export ct2`).
-Runs alternate (A B C A B C ...); medians of sentences/s and target tokens/s, sacreBLEU of
-each, the ratio to HF, and single-sentence latency (p50/p95, 1 and 2 threads).
+Every measurement runs in a fresh process of its own, one system at a time, systems alternating
+(A B C A B C ...): PyTorch and CTranslate2 each bring their own OpenMP runtime, and in one
+process one library's idle threads slowed the other by 10-25 %. Reported: medians of
+sentences/s and target tokens/s, sacreBLEU of each, the ratio to HF, and single-sentence
+latency (p50/p95 over 200 sentences, 1 and 2 threads).
 
     .venv/bin/pip install -e '.[bench]'      # scripts/setup.sh does this
     .venv/bin/python bench/decode_speed.py   # [--checkpoint FILE --src FILE --ref FILE]
@@ -20,6 +23,8 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,29 +64,67 @@ def ct2_translate(translator, sp, src: list[str], beam: int, alpha: float) -> tu
     return [sp.decode(h) for h in hyps], sum(len(h) + 1 for h in hyps)
 
 
-def measure_latency(fns: dict, src: list[str], threads_after: int) -> list[dict]:
-    """p50/p95 of translating one sentence at a time (beam 4), with 1 and 2 threads; systems
-    alternate sentence by sentence, so a busy moment of the machine hits all of them alike."""
-    rows: list[dict] = []
-    if not src:
-        return rows
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        names = [n for n in fns if "@" not in n or n.endswith(f"@{threads}")]
-        for name in names:  # warm-up
-            fns[name](src[0])
-        times: dict[str, list[float]] = {n: [] for n in names}
-        for s in src:
-            for name in names:
-                start = time.perf_counter()
-                fns[name](s)
-                times[name].append(1000 * (time.perf_counter() - start))
-        for name in names:
-            t = sorted(times[name])
-            rows.append({"system": name.split("@")[0], "threads": threads, "p50_ms": statistics.median(t),
-                         "p95_ms": t[min(len(t) - 1, int(0.95 * len(t)))]})
-    torch.set_num_threads(threads_after)
-    return rows
+SYSTEMS = ("aiayn-fp32", "aiayn-bf16", "aiayn-int8", "hf-generate-fp32", "ct2-float32", "ct2-int8")
+
+
+def load_system(name: str, checkpoint: Path, export_dir: Path, threads: int):
+    """(translate a list of sentences -> (texts, target tokens), the aiayn Translator or None)."""
+    torch.set_num_threads(threads)
+    if name.startswith("aiayn-"):
+        t = Translator.load(checkpoint, precision=name.split("-")[1])
+
+        def run(src: list[str]) -> tuple[list[str], int]:
+            hyps = t.translate_ids(t.encode_sources(src), beam=4, alpha=0.6, nbest=1)
+            return t.tokenizer.decode([h[0].tokens if h else [] for h in hyps]), sum(len(h[0].tokens) + 1 for h in hyps)
+        return run, t
+    if name == "hf-generate-fp32":
+        from transformers import MarianMTModel, MarianTokenizer
+
+        model = MarianMTModel.from_pretrained(export_dir / "hf").eval()
+        tok = MarianTokenizer.from_pretrained(export_dir / "hf")
+        return (lambda src: hf_translate(model, tok, src, 4, 0.6)), None
+    import ctranslate2
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(export_dir / "hf" / "source.spm"))
+    tr = ctranslate2.Translator(str(export_dir / name), device="cpu", inter_threads=1, intra_threads=threads)
+    return (lambda src: ct2_translate(tr, sp, src, 4, 0.6)), None
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One measurement of one system in this process; prints one JSON line."""
+    src = Path(args.src).read_text(encoding="utf-8").splitlines()
+    run, translator = load_system(args.worker, args.checkpoint, args.export_dir, args.threads)
+    run(src[:50])  # warm-up: kernels, caches, allocator
+    out: dict = {}
+    if args.mode == "throughput":
+        start = time.perf_counter()
+        text, n_tok = run(src)
+        out = {"seconds": time.perf_counter() - start, "text": text, "tokens": n_tok}
+        if translator is not None and args.unbatched:
+            # The unbatched reference: the same search, one sentence per batch, no padding, no drops.
+            alone = [run([s])[0][0] for s in src[:args.unbatched]]
+            out["identical_to_unbatched"] = sum(a == b for a, b in zip(alone, text))
+    else:
+        times = []
+        for s in src[:args.latency]:
+            start = time.perf_counter()
+            run([s])
+            times.append(1000 * (time.perf_counter() - start))
+        times.sort()
+        out = {"p50_ms": statistics.median(times), "p95_ms": times[min(len(times) - 1, int(0.95 * len(times)))]}
+    print("RESULT " + json.dumps(out))
+
+
+def measure(name: str, mode: str, threads: int, args: argparse.Namespace, export_dir: Path, unbatched: int = 0) -> dict:
+    cmd = [sys.executable, __file__, "--worker", name, "--mode", mode, "--threads", str(threads),
+           "--checkpoint", str(args.checkpoint), "--src", str(args.src), "--export-dir", str(export_dir),
+           "--latency", str(args.latency), "--unbatched", str(unbatched)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if res.returncode or line is None:
+        raise SystemExit(f"{name} {mode} failed:\n{res.stderr[-3000:]}")
+    return json.loads(line[len("RESULT "):])
 
 
 def main() -> None:
@@ -94,82 +137,72 @@ def main() -> None:
     p.add_argument("--unbatched", type=int, default=200,
                    help="compare the first N batched translations with one-sentence-at-a-time decoding")
     p.add_argument("--latency", type=int, default=200, help="sentences for the single-sentence latency (0: skip)")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}")
     p.add_argument("--out", default="bench/decode_speed.json")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="throughput", help=argparse.SUPPRESS)
+    p.add_argument("--export-dir", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.worker:
+        return worker(args)
     if args.src.parent == DATA:
         prepared_data(DATA)
     args.checkpoint = trained_checkpoint(args.checkpoint)
-    from transformers import MarianMTModel, MarianTokenizer
-
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
     src = Path(args.src).read_text(encoding="utf-8").splitlines()
     ref = Path(args.ref).read_text(encoding="utf-8").splitlines()
-    hf_dir = Path(tempfile.mkdtemp()) / "hf"
-    export_hf(Path(args.checkpoint), hf_dir)
-    hf_model = MarianMTModel.from_pretrained(hf_dir).eval()
-    hf_tok = MarianTokenizer.from_pretrained(hf_dir)
-    ours = {prec: Translator.load(args.checkpoint, precision=prec) for prec in ("fp32", "bf16", "int8")}
-
-    def run_ours(prec: str) -> tuple[list[str], int]:
-        t = ours[prec]
-        hyps = t.translate_ids(t.encode_sources(src), beam=4, alpha=0.6, nbest=1)
-        return t.tokenizer.decode([h[0].tokens if h else [] for h in hyps]), sum(len(h[0].tokens) + 1 for h in hyps)
-
-    systems = {"aiayn-fp32": lambda: run_ours("fp32"), "aiayn-bf16": lambda: run_ours("bf16"),
-               "aiayn-int8": lambda: run_ours("int8"),
-               "hf-generate-fp32": lambda: hf_translate(hf_model, hf_tok, src, 4, 0.6)}
-    one_sentence = {f"aiayn-{prec}": (lambda s, t=t: t.translate([s], beam=4, alpha=0.6)) for prec, t in ours.items()}
-    try:
-        import ctranslate2
-        import sentencepiece as spm
-
-        sp = spm.SentencePieceProcessor(model_file=str(hf_dir / "source.spm"))
-        for quant in ("float32", "int8"):
-            ct2_dir = hf_dir.parent / f"ct2-{quant}"
-            export_ct2(Path(args.checkpoint), ct2_dir, quant)
-            tr = ctranslate2.Translator(str(ct2_dir), device="cpu", inter_threads=1, intra_threads=args.threads)
-            systems[f"ct2-{quant}"] = lambda tr=tr: ct2_translate(tr, sp, src, 4, 0.6)
-            for threads in (1, 2):  # latency is measured at both thread counts
-                tr_t = ctranslate2.Translator(str(ct2_dir), device="cpu", inter_threads=1, intra_threads=threads)
-                one_sentence[f"ct2-{quant}@{threads}"] = lambda s, tr=tr_t: ct2_translate(tr, sp, [s], 4, 0.6)
-    except ImportError:
-        print("ctranslate2 not installed: skipping CTranslate2")
+    export_dir = Path(tempfile.mkdtemp())
+    export_hf(Path(args.checkpoint), export_dir / "hf")
+    for quant in ("float32", "int8"):
+        if f"ct2-{quant}" in systems:
+            try:
+                export_ct2(Path(args.checkpoint), export_dir / f"ct2-{quant}", quant)
+            except ImportError:
+                print("ctranslate2 not installed: skipping CTranslate2")
+                systems.remove(f"ct2-{quant}")
     times: dict[str, list[float]] = {k: [] for k in systems}
-    outputs: dict[str, tuple[list[str], int]] = {}
+    outputs: dict[str, dict] = {}
     for rep in range(args.reps):
-        for name, fn in systems.items():
-            start = time.perf_counter()
-            outputs[name] = fn()
-            times[name].append(time.perf_counter() - start)
-            print(f"  rep {rep + 1} {name:<18}{len(src) / times[name][-1]:>8.1f} sent/s", flush=True)
-    ref_speed = len(src) / statistics.median(times["hf-generate-fp32"])
+        for name in systems:
+            r = measure(name, "throughput", args.threads, args, export_dir,
+                        args.unbatched if rep == 0 and name.startswith("aiayn") else 0)
+            outputs.setdefault(name, r)
+            times[name].append(r["seconds"])
+            print(f"  rep {rep + 1} {name:<18}{len(src) / r['seconds']:>8.1f} sent/s", flush=True)
+    hf = "hf-generate-fp32" in systems
+    ref_speed = len(src) / statistics.median(times["hf-generate-fp32"]) if hf else float("nan")
     rows = []
     for name in systems:
         sec = statistics.median(times[name])
-        text, n_tok = outputs[name]
-        rows.append({"system": name, "sent_per_s": len(src) / sec, "tgt_tok_per_s": n_tok / sec,
-                     "vs_hf": len(src) / sec / ref_speed, "bleu": sacrebleu.corpus_bleu(text, [ref]).score})
-    same = sum(a == b for a, b in zip(outputs["aiayn-fp32"][0], outputs["hf-generate-fp32"][0]))
-    # The unbatched reference: the same search, one sentence per batch, no padding, no drops.
-    alone = {}
-    for prec, t in ours.items():
-        ids = t.encode_sources(src[:args.unbatched])
-        hyps = [t.translate_ids([x], beam=4, alpha=0.6, nbest=1)[0] for x in ids]
-        text = t.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
-        alone[prec] = sum(a == b for a, b in zip(text, outputs[f"aiayn-{prec}"][0]))
-        print(f"aiayn {prec}: batched = unbatched for {alone[prec]} of {len(ids)} sentences")
+        rows.append({"system": name, "sent_per_s": len(src) / sec, "tgt_tok_per_s": outputs[name]["tokens"] / sec,
+                     "vs_hf": len(src) / sec / ref_speed, "per_rep_sent_per_s": [len(src) / t for t in times[name]],
+                     "bleu": sacrebleu.corpus_bleu(outputs[name]["text"], [ref]).score})
+    alone = {n: o["identical_to_unbatched"] for n, o in outputs.items() if "identical_to_unbatched" in o}
+    for n, k in alone.items():
+        print(f"{n}: batched = unbatched for {k} of {min(args.unbatched, len(src))} sentences")
     print(f"\n{'system':<18}{'sent/s':>8}{'tok/s':>8}{'x HF':>7}{'BLEU':>7}")
     for r in rows:
         print(f"{r['system']:<18}{r['sent_per_s']:>8.1f}{r['tgt_tok_per_s']:>8.0f}{r['vs_hf']:>7.2f}{r['bleu']:>7.2f}")
-    print(f"aiayn fp32 and HF give the same translation for {same} of {len(src)} sentences")
-    latency = measure_latency(one_sentence, src[:args.latency], args.threads)
-    print(f"\nsingle-sentence latency over {min(args.latency, len(src))} sentences, beam 4 (ms):")
-    print(f"{'system':<18}{'threads':>8}{'p50':>8}{'p95':>8}")
-    for r in latency:
-        print(f"{r['system']:<18}{r['threads']:>8}{r['p50_ms']:>8.1f}{r['p95_ms']:>8.1f}")
+    same = None
+    if hf and "aiayn-fp32" in systems:
+        same = sum(a == b for a, b in zip(outputs["aiayn-fp32"]["text"], outputs["hf-generate-fp32"]["text"]))
+        print(f"aiayn fp32 and HF give the same translation for {same} of {len(src)} sentences")
+    latency = []
+    if args.latency:
+        for threads in (1, 2):
+            for name in (s for s in systems if s != "hf-generate-fp32"):
+                r = measure(name, "latency", threads, args, export_dir)
+                latency.append({"system": name, "threads": threads, **r})
+        print(f"\nsingle-sentence latency over {min(args.latency, len(src))} sentences, beam 4 (ms):")
+        print(f"{'system':<18}{'threads':>8}{'p50':>8}{'p95':>8}")
+        for r in latency:
+            print(f"{r['system']:<18}{r['threads']:>8}{r['p50_ms']:>8.1f}{r['p95_ms']:>8.1f}")
     meta = {"torch": torch.__version__, "threads": args.threads, "machine": platform.processor() or platform.machine(),
             "sentences": len(src), "reps": args.reps, "date": time.strftime("%Y-%m-%d"), "identical_to_hf": same,
-            "unbatched_checked": args.unbatched, "identical_to_unbatched": alone}
+            "unbatched_checked": args.unbatched, "identical_to_unbatched": alone, "process_per_measurement": True}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "latency": latency}, indent=1))
 
 
