@@ -127,8 +127,8 @@ class Translator:
         with other users (the server's, the trainer's) is never moved behind their back.
         `precision`: auto (bf16 where the processor has it natively, else fp32), fp32, bf16 or
         int8 (CPU). bf16 and int8 decode with a converted copy made here (bf16 weights; int8
-        weights), so later changes to `model` reach them only through a new Translator; the given
-        model is left as it is."""
+        weights), so later changes to the model's weights reach them only when `model` is set
+        again; the given model is left as it is."""
         kernel_cache(1024)  # decoding reuses its shapes: a larger oneDNN cache pays (linear.py)
         here = next(model.parameters()).device
         self.device = here if device is None else torch.device(device)
@@ -138,11 +138,20 @@ class Translator:
         log.info("decoding in %s (%s)%s", self.precision, why,
                  "; attention in bf16 (native on this CPU)" if self.int8_bf16 else "")
         self.model = model.eval() if self.device == here else model.eval().to(self.device)
-        # What the search runs: int8 and bf16 decode with a converted copy; `model` stays as given
-        # (attention maps, the trainer's and the server's own use).
-        self.search_model = {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(self.model)
         self.tokenizer = tokenizer
         self.decode_cfg = decode or DecodeConfig()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model as given (attention maps, the trainer's and the server's own use)."""
+        return self._model
+
+    @model.setter
+    def model(self, model: torch.nn.Module) -> None:
+        # What the search runs: bf16 and int8 decode with a converted copy of the model (a wrapper
+        # set here, such as parse.LeafCounting, is converted with what it wraps).
+        self._model = model
+        self.search_model = {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(model)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None, precision: str = "auto",
