@@ -71,19 +71,17 @@ def cast_bf16(model: torch.nn.Module) -> torch.nn.Module:
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of the model whose projections (§3.2.2, §3.3) and output layer (§3.4) compute with
     int8 weights (one scale per output channel) and int8 activations (one scale per row, taken on
-    the fly): linear.Int8Linear. Embeddings, LayerNorm and softmax stay in fp32; attention runs
-    in bf16 where the processor computes it natively (Translator), else fp32. The tied output
-    layer gets its own int8 copy of the embedding matrix, the embeddings keep theirs."""
+    the fly): linear.Int8Linear. Embeddings, LayerNorm, softmax and attention stay in fp32; the
+    tied output layer gets its own int8 copy of the embedding matrix, the embeddings keep theirs."""
     import copy
 
     from .linear import Int8Linear
-    from .model import OutputProjection
 
     model = copy.deepcopy(model)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear):  # logits stay fp32: the search compares them
-                setattr(parent, name, Int8Linear(child, fp32_out=isinstance(child, OutputProjection)))
+            if isinstance(child, torch.nn.Linear):
+                setattr(parent, name, Int8Linear(child))
     return model
 
 
@@ -133,10 +131,7 @@ class Translator:
         here = next(model.parameters()).device
         self.device = here if device is None else torch.device(device)
         self.precision, why = resolve_precision(precision, self.device)
-        # int8: the projections in int8; what is left (attention, the cache) as `auto` would run it
-        self.int8_bf16 = self.precision == "int8" and resolve_precision("auto", self.device)[0] == "bf16"
-        log.info("decoding in %s (%s)%s", self.precision, why,
-                 "; attention in bf16 (native on this CPU)" if self.int8_bf16 else "")
+        log.info("decoding in %s (%s)", self.precision, why)
         self.model = model.eval() if self.device == here else model.eval().to(self.device)
         self.tokenizer = tokenizer
         self.decode_cfg = decode or DecodeConfig()
@@ -216,8 +211,8 @@ class Translator:
             raise ValueError(f"nbest must be in [1, beam={beam}], got {nbest}")
         results: list[list[Hypothesis]] = [[] for _ in ids]
         limit = self.model.cfg.max_positions - 1
-        ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self.precision == "bf16" or self.int8_bf16
-               else torch.autocast(self.device.type, enabled=False))
+        ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self.precision == "bf16"
+               else torch.autocast(self.device.type, enabled=False))  # int8: fp32 around the int8 products
         bar = tqdm(total=sum(1 for x in ids if x), unit="sent", disable=not progress, leave=False)
         for batch in self._batches(ids, d.max_tokens):
             S = max(len(ids[i]) for i in batch)

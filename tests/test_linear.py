@@ -163,14 +163,3 @@ def test_int8_linear_rows_do_not_depend_on_their_batch():
     together = q(x)
     for i in range(6):
         assert torch.equal(together[i], q(x[i:i + 1])[0])
-
-
-def test_int8_linear_under_bf16_autocast_returns_bf16_of_the_same_values():
-    torch.manual_seed(3)
-    lin = torch.nn.Linear(32, 24)
-    x = torch.randn(5, 32)
-    q, q_logits = Int8Linear(lin), Int8Linear(lin, fp32_out=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y, y_logits = q(x), q_logits(x)
-    assert y.dtype == torch.bfloat16 and y_logits.dtype == torch.float32
-    assert torch.equal(y, q(x).to(torch.bfloat16)) and torch.equal(y_logits, q(x))
