@@ -55,6 +55,20 @@ def verdict(ours: float, noise: float | None, paper: float, paper_step: float, h
     return "direction reproduced" if o == p else f"not reproduced (ours {word[o * good]})"
 
 
+def diverged(r: dict, factor: float = 2.0) -> str | None:
+    """A run whose final validation perplexity is more than `factor` times its own best along
+    the way did not converge: its scores say nothing about the row's change, only that training
+    failed (with the suite's schedule). Returns what happened, or None."""
+    curve = [(int(c[0]), float(c[1])) for c in r.get("curve", [])]
+    if not curve:
+        return None
+    best_step, best = min(curve, key=lambda c: c[1])
+    if r["valid_ppl"] > factor * best:
+        return (f"diverged: validation PPL {best:,.0f} at update {best_step:,}, "
+                f"{r['valid_ppl']:,.0f} at the end")
+    return None
+
+
 def _valid_bleu(r: dict) -> float:
     return r["bleu"].get("valid", {}).get("bleu", float("nan"))
 
@@ -102,10 +116,11 @@ def table3_section(rs: list[dict], img: Path) -> list[str]:
     for r in refs:
         out.append(f"| {r['row']} | reference (seed {r['seed']}) | {r['params'] / 1e6:.2f}M | {r['updates']} | "
                    f"{r['valid_ppl']:.3f} | {_valid_bleu(r):.2f} | {_test_bleu(r)} | base: 4.92 / 25.8 | | | | |")
-    beats = []
+    beats, failures = [], []
     for r in rows:
         p = r.get("paper")
         d_bleu, d_ppl = _valid_bleu(r) - ref_bleu, r["valid_ppl"] - ref_ppl
+        failed = diverged(r)
         if p:
             pb, pp = p["bleu"] - p["ref_bleu"], p["ppl"] - p["ref_ppl"]
             v_b = verdict(d_bleu, noise_bleu, pb, PAPER_BLEU_STEP, True)
@@ -114,19 +129,26 @@ def table3_section(rs: list[dict], img: Path) -> list[str]:
         else:
             v_b = v_p = ""
             paper_cells = " | "
-        if noise_bleu is not None and d_bleu > noise_bleu:
+        if failed:
+            v_b = v_p = "diverged: no verdict"
+            failures.append(f"- {r['row']} ({r['change']}) {failed}.")
+        elif noise_bleu is not None and d_bleu > noise_bleu:
             beats.append(r)
         out.append(f"| {r['row']} | {r['change']} | {r['params'] / 1e6:.2f}M | {r['updates']} | {r['valid_ppl']:.3f} | "
                    f"{_valid_bleu(r):.2f} | {_test_bleu(r)} | {paper_cells} | {d_ppl:+.3f} / {d_bleu:+.2f} | "
                    f"{v_b} | {v_p} |")
     out.append("")
+    if failures:
+        out += ["Rows whose training failed under the suite's schedule (their scores measure that, not the "
+                "change):", *failures, ""]
     verdicts = [verdict(_valid_bleu(r) - ref_bleu, noise_bleu, r["paper"]["bleu"] - r["paper"]["ref_bleu"],
-                        PAPER_BLEU_STEP, True) for r in rows if r.get("paper")]
+                        PAPER_BLEU_STEP, True) for r in rows if r.get("paper") and not diverged(r)]
     if verdicts:
         held = sum(v.startswith(("direction reproduced", "reproduced")) for v in verdicts)
         out.append(f"BLEU direction reproduced in {held} of {len(verdicts)} rows; "
                    f"{sum(v.startswith('within noise') for v in verdicts)} within noise; "
-                   f"{sum(v.startswith('not reproduced') for v in verdicts)} not reproduced.")
+                   f"{sum(v.startswith('not reproduced') for v in verdicts)} not reproduced"
+                   + (f"; {len(failures)} diverged." if failures else "."))
         out.append("")
     if beats:
         out.append("Rows that beat the reference on validation BLEU beyond the noise: "

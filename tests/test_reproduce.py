@@ -16,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from aiayn.attention import attention
 from aiayn.complexity import RestrictedSelfAttention, make_layers, path_length, saved_bytes
 from aiayn.config import preset
-from aiayn.report import verdict
+from aiayn.report import diverged, table3_section, verdict
 from aiayn.reproduce import _recurrent_encoder_flops, table3_rows
 from aiayn.rnn import LSTMCell
 
@@ -111,6 +111,30 @@ def test_bleu_verdicts(ours, noise, paper, expected):
 def test_perplexity_verdicts_read_lower_as_better():
     assert verdict(0.5, 0.1, 0.37, 0.05, higher_is_better=False) == "direction reproduced"
     assert verdict(-0.5, 0.1, 0.37, 0.05, higher_is_better=False) == "not reproduced (ours better)"
+
+
+def _result(row, group, ppl, bleu, curve, paper=None):
+    return {"row": row, "change": row, "group": group, "seed": 1, "preset": "multi30k", "params": 1e6,
+            "updates": 1000, "valid_ppl": ppl, "bleu": {"valid": {"bleu": bleu}}, "paper": paper,
+            "common": {"train.max_steps": 1000, "train.warmup_steps": 400}, "machine": {"cpu": "test"},
+            "curve": [[s, p, 0.0] for s, p in curve]}
+
+
+def test_a_diverged_row_gets_no_verdict_and_is_named(tmp_path):
+    """A row whose final validation PPL is more than twice its own best did not train: the report
+    names it with its best and final perplexity and keeps it out of the verdict counts."""
+    paper = {"label": "C N=8", "ppl": 4.88, "bleu": 25.5, "ref_ppl": 4.92, "ref_bleu": 25.8}
+    refs = [_result(f"ref-s{i}", "ref", 11.0 + i / 10, 27.0 + i, [(500, 20.0), (1000, 11.0 + i / 10)])
+            for i in range(3)]
+    bad = _result("C-N6", "C", 9000.0, 0.0, [(300, 336.0), (600, 4000.0), (1000, 9000.0)], paper)
+    slow = _result("C-N1", "C", 30.0, 20.0, [(500, 60.0), (1000, 30.0)], paper)  # bad, but still improving
+    assert diverged(bad) == "diverged: validation PPL 336 at update 300, 9,000 at the end"
+    assert diverged(slow) is None and diverged(refs[0]) is None
+    text = "\n".join(table3_section(refs + [bad, slow], tmp_path))
+    row = next(line for line in text.splitlines() if line.startswith("| C-N6 |"))
+    assert row.endswith("| diverged: no verdict | diverged: no verdict |")
+    assert "- C-N6 (C-N6) diverged: validation PPL 336 at update 300, 9,000 at the end." in text
+    assert "BLEU direction reproduced in 1 of 1 rows; 0 within noise; 0 not reproduced; 1 diverged." in text
 
 
 def test_restricted_attention_equals_masked_full_attention():
