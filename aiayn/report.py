@@ -35,7 +35,8 @@ def load_results(results: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def _sign(x: float, step: float) -> int:
-    return 0 if abs(x) < step else (1 if x > 0 else -1)
+    # The paper's values have one or two decimals: 26.0 - 25.8 is 0.2 (a change), not 0.19999…
+    return 0 if abs(x) < step - 1e-9 else (1 if x > 0 else -1)
 
 
 def verdict(ours: float, noise: float | None, paper: float, paper_step: float, higher_is_better: bool) -> str:

@@ -108,6 +108,12 @@ def test_bleu_verdicts(ours, noise, paper, expected):
     assert verdict(ours, noise, paper, 0.2, higher_is_better=True) == expected
 
 
+def test_a_paper_change_of_exactly_one_step_counts_despite_float_rounding():
+    assert 26.0 - 25.8 < 0.2  # what the float subtraction gives
+    assert verdict(-3.0, 2.7, 26.0 - 25.8, 0.2, higher_is_better=True) == "not reproduced (ours worse)"
+    assert verdict(0.5, 0.1, 4.97 - 4.92, 0.05, higher_is_better=False) == "direction reproduced"
+
+
 def test_perplexity_verdicts_read_lower_as_better():
     assert verdict(0.5, 0.1, 0.37, 0.05, higher_is_better=False) == "direction reproduced"
     assert verdict(-0.5, 0.1, 0.37, 0.05, higher_is_better=False) == "not reproduced (ours better)"
