@@ -16,8 +16,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from aiayn.attention import attention
 from aiayn.complexity import RestrictedSelfAttention, make_layers, path_length, saved_bytes
 from aiayn.config import preset
-from aiayn.report import diverged, table3_section, verdict
-from aiayn.reproduce import _recurrent_encoder_flops, table3_rows
+from aiayn.report import beats_reference, confirm_section, diverged, table3_section, verdict
+from aiayn.reproduce import _recurrent_encoder_flops, confirm_rows, table3_rows
 from aiayn.rnn import LSTMCell
 
 
@@ -44,15 +44,22 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
         assert set(r["bleu"]) == {"valid", "test"} and r["bleu"]["valid"]["sentences"] == 20
         assert r["flops_per_token"] > 0 and r["params"] > 0 and r["curve"]
     assert results["rnn/rnn-dot"]["params"] != results["rnn/transformer"]["params"]
+    # confirm retrains the reference and Table 3's winner (at toy sizes: the best row stands in)
+    t3 = {k[len("table3/"):]: r for k, r in results.items() if k.startswith("table3/")}
+    best = max((r for r in t3.values() if r["group"] != "ref"), key=lambda r: r["bleu"]["valid"]["bleu"])
+    assert {k for k in results if k.startswith("confirm/")} == {"confirm/reference", f"confirm/{best['row']}"}
+    assert results[f"confirm/{best['row']}"]["overrides"] == best["overrides"]
+    assert results["confirm/reference"]["overrides"] == t3["ref-s1"]["overrides"]
     text = (report / "REPORT.md").read_text()
-    for heading in ("## Table 3 at small scale", "## Transformer vs recurrent attention", "## Table 1"):
+    for heading in ("## Table 3 at small scale", "## Transformer vs recurrent attention", "## Table 1",
+                    "## Does the preset follow the evidence?"):
         assert heading in text
     for png in ("table3_curves", "rnn_curves", "table1", "bleu_params", "schedule"):
         assert (report / "img" / f"{png}.png").stat().st_size > 1000
     # A second run skips every finished row: nothing is trained again.
     before = {f: f.read_bytes() for f in work.glob("*/*/result.json")}
     p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report)
-    assert p.returncode == 0 and p.stderr.count("finished earlier, skipped") == 7
+    assert p.returncode == 0 and p.stderr.count("finished earlier, skipped") == 9
     assert {f: f.read_bytes() for f in work.glob("*/*/result.json")} == before
     # An interrupted row (checkpoints up to step 4, no result) resumes where it stopped.
     row = work / "rnn" / "rnn-additive"
@@ -124,6 +131,37 @@ def _result(row, group, ppl, bleu, curve, paper=None):
             "updates": 1000, "valid_ppl": ppl, "bleu": {"valid": {"bleu": bleu}}, "paper": paper,
             "common": {"train.max_steps": 1000, "train.warmup_steps": 400}, "machine": {"cpu": "test"},
             "curve": [[s, p, 0.0] for s, p in curve]}
+
+
+def test_confirm_retrains_only_rows_beyond_the_noise_and_says_whether_the_preset_follows():
+    """Rows beating the reference's mean by more than the seed range (and not diverged) go to the
+    confirm suite; its verdict uses the same band and reads the preset's current values."""
+    refs = [_result(f"ref-s{i}", "ref", 11.0, 27.0 + i, [(1000, 11.0)]) for i in range(3)]  # mean 28, band 2
+    win = {**_result("C-N1", "C", 8.0, 30.5, [(1000, 8.0)]), "overrides": {"model.N": 1}}
+    near = {**_result("A-h1", "A", 11.0, 29.9, [(1000, 11.0)]), "overrides": {"model.h": 1}}
+    gone = {**_result("C-N6", "C", 9000.0, 31.0, [(300, 300.0), (1000, 9000.0)]), "overrides": {"model.N": 6}}
+    for r in refs:
+        r["overrides"] = {}
+    assert beats_reference(refs + [win, near, gone]) == [win]
+    assert [(r.name, r.overrides, r.group) for r in confirm_rows(refs + [win, near, gone])] == [
+        ("reference", {}, "ref"), ("C-N1", {"model.N": 1}, "candidate")]
+    assert confirm_rows(refs + [near]) == [] and confirm_rows(refs[:1] + [win]) == []  # no band: no candidate
+
+    def at_budget(name, bleu, overrides):
+        return {**_result(name, "ref" if name == "reference" else "candidate", 6.0, bleu, [(3000, 6.0)]),
+                "overrides": overrides, "train_minutes": 30.0, "updates": 3000}
+
+    t3 = refs + [win]
+    text = "\n".join(confirm_section([at_budget("reference", 39.0, {}), at_budget("C-N1", 41.5, {"model.N": 1})], t3))
+    assert "| C-N1 |" in text and "| +2.50 |" in text and "| beats the reference |" in text
+    n_now = preset("multi30k").model.N
+    assert ("**C-N1** (C-N1) wins at the main job's budget; the `multi30k` preset "
+            + ("has adopted it." if n_now == 1 else "does not have it yet: it should follow.")) in text
+    text = "\n".join(confirm_section([at_budget("reference", 39.0, {}), at_budget("C-N1", 40.5, {"model.N": 1})], t3))
+    assert "| within noise |" in text and "the `multi30k` preset keeps its settings" in text
+    text = "\n".join(confirm_section([at_budget("reference", 39.0, {}),
+                                      at_budget("C-N1", 36.5, {"model.N": 1})], t3))
+    assert "| worse |" in text and "keeps its settings" in text
 
 
 def test_a_diverged_row_gets_no_verdict_and_is_named(tmp_path):
