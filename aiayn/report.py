@@ -211,7 +211,7 @@ def rnn_section(rs: list[dict], img: Path) -> list[str]:
     return out
 
 
-def confirm_section(rs: list[dict], t3: list[dict]) -> list[str]:
+def confirm_section(rs: list[dict], t3: list[dict], img: Path | None = None) -> list[str]:
     """The candidates from Table 3 retrained at the main job's own budget, and what the preset does."""
     from .config import config_keys, preset
 
@@ -257,6 +257,10 @@ def confirm_section(rs: list[dict], t3: list[dict]) -> list[str]:
         out.append("No candidate beats the reference at the main job's budget: the advantage seen after 1,000 "
                    "updates did not last, and the `multi30k` preset keeps its settings.")
     out += ["", f"Machine: {_fmt_machine(rs)}.", ""]
+    if img is not None:
+        _plot_curves(rs, img / "confirm_curves.png", "Reference and candidates at the main job's budget",
+                     by_time=True)
+        out += ["![validation curves](img/confirm_curves.png)", ""]
     return out
 
 
@@ -375,7 +379,7 @@ def render(report_dir: Path, command: str = "") -> Path:
     if "rnn" in results:
         out += rnn_section(results["rnn"], img)
     if "confirm" in results:
-        out += confirm_section(results["confirm"], results.get("table3", []))
+        out += confirm_section(results["confirm"], results.get("table3", []), img)
     t1_files = sorted((report_dir / "results" / "table1").glob("*.json")) if (report_dir / "results").exists() else []
     if t1_files:
         out += table1_section(json.loads(t1_files[0].read_text()), img)

@@ -54,7 +54,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     for heading in ("## Table 3 at small scale", "## Transformer vs recurrent attention", "## Table 1",
                     "## Does the preset follow the evidence?"):
         assert heading in text
-    for png in ("table3_curves", "rnn_curves", "table1", "bleu_params", "schedule"):
+    for png in ("table3_curves", "rnn_curves", "confirm_curves", "table1", "bleu_params", "schedule"):
         assert (report / "img" / f"{png}.png").stat().st_size > 1000
     # A second run skips every finished row: nothing is trained again.
     before = {f: f.read_bytes() for f in work.glob("*/*/result.json")}
