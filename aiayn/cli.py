@@ -637,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("reproduce", help="the paper's experiments at small scale (Table 3, recurrent baselines, "
                        "Table 1; confirm: Table 3's winners at the main job's budget) and a generated report")
     p.add_argument("--suite", required=True, choices=["table3", "rnn", "confirm", "table1", "quick"])
-    p.add_argument("--data", help="prepared data folder (from `aiayn prepare`); table3, rnn and quick train on it")
+    p.add_argument("--data", help="prepared data folder (from `aiayn prepare`); table3, rnn, confirm and quick "
+                   "train on it")
     p.add_argument("--work", default="runs/reproduce", help="folder for the run directories (default runs/reproduce)")
     p.add_argument("--report", help="folder for REPORT.md, its plots and results/ (default docs/reproduction; "
                    "quick: WORK/quick-report)")

@@ -84,6 +84,10 @@ def test_bad_suite_requests_get_one_line_errors(toy_prepared, tmp_path):
     assert p.returncode == 2 and "--data" in p.stderr
     p = reproduce("--suite", "rnn", "--data", tmp_path, "--work", tmp_path)
     assert p.returncode == 2 and "not a prepared data folder" in p.stderr
+    # confirm before any Table 3 row has beaten the reference: nothing to retrain, nothing trained
+    p = reproduce("--suite", "confirm", "--data", toy_prepared, "--work", tmp_path / "w", "--report", tmp_path / "r")
+    assert p.returncode == 0 and "nothing to retrain" in p.stderr and not (tmp_path / "w" / "confirm").exists()
+    assert "confirm 0 of 0" in (tmp_path / "r" / "REPORT.md").read_text()
 
 
 def test_table3_rows_are_valid_configs_and_the_reference_runs_three_seeds():
