@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,34 +18,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from .config import Config, from_dict
+from .config import Config, ConfigError, from_dict
+from .files import atomic_write  # noqa: F401 (re-exported: its home before files.py)
 from .model import build_model
 from .tokenizer import Tokenizer
 
 
 class CheckpointError(ValueError):
     """A missing, corrupt or incompatible checkpoint; the message names the file."""
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, fsync, rename over `path`, fsync the folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -103,14 +81,35 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[tor
     """Rebuild the model (the architecture its config names), config and tokenizer from one
     `.safetensors` file."""
     tensors, meta = read_weights(path)
-    try:
-        cfg = from_dict(json.loads(meta["config"]))
-        tokenizer = Tokenizer(base64.b64decode(meta["spm_model"]))
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{path}: damaged metadata ({e})") from None
+    cfg, tokenizer = read_meta(meta, path)
     model = build_model(cfg.model)
     load_into(model, tensors, path)
     return model.to(device).eval(), cfg, tokenizer, int(meta.get("step", 0))
+
+
+def read_meta(meta: dict[str, str], path: Path | str) -> tuple[Config, Tokenizer]:
+    """The config and the vocabulary a checkpoint's metadata carries, or a CheckpointError naming
+    the file and the damaged field."""
+    try:
+        d = json.loads(meta["config"])
+    except KeyError:
+        raise CheckpointError(f"{path}: damaged metadata (no config)") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: damaged metadata (config is not JSON: {e})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: damaged metadata (config is a {type(d).__name__}, not a mapping)")
+    try:
+        cfg = from_dict(d)
+    except (ConfigError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: damaged metadata (config: {e})") from None
+    try:
+        tokenizer = Tokenizer(base64.b64decode(meta["spm_model"], validate=True))
+    except KeyError:
+        raise CheckpointError(f"{path}: damaged metadata (no spm_model)") from None
+    except Exception as e:  # binascii.Error, SentencePiece's RuntimeError, TokenizerError
+        raise CheckpointError(f"{path}: damaged metadata (spm_model is not a SentencePiece model: "
+                              f"{type(e).__name__})") from None
+    return cfg, tokenizer
 
 
 def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor], path: Path | str) -> None:

@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import sys
+import tempfile
 import time
 import unicodedata
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from .checkpoint import CheckpointError
 from .config import PAPER_PARAMS_M, PRESETS, Config, ConfigError, apply_overrides, load_yaml, preset
 from .data import DataError
+from .files import FileError, atomic_write, check_output_file, check_output_folder
 from .tokenizer import TokenizerError
 
 log = logging.getLogger("aiayn")
@@ -92,8 +94,8 @@ def cmd_params(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
     """Validate parallel text, learn the joint BPE vocabulary (§5.1), cache every split."""
-    from .corpora import CORPORA, cache_dir, fetch_multi30k, fetch_wmt14
-    from .data import find_file, prepare
+    from .corpora import CORPORA, cache_dir, check_mirror, fetch_multi30k, fetch_wmt14, verify_multi30k
+    from .data import find_file, is_prepared, prepare
 
     cfg = build_config(args, extra)
     if args.task == "parse":  # §6.3: words -> linearized trees, from a treebank
@@ -101,16 +103,20 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
 
         if not args.treebank:
             raise UserError("prepare --task parse needs --treebank PATH (a folder of .mrg files or treebank.zip)")
-        try:
-            files = write_splits(Path(args.treebank), Path(args.out))
-        except TreeError as e:
-            raise UserError(str(e)) from None
-        symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if x != "XX"}
-        manifest = prepare(files, Path(args.out), "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
-                           cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols),
-                           dedup=False, max_ratio=0.0)  # trees are longer than their sentences by design
+        out = check_output_folder(args.out, is_prepared)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".trees", dir=out.parent) as tmp:
+            try:
+                files = write_splits(Path(args.treebank), Path(tmp))
+            except TreeError as e:
+                raise UserError(str(e)) from None
+            symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if x != "XX"}
+            manifest = prepare(files, out, "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
+                               cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols),
+                               dedup=False, max_ratio=0.0, carry=Path(tmp))  # trees outgrow their sentences
         print(json.dumps(manifest["splits"], indent=1))
         return
+    check_output_folder(args.out, is_prepared)  # before any download or reading
     if not args.src or not args.tgt:
         raise UserError("prepare needs --src and --tgt (language suffixes of the files, e.g. en and de)")
     data_dir = args.data_dir
@@ -120,10 +126,13 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
         spec = CORPORA[args.corpus]
         if data_dir is None and os.environ.get(spec["env"]):
             data_dir = Path(os.environ[spec["env"]])
+        check_mirror(args.mirror)
         if args.corpus == "wmt14-en-de":  # archives (local or downloaded) -> extracted text in the cache
-            data_dir = fetch_wmt14(args.src, args.tgt, cache_dir(), data_dir, args.mirror)
+            data_dir = fetch_wmt14(args.src, args.tgt, cache_dir(), data_dir, args.mirror, args.trust_local)
         elif data_dir is None:
             data_dir = fetch_multi30k(args.src, args.tgt, cache_dir())
+        else:
+            verify_multi30k(Path(data_dir), args.src, args.tgt, args.trust_local)
         names = {"train": args.train or spec["train"], "valid": args.valid or spec["valid"]}
         tests = tests or list(spec["test"])
     names = {"train": names["train"] or "train", "valid": names["valid"] or "valid"}
@@ -191,6 +200,7 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> None:
     if len(paths) < args.last:
         log.warning("only %d checkpoints in %s; averaging them all", len(paths), args.run_dir)
     chosen = paths[-args.last:]
+    check_output_file(args.output)
     write_averaged(chosen, Path(args.output))
     print(f"averaged {len(chosen)} checkpoints ({chosen[0].name} .. {chosen[-1].name}) -> {args.output}")
 
@@ -265,6 +275,8 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         translator = Translator.load(args.checkpoint, device=args.device, precision=args.precision, **overrides)
     except ConfigError as e:
         raise UserError(_name_the_flag(str(e), _DECODE_FLAGS)) from None
+    if args.output:  # before hours of translation, not after
+        check_output_file(args.output)
     if args.input in (None, "-") and sys.stdin.isatty() and not args.ref:
         _interactive(translator, args.output)
         return
@@ -287,7 +299,7 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
             out_lines.extend("\t" for _ in range(nbest - len(h)))
     out_text = "".join(x + "\n" for x in out_lines)
     if args.output:
-        Path(args.output).write_text(out_text)
+        atomic_write(Path(args.output), out_text.encode())
     else:
         sys.stdout.write(out_text)
     n_tok = sum(len(h[0].tokens) + 1 for h in hyps if h)
@@ -372,11 +384,13 @@ def cmd_parse(args: argparse.Namespace, extra: list[str]) -> None:
     except (ConfigError, TreeError) as e:
         raise UserError(str(e)) from None
     lines = _read_input(args.input)
+    if args.output:
+        check_output_file(args.output)
     start = time.perf_counter()
     trees = trees_from_output(translator.translate(lines, progress=sys.stderr.isatty()), lines)
     out = "".join(f"{t}\n" if line.split() else "\n" for t, line in zip(trees, lines))
     if args.output:
-        Path(args.output).write_text(out)
+        atomic_write(Path(args.output), out.encode())
     else:
         sys.stdout.write(out)
     log.info("parsed %d sentences in %.1fs (beam %d, alpha %g)", len(lines), time.perf_counter() - start,
@@ -392,6 +406,7 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
     if args.what == "curves":
         if not args.run_dir:
             raise UserError("plot curves needs a RUN_DIR")
+        check_output_file(args.output)
         try:
             out = plot_curves(Path(args.run_dir), Path(args.output))
         except (FileNotFoundError, ValueError) as e:
@@ -403,7 +418,9 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
     if not args.src.strip():
         raise UserError("--src is empty")
     from .checkpoint import load_checkpoint
+    from .plot import is_attention_maps
 
+    check_output_folder(args.output, is_attention_maps)  # before the model is loaded and run
     model, cfg, tokenizer, _ = load_checkpoint(Path(args.checkpoint))
     data = attention_data(model, tokenizer, args.src, args.tgt, cfg.decode)
     files = plot_attention(data, Path(args.output))
@@ -417,12 +434,17 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     from .serve import Limits, serve
 
-    limits = Limits(max_sentences=args.max_sentences, max_chars=args.max_chars, max_queue=args.max_queue,
-                    timeout_s=args.timeout)
-    for name in ("max_sentences", "max_chars", "max_queue", "timeout"):
+    names = ("max_sentences", "max_chars", "max_subwords", "max_queue", "max_work", "max_attention_subwords",
+             "timeout", "read_timeout", "limit_concurrency", "keep_alive")
+    for name in names:
         value = getattr(args, name)
-        if not (value > 0 and math.isfinite(value)):
+        if not (value > 0 and math.isfinite(value)) and not (name == "max_subwords" and value == 0):
             raise UserError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    limits = Limits(max_sentences=args.max_sentences, max_chars=args.max_chars, max_subwords=args.max_subwords,
+                    max_queue=args.max_queue, max_work=args.max_work,
+                    max_attention_subwords=args.max_attention_subwords, timeout_s=args.timeout,
+                    read_timeout_s=args.read_timeout, limit_concurrency=args.limit_concurrency,
+                    keep_alive_s=args.keep_alive)
     serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision)
 
 
@@ -434,6 +456,9 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
 
     if args.quantization and args.format != "ct2":
         raise UserError("--quantization applies to `export ct2` only")
+    from .export import is_export
+
+    check_output_folder(args.output, is_export)
     try:
         if args.format == "hf":
             out = export_hf(Path(args.checkpoint), Path(args.output))
@@ -471,7 +496,7 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     """Run a suite of the paper's experiments at small scale and render the report."""
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-    from .report import render
+    from .report import is_report, render
     from .reproduce import reproduce
 
     work = Path(args.work)
@@ -483,6 +508,7 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
             raise UserError(f"--{name} must be >= 1, got {getattr(args, name)}")
     if not (args.minutes > 0 and math.isfinite(args.minutes)):
         raise UserError(f"--minutes must be a positive number, got {args.minutes}")
+    check_output_folder(report, is_report, "--report")
     if args.render_only:
         out = render(report, command)
     else:
@@ -511,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="a public corpus, downloaded unless --data-dir or its environment variable (AIAYN_MULTI30K, "
                         "AIAYN_WMT14) points to a local copy; wmt14-en-de: a folder of the official .tgz archives")
     p.add_argument("--mirror", help="wmt14-en-de: download the archives from this URL prefix instead of statmt.org")
+    p.add_argument("--trust-local", action="store_true",
+                   help="--corpus with a local copy: use files whose checksum differs from the published one "
+                        "(refused otherwise)")
     p.add_argument("--task", choices=["translate", "parse"], default="translate",
                    help="parse: words -> linearized trees from --treebank (§6.3)")
     p.add_argument("--treebank", help="--task parse: a folder of .mrg files or NLTK's treebank.zip")
@@ -616,7 +645,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-chars", type=int, default=1000, help="per sentence (413 above)")
     p.add_argument("--max-queue", type=int, default=1024,
                    help="sentences waiting or in translation; above it requests get 503 with Retry-After")
+    p.add_argument("--max-subwords", type=int, default=0,
+                   help="per sentence (413 above; default 0: the model's training length, data.max_len - 1)")
+    p.add_argument("--max-work", type=int, default=1 << 18,
+                   help="beam x subwords of the sentences waiting or in translation; above it 503 (one request "
+                        "above it alone: 413)")
+    p.add_argument("--max-attention-subwords", type=int, default=100, help="/attention: subwords of its sentence")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait and run (504 past it)")
+    p.add_argument("--read-timeout", type=float, default=10.0, help="seconds to receive a request body (408 past it)")
+    p.add_argument("--limit-concurrency", type=int, default=256,
+                   help="connections and requests at once; 503 above it")
+    p.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle keep-alive connection stays open")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
                    help="as for translate (default auto)")
     p.set_defaults(func=cmd_serve)
@@ -660,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     try:
         args.func(args, extra)
-    except (UserError, ConfigError, DataError, CheckpointError, TokenizerError) as e:
+    except (UserError, ConfigError, DataError, CheckpointError, TokenizerError, FileError) as e:
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

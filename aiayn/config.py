@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from .files import atomic_write
+
 
 class ConfigError(ValueError):
     """A config value or override is invalid; the message names the field."""
@@ -219,7 +221,8 @@ class Config:
         return dataclasses.asdict(self)
 
     def save_yaml(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        """Written atomically: a run's config.yaml is never half a file."""
+        atomic_write(Path(path), yaml.safe_dump(self.to_dict(), sort_keys=False).encode())
 
 
 # Presets: dotted overrides of the defaults (the base model). Table 3 rows are named after the

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .files import atomic_write, check_output_folder, lock_data, new_folder
 from .tokenizer import BOS, EOS, PAD, Tokenizer
 
 log = logging.getLogger("aiayn")
@@ -225,10 +226,27 @@ def _encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | No
     return counts
 
 
+_PREPARED = ("manifest.json", "spm.model", "raw")  # what prepare writes, besides *.npy, *.txt and *.gold.mrg
+
+
+def is_prepared(folder: Path) -> bool:
+    """A folder `prepare` wrote, and nothing else: it may be replaced whole by a new `prepare`."""
+    return (folder / "manifest.json").is_file() and all(
+        p.name in _PREPARED or p.suffix in (".npy", ".txt") or p.name.endswith(".gold.mrg") for p in folder.iterdir())
+
+
+def _old_manifest(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        log.warning("%s: unreadable (%s); preparing anew", path, e)
+        return None
+
+
 def prepare(
     splits: dict[str, tuple[str | Path, str | Path]], out: str | Path, src_lang: str, tgt_lang: str,
     vocab_size: int = 37000, max_len: int = 256, strict: bool = False, seed: int = 1,
-    symbols: tuple[str, ...] = (), dedup: bool = True, max_ratio: float = 3.0,
+    symbols: tuple[str, ...] = (), dedup: bool = True, max_ratio: float = 3.0, carry: Path | None = None,
 ) -> dict:
     """Validate, learn the joint vocabulary on train, and cache every split, in bounded memory.
 
@@ -237,10 +255,14 @@ def prepare(
     training pairs dropped with `dedup`), SentencePiece learns the vocabulary on a sample of at
     most 2M sentences, and pass 2 encodes in chunks on every core, dropping over-long pairs and,
     for training, pairs with a length ratio above `max_ratio` (0: off). Every drop is counted.
+    The cache is built in a hidden sibling of `out` and swapped in whole at the end: a failure
+    leaves the old cache as it was, a trainer that memory-maps it keeps reading the old files, and
+    a folder in use by a trainer or holding files prepare did not write is refused. `carry`: a
+    folder whose contents are copied into the cache (the parse task's raw text and gold trees).
     Returns the manifest; if one with the same inputs and settings exists in `out`, it is reused.
     """
     splits = {name: (Path(s), Path(t)) for name, (s, t) in splits.items()}
-    out = Path(out)
+    out = check_output_folder(out, is_prepared)
     for need in ("train", "valid"):
         if need not in splits:
             raise DataError(f"a {need} split is required")
@@ -248,65 +270,87 @@ def prepare(
                 "max_len": max_len, "strict": strict, "seed": seed, "dedup": dedup, "max_ratio": max_ratio}
     if symbols:  # (absent otherwise, so earlier manifests still match)
         settings["symbols"] = sorted(symbols)
-    inputs = {name: {"src": str(s), "tgt": str(t), "src_sha256": sha256(s), "tgt_sha256": sha256(t)}
+
+    def recorded(p: Path) -> str:  # a carried file is recorded where it will be
+        return str(out / p.relative_to(carry)) if carry and p.is_relative_to(carry) else str(p)
+
+    inputs = {name: {"src": recorded(s), "tgt": recorded(t), "src_sha256": sha256(s), "tgt_sha256": sha256(t)}
               for name, (s, t) in splits.items()}
-    manifest_path = out / "manifest.json"
-    if manifest_path.exists():
-        old = json.loads(manifest_path.read_text())
-        if old.get("settings") == settings and old.get("inputs") == inputs:
+    if (out / "manifest.json").exists():
+        old = _old_manifest(out / "manifest.json")
+        if old and old.get("settings") == settings and old.get("inputs") == inputs:
             log.info("%s: inputs unchanged, reusing the prepared data", out)
             return old
     out.parent.mkdir(parents=True, exist_ok=True)
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
-        folder = Path(tmp)
-        stats: dict[str, dict] = {}
-        keeps: dict[str, np.ndarray | None] = {}
-        for name, (s, t) in splits.items():
-            stats[name], keeps[name] = _clean_split(s, t, folder, name, strict, dedup and name == "train")
-        log.debug("read and checked every split; peak memory %.2f GB", _peak_gb())
-        kept = stats["train"]["pairs_in"] - stats["train"]["dropped_empty"] - stats["train"].get("dropped_duplicate", 0)
-        if not kept:
-            raise DataError(f"{splits['train'][0]}: no sentence pairs to learn from "
-                            f"({stats['train']['dropped_empty']} dropped as empty)")
-        log.info("learning a joint BPE vocabulary of %d on %d + %d sentences (a sample of at most 2M)",
-                 vocab_size, kept, kept)
-        text = itertools.chain(_kept(folder / "train.src", keeps["train"]), _kept(folder / "train.tgt", keeps["train"]))
-        tok = Tokenizer.train(text, vocab_size, seed, tuple(sorted(symbols)))
-        if len(tok) < vocab_size:
-            short = (f"the joint vocabulary has {len(tok)} subwords, fewer than the {vocab_size} asked for "
-                     "(data.vocab_size): the training text holds no more merges")
-            if strict:
-                raise DataError(f"{short}; --strict forbids a smaller vocabulary")
-            log.warning("%s; continuing with %d", short, len(tok))
-        log.debug("vocabulary learned; peak memory %.2f GB", _peak_gb())
-        out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves nothing behind
-        manifest_path.unlink(missing_ok=True)  # the old cache is no longer whole
-        (out / "spm.model").write_bytes(tok.proto)
-        for name in splits:
-            entry = stats[name]
-            if name in ("train", "valid"):
-                entry.update(_encode_split(tok, folder, name, keeps[name], out, max_len,
-                                           max_ratio if name == "train" else 0.0, threads))
-            if name != "train":  # raw text for translation and BLEU (every non-empty pair kept)
-                for side, lang in (("src", src_lang), ("tgt", tgt_lang)):
-                    shutil.copyfile(folder / f"{name}.{side}", out / f"{name}.{lang}.txt")
-                entry.setdefault("pairs", entry["pairs_in"] - entry["dropped_empty"])
-            log.info("%s: %s", name, ", ".join(f"{k}={v}" for k, v in entry.items()))
-            log.debug("%s written; peak memory %.2f GB", name, _peak_gb())
-    manifest = {"settings": settings, "inputs": inputs, "vocab_size": len(tok), "splits": stats,
-                "tests": [n for n in splits if n not in ("train", "valid")]}
-    tmp_path = manifest_path.with_suffix(".tmp")
-    tmp_path.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp_path, manifest_path)  # written last: a manifest means a complete cache
+    lock = lock_data(out)  # held until the new cache is in place
+    try:
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".work", dir=out.parent) as tmp, \
+                new_folder(out, is_prepared) as new:
+            stats, tok = _build(splits, Path(tmp), new, src_lang, tgt_lang, vocab_size, max_len, strict, seed,
+                                symbols, dedup, max_ratio)
+            if carry is not None:
+                shutil.copytree(carry, new, dirs_exist_ok=True)
+            manifest = {"settings": settings, "inputs": inputs, "vocab_size": len(tok), "splits": stats,
+                        "tests": [n for n in splits if n not in ("train", "valid")]}
+            atomic_write(new / "manifest.json", json.dumps(manifest, indent=2).encode())
+    finally:
+        if lock is not None:
+            lock.release()
     return manifest
+
+
+def _build(splits: dict[str, tuple[Path, Path]], folder: Path, new: Path, src_lang: str, tgt_lang: str,
+           vocab_size: int, max_len: int, strict: bool, seed: int, symbols: tuple[str, ...], dedup: bool,
+           max_ratio: float) -> tuple[dict[str, dict], Tokenizer]:
+    """Passes 1 and 2 of `prepare`: clean text in `folder`, the cache in `new`."""
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    stats: dict[str, dict] = {}
+    keeps: dict[str, np.ndarray | None] = {}
+    for name, (s, t) in splits.items():
+        stats[name], keeps[name] = _clean_split(s, t, folder, name, strict, dedup and name == "train")
+    log.debug("read and checked every split; peak memory %.2f GB", _peak_gb())
+    kept = stats["train"]["pairs_in"] - stats["train"]["dropped_empty"] - stats["train"].get("dropped_duplicate", 0)
+    if not kept:
+        raise DataError(f"{splits['train'][0]}: no sentence pairs to learn from "
+                        f"({stats['train']['dropped_empty']} dropped as empty)")
+    log.info("learning a joint BPE vocabulary of %d on %d + %d sentences (a sample of at most 2M)",
+             vocab_size, kept, kept)
+    text = itertools.chain(_kept(folder / "train.src", keeps["train"]), _kept(folder / "train.tgt", keeps["train"]))
+    tok = Tokenizer.train(text, vocab_size, seed, tuple(sorted(symbols)))
+    if len(tok) < vocab_size:
+        short = (f"the joint vocabulary has {len(tok)} subwords, fewer than the {vocab_size} asked for "
+                 "(data.vocab_size): the training text holds no more merges")
+        if strict:
+            raise DataError(f"{short}; --strict forbids a smaller vocabulary")
+        log.warning("%s; continuing with %d", short, len(tok))
+    log.debug("vocabulary learned; peak memory %.2f GB", _peak_gb())
+    (new / "spm.model").write_bytes(tok.proto)
+    for name in splits:
+        entry = stats[name]
+        if name in ("train", "valid"):
+            entry.update(_encode_split(tok, folder, name, keeps[name], new, max_len,
+                                       max_ratio if name == "train" else 0.0, threads))
+        if name != "train":  # raw text for translation and BLEU (every non-empty pair kept)
+            for side, lang in (("src", src_lang), ("tgt", tgt_lang)):
+                shutil.copyfile(folder / f"{name}.{side}", new / f"{name}.{lang}.txt")
+            entry.setdefault("pairs", entry["pairs_in"] - entry["dropped_empty"])
+        log.info("%s: %s", name, ", ".join(f"{k}={v}" for k, v in entry.items()))
+        log.debug("%s written; peak memory %.2f GB", name, _peak_gb())
+    return stats, tok
 
 
 def load_manifest(data_dir: Path) -> dict:
     path = Path(data_dir) / "manifest.json"
     if not path.exists():
         raise DataError(f"{data_dir}: no manifest.json; run `aiayn prepare` first")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{path}: corrupt ({e}); re-run `aiayn prepare`") from None
+    if not isinstance(manifest, dict) or not {"vocab_size", "splits", "settings"} <= set(manifest):
+        raise DataError(f"{path}: corrupt (not a manifest with vocab_size, splits and settings); "
+                        "re-run `aiayn prepare`")
+    return manifest
 
 
 class TokenData:

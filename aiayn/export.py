@@ -12,17 +12,30 @@ Needs the optional `transformers` package (`pip install aiayn[bench]`).
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import torch
 
 from .checkpoint import load_checkpoint
+from .files import new_folder
 from .model import Transformer
 from .tokenizer import BOS, EOS, PAD, Tokenizer
 
 
 class ExportError(ValueError):
     pass
+
+
+# What `export hf` and `export ct2` write: a folder holding these names only is an earlier export,
+# replaced whole by a new one; any other non-empty folder is refused (nothing is ever deleted).
+EXPORT_FILES = {"config.json", "generation_config.json", "model.safetensors", "source.spm", "target.spm",
+                "vocab.json", "tokenizer_config.json", "special_tokens_map.json", "model.bin",
+                "shared_vocabulary.json", "shared_vocabulary.txt"}
+
+
+def is_export(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and all(p.name in EXPORT_FILES for p in folder.iterdir())
 
 
 def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
@@ -101,7 +114,14 @@ def marian_config(model: Transformer, beam: int, max_length: int):
 
 
 def export_hf(checkpoint: Path, out: Path) -> Path:
-    """Write a directory that `MarianMTModel` and `MarianTokenizer` load."""
+    """Write a directory that `MarianMTModel` and `MarianTokenizer` load (built beside `out`,
+    renamed into place)."""
+    with new_folder(out, is_export) as tmp:
+        _write_hf(checkpoint, tmp)
+    return Path(out)
+
+
+def _write_hf(checkpoint: Path, out: Path) -> None:
     try:
         from transformers import MarianMTModel
     except ImportError:
@@ -114,11 +134,8 @@ def export_hf(checkpoint: Path, out: Path) -> Path:
     if missing or unexpected:
         raise ExportError(f"weight mapping mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
     hf.tie_weights()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(out)
     write_marian_tokenizer(tokenizer, out)
-    return out
 
 
 def write_marian_tokenizer(tokenizer: Tokenizer, out: Path) -> None:
@@ -145,9 +162,15 @@ def export_ct2(checkpoint: Path, out: Path, quantization: str | None = None) -> 
         from ctranslate2.converters import transformers as ct2t
     except ImportError:
         raise ExportError("export ct2 needs the `ctranslate2` package: pip install 'aiayn[bench]'") from None
-    out = Path(out)
-    hf_dir = out.with_name(out.name + ".hf")
-    export_hf(checkpoint, hf_dir)
+    with new_folder(out, is_export) as tmp, tempfile.TemporaryDirectory(prefix=".hf.", dir=tmp.parent) as hf_dir:
+        _write_hf(checkpoint, Path(hf_dir))
+        _convert(Path(hf_dir), tmp, quantization, ct2t)
+    return Path(out)
+
+
+def _convert(hf_dir: Path, out: Path, quantization: str | None, ct2t) -> None:
+    """CTranslate2's converter, with the loader below for aiayn's Marian layout; `out` is our own
+    temporary folder (the converter's force=True empties it)."""
 
     class AiaynMarianLoader(ct2t.BartLoader):
         @property
@@ -170,4 +193,3 @@ def export_ct2(checkpoint: Path, out: Path, quantization: str | None = None) -> 
         converter.convert(str(out), quantization=quantization, force=True)
     finally:
         ct2t._MODEL_LOADERS["MarianConfig"] = previous
-    return out

@@ -11,7 +11,6 @@ brackets not counted, every other constituent counted, the top S included).
 
 from __future__ import annotations
 
-import io
 import re
 import zipfile
 from collections import Counter
@@ -57,6 +56,7 @@ class Tree:
 
 # -- reading -------------------------------------------------------------------------------------
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
+MAX_DEPTH = 500  # brackets inside brackets; treebank trees stay under 50, and the tree code recurses
 
 
 def read_trees(text: str, name: str = "<text>") -> list[Tree]:
@@ -74,6 +74,8 @@ def read_trees(text: str, name: str = "<text>") -> list[Tree]:
                 label = tokens[i + 1]
                 i += 1
             node = Tree(label)
+            if len(stack) >= MAX_DEPTH:
+                raise TreeError(f"{where}: brackets nested deeper than {MAX_DEPTH}")
             if stack:
                 stack[-1].children.append(node)
             stack.append(node)
@@ -97,6 +99,14 @@ def read_trees(text: str, name: str = "<text>") -> list[Tree]:
     return trees
 
 
+def _utf8(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise TreeError(f"{where}: line {line}: invalid UTF-8 at byte {e.start}") from None
+
+
 def read_treebank(path: Path) -> dict[str, list[Tree]]:
     """Trees by file name (`wsj_0001.mrg` ...) from a folder of .mrg files or NLTK's treebank.zip."""
     path = Path(path)
@@ -105,10 +115,10 @@ def read_treebank(path: Path) -> dict[str, list[Tree]]:
         with zipfile.ZipFile(path) as z:
             for n in sorted(z.namelist()):
                 if n.endswith(".mrg"):
-                    files[Path(n).name] = io.TextIOWrapper(z.open(n), encoding="utf-8").read()
+                    files[Path(n).name] = _utf8(z.read(n), f"{path}:{n}")
     elif path.is_dir():
         for f in sorted(path.rglob("*.mrg")):
-            files[f.name] = f.read_text(encoding="utf-8")
+            files[f.name] = _utf8(f.read_bytes(), str(f))
     else:
         raise TreeError(f"{path}: not a folder of .mrg files or a treebank .zip")
     if not files:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from .config import DecodeConfig  # noqa: E402
+from .files import new_folder  # noqa: E402
 from .model import Transformer  # noqa: E402
 from .rnn import RecurrentModel  # noqa: E402
 from .tokenizer import BOS, EOS, Tokenizer  # noqa: E402
@@ -92,11 +94,24 @@ def _grid(maps: np.ndarray, rows: list[str], cols: list[str], title: str, path: 
     return out
 
 
+_MAP_NAME = re.compile(r"((encoder-self|decoder-self|cross)-layer\d+|cross-mean)\.(png|svg)")
+
+
+def is_attention_maps(folder: Path) -> bool:
+    """A folder `plot_attention` wrote, and nothing else (replaced whole by a new plot)."""
+    return all(_MAP_NAME.fullmatch(p.name) for p in folder.iterdir())
+
+
 def plot_attention(data: AttentionData, out_dir: Path) -> list[Path]:
     """PNG and SVG heatmaps: per layer (every head + mean) for the three kinds of attention
-    (§3.2.3), and the cross-attention averaged over layers and heads."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    (§3.2.3), and the cross-attention averaged over layers and heads. The folder is built beside
+    `out_dir` and renamed into place; a folder holding other files is refused."""
+    with new_folder(out_dir, is_attention_maps) as tmp:
+        names = [p.name for p in _plot_attention(data, tmp)]
+    return [Path(out_dir) / n for n in names]
+
+
+def _plot_attention(data: AttentionData, out_dir: Path) -> list[Path]:
     kinds = [
         ("encoder-self", data.encoder_self, data.src_tokens, data.src_tokens),
         ("decoder-self", data.decoder_self, data.tgt_out_tokens, data.tgt_in_tokens),

@@ -17,11 +17,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .checkpoint import atomic_write  # noqa: E402
+from .files import atomic_write  # noqa: E402
 from .optim import noam_lr  # noqa: E402
 
 PAPER_BLEU_STEP = 0.2  # Table 3 prints one decimal: smaller BLEU changes count as "no change"
 PAPER_PPL_STEP = 0.05  # and two decimals for perplexity
+
+
+def is_report(folder: Path) -> bool:
+    """A folder this report writes into: REPORT.md, img/, results/ (and a README), nothing else."""
+    return all(p.name in ("REPORT.md", "README.md", "img", "results") for p in folder.iterdir())
 
 
 def load_results(results: Path) -> dict[str, list[dict[str, Any]]]:

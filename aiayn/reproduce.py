@@ -28,8 +28,9 @@ from typing import Any
 import sacrebleu
 import torch
 
-from .checkpoint import atomic_write, list_checkpoints, load_checkpoint, write_averaged
+from .checkpoint import list_checkpoints, load_checkpoint, write_averaged
 from .config import Config, ConfigError, apply_overrides, preset
+from .files import atomic_write
 
 log = logging.getLogger("aiayn")
 

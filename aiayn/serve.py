@@ -9,6 +9,8 @@ gave up before it reached them, and survives every error of a request.
 from __future__ import annotations
 
 import asyncio
+import collections
+import ctypes
 import logging
 import math
 import queue
@@ -25,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
 
+from .plot import attention_data  # imported at start-up: matplotlib's first import takes seconds
 from .translate import Translator
 
 PAGE = Path(__file__).with_name("page.html")
@@ -33,11 +36,20 @@ log = logging.getLogger("aiayn")
 
 @dataclass
 class Limits:
+    """What one request may ask and what the server holds at once (README: Failure behaviour)."""
+
     max_sentences: int = 64  # per request (413 above)
     max_chars: int = 1000  # per sentence (413 above)
+    max_subwords: int = 0  # per sentence (413 above); 0: the model's training length, data.max_len - 1
     max_beam: int = 16
     max_queue: int = 1024  # sentences waiting or being translated (503 above)
+    max_work: int = 1 << 18  # beam x (subwords + 1) summed over waiting sentences (503 above, 413 for one request)
+    chunk_work: int = 1 << 14  # work the worker takes in one go before it looks at other requests
+    max_attention_subwords: int = 100  # /attention: its maps grow as the square of the length (413 above)
     timeout_s: float = 60.0  # per request, queueing included (504 past it)
+    read_timeout_s: float = 10.0  # to receive a request's body (408 past it)
+    limit_concurrency: int = 256  # connections and requests at once; uvicorn answers 503 above it
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
 
     @property
     def max_body_bytes(self) -> int:
@@ -69,16 +81,33 @@ class AttentionResponse(BaseModel):
 
 
 class Overloaded(Exception):
-    """The queue holds as many sentences as it may."""
+    """The queue holds as many sentences, or as much work, as it may."""
 
 
 @dataclass
 class Job:
-    size: int  # sentences it adds to the queue
-    future: Future = field(default_factory=Future)
-    sentences: list[str] = field(default_factory=list)
+    """One request's work. A translation is done in chunks between which other requests get
+    their turn; a request that gave up (its future cancelled) is dropped at the next chunk."""
+
+    ids: list[list[int]] = field(default_factory=list)  # subword ids + EOS per sentence
     options: tuple[int, float] | None = None  # (beam, alpha) of a translation
     call: Callable[[], Any] | None = None  # any other use of the model, run alone
+    future: Future = field(default_factory=Future)
+    done: int = 0  # sentences translated so far
+    texts: list[str] = field(default_factory=list)
+    scores: list[float | None] = field(default_factory=list)
+
+    def cost(self, i: int) -> int:
+        """Work of sentence i: beam x (subwords + 1); a call counts as one sentence of one subword."""
+        return self.options[0] * max(len(self.ids[i]), 1) if self.options else 1
+
+    @property
+    def size(self) -> int:
+        return len(self.ids) if self.call is None else 1
+
+    def left(self) -> tuple[int, int]:
+        """Sentences and work not yet done."""
+        return self.size - self.done, sum(self.cost(i) for i in range(self.done, self.size))
 
 
 def _complete(fut: Future, result: Any = None, error: BaseException | None = None) -> None:
@@ -92,105 +121,179 @@ def _complete(fut: Future, result: Any = None, error: BaseException | None = Non
         pass
 
 
-class Batcher:
-    """One worker thread owns the model; waiting requests with the same options share a batch."""
+def _trim_memory() -> None:
+    """Hand freed heap back to the system (glibc keeps it otherwise after a large batch)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
-    def __init__(self, translator: Translator, max_queue: int = 1024, max_batch: int = 256):
+
+class Batcher:
+    """One worker thread owns the model. It takes work in chunks of at most `chunk_work` (beam x
+    subwords), fills a chunk with waiting requests of the same options, and goes round the
+    requests in turn, so a long request delays a short one by one chunk, not by its whole length.
+    The queue is weighed in sentences and in work; a request that gave up costs nothing more."""
+
+    def __init__(self, translator: Translator, max_queue: int = 1024, max_batch: int = 256,
+                 max_work: int = 1 << 18, chunk_work: int = 1 << 14):
         self.translator = translator
-        self.max_queue, self.max_batch = max_queue, max_batch
+        self.max_queue, self.max_batch, self.max_work, self.chunk_work = max_queue, max_batch, max_work, chunk_work
         self.jobs: queue.Queue[Job] = queue.Queue()
+        self.active: collections.deque[Job] = collections.deque()  # the worker's own: jobs under way
         self._count = threading.Lock()
         self.queued = 0  # sentences waiting or in translation
-        self.rate = 20.0  # sentences per second, a running estimate for Retry-After
+        self.work = 0  # their work
+        self.rate = 2000.0  # work per second, a running estimate for Retry-After
         self.worker = threading.Thread(target=self._work, daemon=True, name="aiayn-batcher")
         self.worker.start()
 
     def _enqueue(self, job: Job) -> Future:
+        size, work = job.left()
         with self._count:
-            if self.queued + job.size > self.max_queue:
-                raise Overloaded(f"the server is busy: {self.queued} sentences are waiting (limit {self.max_queue})")
-            self.queued += job.size
+            if self.queued + size > self.max_queue or self.work + work > self.max_work:
+                raise Overloaded(f"the server is busy: {self.queued} sentences ({self.work} work) are waiting "
+                                 f"(limits {self.max_queue} sentences, {self.max_work} work)")
+            self.queued += size
+            self.work += work
         self.jobs.put(job)
         return job.future
 
-    def submit(self, sentences: list[str], beam: int, alpha: float) -> Future:
-        """Queue sentences for translation; raises Overloaded when the queue is full."""
-        return self._enqueue(Job(len(sentences), sentences=sentences, options=(beam, alpha)))
+    def submit(self, sentences: list[str] | list[list[int]], beam: int, alpha: float) -> Future:
+        """Queue sentences (text, or ids from `encode_sources`) for translation; raises Overloaded
+        when the queue is full. The future's result is (texts, scores)."""
+        ids = (self.translator.encode_sources(sentences) if sentences and isinstance(sentences[0], str)
+               else sentences)
+        return self._enqueue(Job(ids=list(ids), options=(beam, alpha)))
 
     def call(self, fn: Callable[[], Any]) -> Future:
-        """Queue another use of the model (e.g. attention maps), run by the worker between batches."""
-        return self._enqueue(Job(1, call=fn))
+        """Queue another use of the model (e.g. attention maps), run by the worker between chunks."""
+        return self._enqueue(Job(call=fn))
 
     def retry_after(self) -> int:
-        """Seconds until the queue has likely drained, from the recent translation rate (1-60)."""
-        return max(1, min(60, math.ceil(self.queued / max(self.rate, 1e-3))))
+        """Seconds until the queue has likely drained, from the recent rate of work (1-60)."""
+        return max(1, min(60, math.ceil(self.work / max(self.rate, 1e-3))))
 
-    def _done(self, jobs: list[Job]) -> None:
+    def _release(self, sentences: int, work: int) -> None:
         with self._count:
-            self.queued -= sum(j.size for j in jobs)
+            self.queued -= sentences
+            self.work -= work
 
-    def _take(self) -> list[Job]:
-        """The next live job and, for a translation, the live waiting ones with the same options."""
-        first = self.jobs.get()
-        if not first.future.set_running_or_notify_cancel():  # its request gave up while waiting
-            self._done([first])
-            return []
-        if first.call is not None:
-            return [first]
-        jobs, held, size = [first], [], first.size
-        while size < self.max_batch:
-            try:
+    def _admit(self) -> None:
+        """Move newly queued jobs to the active list (waiting for one when there is nothing to do)."""
+        if not self.active and self.jobs.empty():
+            _trim_memory()  # idle: give back what an outlier took
+        try:
+            job = self.jobs.get(block=not self.active)
+            while True:
+                self.active.append(job)
                 job = self.jobs.get_nowait()
-            except queue.Empty:
+        except queue.Empty:
+            pass
+
+    def _drop_cancelled(self) -> None:
+        for job in [j for j in self.active if j.future.cancelled()]:
+            self.active.remove(job)
+            self._release(*job.left())
+
+    def _next_chunk(self) -> list[tuple[Job, int, int]]:
+        """(job, first, end) sentence ranges: from the job whose turn it is, then from waiting jobs
+        with the same options, within chunk_work and max_batch sentences."""
+        head = self.active[0]
+        if head.call is not None:
+            return [(head, 0, 1)]
+        chunk, work, n = [], 0, 0
+        for job in list(self.active):
+            if job.call is not None or job.options != head.options:
+                continue
+            end = job.done
+            while end < job.size and n < self.max_batch and (n == 0 or work + job.cost(end) <= self.chunk_work):
+                work, n, end = work + job.cost(end), n + 1, end + 1
+            if end > job.done:
+                chunk.append((job, job.done, end))
+            if n >= self.max_batch or work >= self.chunk_work:
                 break
-            if job.options != first.options:
-                held.append(job)
-            elif job.future.set_running_or_notify_cancel():
-                jobs.append(job)
-                size += job.size
-            else:
-                self._done([job])
-        for job in held:
-            self.jobs.put(job)
-        return jobs
+        return chunk
 
     def _work(self) -> None:
         while True:
-            jobs = []
+            chunk = []
             try:
-                jobs = self._take()
-                if jobs:
-                    self._run(jobs)
+                self._admit()
+                self._drop_cancelled()
+                if not self.active:
+                    continue
+                chunk = self._next_chunk()
+                self._run(chunk)
             except BaseException as e:  # never let one request stop the worker
                 log.exception("server worker: %s", e)
-                for job in jobs:
-                    _complete(job.future, error=e)
-            finally:
-                self._done(jobs)
+                for job, *_ in chunk:
+                    self._fail(job, e)
+            self._rotate()
 
-    def _run(self, jobs: list[Job]) -> None:
-        if jobs[0].call is not None:
-            _complete(jobs[0].future, jobs[0].call())
+    def _rotate(self) -> None:
+        """Finished and failed jobs leave; the job whose turn it was goes to the back."""
+        for job in [j for j in self.active if j.future.done() or j.done >= j.size]:
+            self.active.remove(job)
+        if self.active:
+            self.active.rotate(-1)
+
+    def _fail(self, job: Job, error: BaseException) -> None:
+        if job in self.active:
+            self.active.remove(job)
+            self._release(*job.left())
+        _complete(job.future, error=error)
+
+    def _run(self, chunk: list[tuple[Job, int, int]]) -> None:
+        head = chunk[0][0]
+        if head.call is not None:
+            try:
+                _complete(head.future, head.call())
+            finally:
+                head.done = 1
+                self._release(1, 1)
             return
+        try:
+            self._translate(chunk)
+        except Exception as e:
+            if len(chunk) == 1:
+                raise
+            log.warning("a batch of %d requests failed (%s); running them one by one", len(chunk), e)
+            for part in chunk:
+                try:
+                    self._translate([part])
+                except Exception as e1:  # only the culprit fails
+                    log.exception("server worker: %s", e1)
+                    self._fail(part[0], e1)
+
+    def _translate(self, chunk: list[tuple[Job, int, int]]) -> None:
         t = self.translator
-        sentences = [s for job in jobs for s in job.sentences]
-        beam, alpha = jobs[0].options
+        ids = [x for job, a, b in chunk for x in job.ids[a:b]]
+        beam, alpha = chunk[0][0].options
         start = time.perf_counter()
-        hyps = t.translate_ids(t.encode_sources(sentences), beam=beam, alpha=alpha, nbest=1)
+        hyps = t.translate_ids(ids, beam=beam, alpha=alpha, nbest=1)
         texts = t.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
         scores = [h[0].score if h else None for h in hyps]
-        self.rate = 0.8 * self.rate + 0.2 * len(sentences) / max(time.perf_counter() - start, 1e-6)
+        work = sum(job.cost(i) for job, a, b in chunk for i in range(a, b))
+        self.rate = 0.8 * self.rate + 0.2 * work / max(time.perf_counter() - start, 1e-6)
         i = 0
-        for job in jobs:
-            _complete(job.future, (texts[i:i + job.size], scores[i:i + job.size]))
-            i += job.size
+        for job, a, b in chunk:
+            job.texts += texts[i:i + b - a]
+            job.scores += scores[i:i + b - a]
+            i += b - a
+            job.done = b
+            self._release(b - a, sum(job.cost(k) for k in range(a, b)))
+            if job.done >= job.size:
+                _complete(job.future, (job.texts, job.scores))
 
 
 class BodyLimit:
-    """ASGI middleware: 413 for a request body over `limit` bytes, before it is read in full."""
+    """ASGI middleware: the request body is read here, in full, before the app sees it: 413 past
+    `limit` bytes (before reading when Content-Length says so), 408 when it has not arrived within
+    `timeout_s` (a client that sends half a body frees its connection)."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, timeout_s: float = 10.0):
+        self.app, self.limit, self.timeout_s = app, limit, timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -198,25 +301,88 @@ class BodyLimit:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
             detail = f"request body of {length.decode(errors='replace')} bytes; the limit is {self.limit}"
-            return await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
-        received = 0
+            return await _reply(scope, receive, send, 413, detail)
+        try:
+            messages = await asyncio.wait_for(self._read(receive), self.timeout_s)
+        except asyncio.TimeoutError:
+            return await _reply(scope, receive, send, 408, f"request body not received within {self.timeout_s:g} s",
+                                close=True)
+        if messages is None:
+            return await _reply(scope, receive, send, 413, f"request body over {self.limit} bytes", close=True)
+        queued = collections.deque(messages)
 
-        async def limited():
-            nonlocal received
+        async def replay():
+            return queued.popleft() if queued else await receive()
+
+        return await self.app(scope, replay, send)
+
+    async def _read(self, receive) -> list[dict] | None:
+        messages, received = [], 0
+        while True:
             message = await receive()
+            messages.append(message)
             received += len(message.get("body", b""))
             if received > self.limit:
-                raise HTTPException(413, f"request body over {self.limit} bytes")
-            return message
+                return None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return messages
 
-        return await self.app(scope, limited, send)
+
+async def _reply(scope, receive, send, status: int, detail: str, close: bool = False) -> None:
+    headers = {"Connection": "close"} if close else None
+    await JSONResponse({"detail": detail}, status_code=status, headers=headers)(scope, receive, send)
+
+
+class RateLimited(logging.Filter):
+    """At most one record a second of each message text; a count of the ones held back follows
+    (a flood of "Too many open files" must not fill the disk)."""
+
+    def __init__(self, per_s: float = 1.0):
+        super().__init__()
+        self.per_s, self.last, self.held = per_s, {}, collections.Counter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg)[:200])
+        now = time.monotonic()
+        if now - self.last.get(key, -1e9) < 1.0 / self.per_s:
+            self.held[key] += 1
+            return False
+        self.last[key] = now
+        if self.held[key]:
+            record.msg = f"{record.msg} [and {self.held.pop(key)} more like it]"
+        return True
+
+
+def check_sentences(translator: Translator, limits: Limits, sentences: list[str], max_subwords: int,
+                    beam: int) -> list[list[int]]:
+    """The edge: count, characters, UTF-8, subwords and work per request, each a 4xx naming the
+    sentence; returns the subword ids the worker translates."""
+    if len(sentences) > limits.max_sentences:
+        raise HTTPException(413, f"too many sentences: {len(sentences)} > {limits.max_sentences} per request")
+    for i, s in enumerate(sentences):
+        if len(s) > limits.max_chars:
+            raise HTTPException(413, f"sentence {i} has {len(s)} characters; the limit is {limits.max_chars}")
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate such as \\ud800: no text at all
+            raise HTTPException(422, [{"loc": ["body", "sentences", i], "type": "unicode",
+                                       "msg": f"not valid Unicode text at character {e.start}"}]) from None
+    ids = translator.encode_sources(sentences)
+    for i, x in enumerate(ids):
+        if len(x) - 1 > max_subwords:
+            raise HTTPException(413, f"sentence {i} has {len(x) - 1} subwords; the limit is {max_subwords}")
+    work = sum(beam * max(len(x), 1) for x in ids)
+    if work > limits.max_work:
+        raise HTTPException(413, f"the request's work (beam {beam} x subwords = {work}) is over the server's "
+                                 f"limit of {limits.max_work}; send fewer or shorter sentences, or a smaller beam")
+    return ids
 
 
 def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
     limits = limits or Limits()
     app = FastAPI(title="aiayn", description="Transformer translation (Attention Is All You Need)",
                   version="0.1.0")
-    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.read_timeout_s)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -225,16 +391,12 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
                   for e in exc.errors()]
         return JSONResponse({"detail": errors}, status_code=422)
 
-    batcher = Batcher(translator, limits.max_queue)
+    batcher = Batcher(translator, limits.max_queue, max_work=limits.max_work, chunk_work=limits.chunk_work)
     app.state.batcher = batcher
     d = translator.decode_cfg
-
-    def check_sentences(sentences: list[str]) -> None:
-        if len(sentences) > limits.max_sentences:
-            raise HTTPException(413, f"too many sentences: {len(sentences)} > {limits.max_sentences} per request")
-        for i, s in enumerate(sentences):
-            if len(s) > limits.max_chars:
-                raise HTTPException(413, f"sentence {i} has {len(s)} characters; the limit is {limits.max_chars}")
+    cfg = translator.model.cfg
+    max_subwords = limits.max_subwords or max(1, min(_training_length(translator), cfg.max_positions - 1))
+    attention_subwords = min(max_subwords, limits.max_attention_subwords)
 
     async def run(enqueue: Callable[[], Future]) -> Any:
         """Queue work for the model and wait for it, within the request's time limit."""
@@ -244,15 +406,18 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
             raise HTTPException(503, str(e), headers={"Retry-After": str(batcher.retry_after())}) from None
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), limits.timeout_s)
-        except asyncio.TimeoutError:  # wait_for cancelled the job: dropped if not yet started
+        except asyncio.TimeoutError:  # wait_for cancelled the job: the worker drops it at its next chunk
             raise HTTPException(504, f"no answer within {limits.timeout_s:g} s; the server is busy, "
                                      "retry later") from None
 
     @app.get("/health")
     async def health() -> dict:
-        cfg = translator.model.cfg
         return {"status": "ok" if batcher.worker.is_alive() else "worker stopped",
-                "queue": {"sentences": batcher.queued, "limit": limits.max_queue},
+                "queue": {"sentences": batcher.queued, "limit": limits.max_queue, "work": batcher.work,
+                          "work_limit": limits.max_work},
+                "limits": {"max_sentences": limits.max_sentences, "max_chars": limits.max_chars,
+                           "max_subwords": max_subwords, "max_beam": limits.max_beam,
+                           "max_attention_subwords": attention_subwords},
                 "model": {"d_model": cfg.d_model, "N": cfg.N, "h": cfg.h, "vocab_size": cfg.vocab_size},
                 "decode": {"beam": d.beam, "alpha": d.alpha, "max_len_b": d.max_len_b}}
 
@@ -260,25 +425,26 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
     async def translate(req: TranslateRequest) -> TranslateResponse:
         if not req.sentences:
             raise HTTPException(400, "sentences is empty: send at least one sentence")
-        check_sentences(req.sentences)
         beam = req.beam or d.beam
         if beam > limits.max_beam:
             raise HTTPException(413, f"beam {beam} is over the limit of {limits.max_beam}")
+        ids = check_sentences(translator, limits, req.sentences, max_subwords, beam)
         alpha = d.alpha if req.alpha is None else req.alpha
-        texts, scores = await run(lambda: batcher.submit(req.sentences, beam, alpha))
+        texts, scores = await run(lambda: batcher.submit(ids, beam, alpha))
         return TranslateResponse(translations=texts, scores=scores)
 
     @app.post("/attention", response_model=AttentionResponse)
     async def attention(req: AttentionRequest) -> AttentionResponse:
-        from .plot import attention_data
-
         if not req.sentence.strip():
             raise HTTPException(400, "sentence is empty")
-        check_sentences([req.sentence])
-        data = await run(lambda: batcher.call(
-            lambda: attention_data(translator.model, translator.tokenizer, req.sentence, decode=d)))
-        return AttentionResponse(source_tokens=data.src_tokens, target_tokens=data.tgt_out_tokens,
-                                 translation=data.translation, weights=data.cross.mean((0, 1)).tolist())
+        check_sentences(translator, limits, [req.sentence], attention_subwords, d.beam)
+
+        def maps() -> AttentionResponse:  # in the worker: the search, the arrays and the lists
+            data = attention_data(translator.model, translator.tokenizer, req.sentence, decode=d)
+            return AttentionResponse(source_tokens=data.src_tokens, target_tokens=data.tgt_out_tokens,
+                                     translation=data.translation, weights=data.cross.mean((0, 1)).tolist())
+
+        return await run(lambda: batcher.call(maps))
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> str:
@@ -287,9 +453,29 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
     return app
 
 
+def _training_length(translator: Translator) -> int:
+    """Subwords per sentence the model was trained on (data.max_len less EOS), from its checkpoint."""
+    return (translator.data_max_len or 1 << 30) - 1
+
+
 def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
           limits: Limits | None = None, precision: str = "auto") -> None:
+    """Run the app under uvicorn with connection limits and timeouts; the open-file limit is raised
+    to its hard maximum so that many connections cannot make the server unreachable."""
+    import resource
+
     import uvicorn
 
+    limits = limits or Limits()
     translator = Translator.load(checkpoint, device=device, precision=precision)
-    uvicorn.run(create_app(translator, limits), host=host, port=port, log_level="info")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+    for name in ("uvicorn.error", "uvicorn.access", "asyncio"):
+        logging.getLogger(name).addFilter(RateLimited())
+    uvicorn.run(create_app(translator, limits), host=host, port=port, log_level="info",
+                limit_concurrency=limits.limit_concurrency, timeout_keep_alive=int(max(1, limits.keep_alive_s)),
+                h11_max_incomplete_event_size=64 * 1024)

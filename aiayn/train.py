@@ -30,7 +30,6 @@ from tqdm import tqdm
 
 from .checkpoint import (
     CheckpointError,
-    atomic_write,
     list_checkpoints,
     load_into,
     load_state,
@@ -41,6 +40,7 @@ from .checkpoint import (
 )
 from .config import Config, load_yaml
 from .data import Batch, TokenData, collate, load_manifest, make_batches
+from .files import atomic_write, hold_data, lock_run
 from .linear import kernel_cache
 from .loss import label_smoothed_loss
 from .model import build_model
@@ -193,6 +193,20 @@ class Run:
         return None
 
 
+def _check_state(saved: object, path: Path) -> None:
+    """A training state holds the optimizer, the progress (step, epoch) and the random streams."""
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path}: not a training state (a {type(saved).__name__}, not a mapping)")
+    missing = [k for k in ("optimizer", "progress", "rng") if k not in saved]
+    progress = saved.get("progress")
+    if isinstance(progress, dict):
+        missing += [f"progress.{k}" for k in ("step", "epoch") if k not in progress]
+    elif "progress" not in missing:
+        missing.append("progress (not a mapping)")
+    if missing:
+        raise CheckpointError(f"{path}: incomplete training state, missing {', '.join(missing)}")
+
+
 def _rank_seed(seed: int, rank: int) -> int:
     """§5.4 dropout differs between ranks: each rank's stream is seeded from (seed, rank)."""
     return int(np.random.SeedSequence([seed, rank, 5]).generate_state(1)[0])
@@ -293,7 +307,11 @@ class Trainer:
         tensors, _ = read_weights(weights_path)
         load_into(self.model, tensors, weights_path)
         saved = load_state(state_path)
-        self.optimizer.load_state_dict(saved["optimizer"])
+        _check_state(saved, state_path)
+        try:
+            self.optimizer.load_state_dict(saved["optimizer"])
+        except (ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise CheckpointError(f"{state_path}: the optimizer state does not fit this model ({e})") from None
         progress = dict(saved["progress"])
         was = progress.get("batching", {})
         if "batch" not in progress:  # written before the position counted batches
@@ -580,6 +598,25 @@ def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed
     atomic_write(path, json.dumps(record, indent=1).encode())
 
 
+def _start_run(run: Run, cfg: Config, data_dir: Path, env: Dist, trainer: Trainer, resume: bool,
+               resume_from: Path | None, locks: list) -> None:
+    """Rank 0, before anything is written: lock the run (one trainer per run), hold the data
+    (`prepare` will not replace it meanwhile), clear a killed process's leftovers."""
+    locks.append(lock_run(run.path))
+    if not resume and (run.path / "config.yaml").exists():
+        raise CheckpointError(f"{run.path} already holds a run; continue it with --resume {run.path}")
+    try:
+        locks.append(hold_data(data_dir))
+    except OSError:
+        log.debug("could not lock %s for reading", data_dir)
+    for stale in run.ckpt_dir.glob(".*.tmp"):  # half-written files of a killed process
+        stale.unlink(missing_ok=True)
+    if resume_from is None:
+        run.forget_metrics_after(0)  # rows of a process killed before its first checkpoint
+        cfg.save_yaml(run.path / "config.yaml")
+        write_provenance(run.path / "run.json", data_dir, cfg, env, resume is True, trainer.per_update)
+
+
 def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, resume: bool = False,
           device: str | None = None, overrides: dict | None = None, force_batching: bool = False) -> dict:
     """Train a model on prepared data (§5); with `resume`, continue run_dir from its last checkpoint.
@@ -611,22 +648,17 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
         raise ValueError("a config and a prepared data directory (--data) are required")
     env = setup(device, cfg.train.threads)
     trainer = Trainer(cfg, Path(data_dir), run, env)
-    handler = None
-    if env.is_main:
-        run.path.mkdir(parents=True, exist_ok=True)
-        for stale in run.ckpt_dir.glob(".*.tmp"):  # half-written files of a killed process
-            stale.unlink(missing_ok=True)
-        if resume_from is None:
-            cfg.save_yaml(run.path / "config.yaml")
-            write_provenance(run.path / "run.json", Path(data_dir), cfg, env, resume is True, trainer.per_update)
-        handler = logging.FileHandler(run.path / "train.log")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        log.addHandler(handler)
-        progress_log.addHandler(handler)
-        progress_log.setLevel(logging.INFO)
-        if log.getEffectiveLevel() > logging.INFO:
-            log.setLevel(logging.INFO)
+    handler, locks = None, []
     try:
+        if env.is_main:
+            _start_run(run, cfg, Path(data_dir), env, trainer, resume, resume_from, locks)
+            handler = logging.FileHandler(run.path / "train.log")
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            log.addHandler(handler)
+            progress_log.addHandler(handler)
+            progress_log.setLevel(logging.INFO)
+            if log.getEffectiveLevel() > logging.INFO:
+                log.setLevel(logging.INFO)
         if resume_from is not None:
             trainer.restore(resume_from, force_batching)
             if env.is_main:  # only once the checkpoint proved good: a refused resume changes nothing
@@ -642,3 +674,5 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
             log.removeHandler(handler)
             progress_log.removeHandler(handler)
             handler.close()
+        for lock in locks:
+            lock.release()

@@ -135,6 +135,7 @@ class Translator:
         self.model = model.eval() if self.device == here else model.eval().to(self.device)
         self.tokenizer = tokenizer
         self.decode_cfg = decode or DecodeConfig()
+        self.data_max_len = 0  # subwords per side in training (data.max_len), when loaded from a checkpoint
 
     @property
     def model(self) -> torch.nn.Module:
@@ -171,7 +172,9 @@ class Translator:
         cfg.decode.validate()
         if cfg.decode.beam > len(tokenizer):
             raise ConfigError(f"decode.beam ({cfg.decode.beam}) is larger than the vocabulary ({len(tokenizer)})")
-        return cls(model, tokenizer, cfg.decode, dev, precision)
+        translator = cls(model, tokenizer, cfg.decode, dev, precision)
+        translator.data_max_len = cfg.data.max_len  # the training length: a server's default sentence limit
+        return translator
 
     def encode_sources(self, lines: list[str]) -> list[list[int]]:
         """Subword ids + EOS; sources longer than the model allows are truncated with a warning."""

@@ -67,7 +67,7 @@ def test_prepare_wmt14_from_local_archives(archives, tmp_path, monkeypatch, capl
     out = tmp_path / "prep"
     with caplog.at_level(logging.WARNING, logger="aiayn"):
         assert main(["prepare", "--corpus", "wmt14-en-de", "--data-dir", str(archives), "--src", "en", "--tgt", "de",
-                     "-o", str(out), "--data.vocab_size", "80"]) == 0
+                     "-o", str(out), "--data.vocab_size", "80", "--trust-local"]) == 0
     assert caplog.text.count("not the official archive, used as given") == 5  # these small ones, and said so
     text = tmp_path / "cache" / "wmt14-en-de"
     assert (text / "train.de").read_text().splitlines() == EP[0] + CC[0] + NC[0]
@@ -89,12 +89,12 @@ def test_prepare_wmt14_from_local_archives(archives, tmp_path, monkeypatch, capl
     assert m["splits"]["train"]["pairs_in"] == 7 and m["splits"]["train"]["dropped_empty"] == 1
     assert m["tests"] == ["newstest2014"]
     stamp = (text / "train.de").stat().st_mtime_ns  # a second prepare extracts nothing
-    fetch_wmt14("en", "de", tmp_path / "cache", archives)
+    fetch_wmt14("en", "de", tmp_path / "cache", archives, trust_local=True)
     assert (text / "train.de").stat().st_mtime_ns == stamp
 
 
 def test_german_to_english_takes_the_other_sides_of_newstest2014(archives, tmp_path):
-    text = fetch_wmt14("de", "en", tmp_path / "cache", archives)
+    text = fetch_wmt14("de", "en", tmp_path / "cache", archives, trust_local=True)
     assert (text / "newstest2014.de").read_text() == "Quelle, Deutsch\n"
     assert (text / "newstest2014.en").read_text() == "reference, English\n"
 
@@ -107,7 +107,7 @@ def test_download_is_verified_and_a_bad_file_is_not_kept(archives, tmp_path, mon
     monkeypatch.setattr(corpora, "WMT14_ARCHIVES", table)
     text = fetch_wmt14("en", "de", tmp_path / "cache", mirror=archives.as_uri())
     assert (text / "train.en").read_text().splitlines() == EP[1] + CC[1] + NC[1]
-    assert sorted(p.name for p in (text / "archives").iterdir()) == sorted(table)
+    assert sorted(p.name for p in (text / "archives").iterdir() if p.name[0] != ".") == sorted(table)
     # a corrupted archive on the mirror: refused, named, and not left in the cache
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -127,8 +127,10 @@ def test_local_copies_are_checked_and_a_different_one_is_named(archives, tmp_pat
     name = "training-parallel-nc-v9.tgz"
     table[name] = (table[name][0], table[name][1], "sha256:" + "0" * 64)
     monkeypatch.setattr(corpora, "WMT14_ARCHIVES", table)
-    with caplog.at_level(logging.WARNING, logger="aiayn"):
+    with pytest.raises(DataError, match=r"nc-v9\.tgz: sha256 .*--trust-local"):
         fetch_wmt14("en", "de", tmp_path / "cache", archives)
+    with caplog.at_level(logging.WARNING, logger="aiayn"):
+        fetch_wmt14("en", "de", tmp_path / "cache", archives, trust_local=True)
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and re.search(r"nc-v9\.tgz: sha256 [0-9a-f]{64}, the official archive's is 0{64}",
                                           warned[0])
@@ -137,11 +139,11 @@ def test_local_copies_are_checked_and_a_different_one_is_named(archives, tmp_pat
 def test_missing_archive_member_or_language_gets_a_clear_error(archives, tmp_path, capsys):
     (archives / "test.tgz").unlink()
     assert main(["prepare", "--corpus", "wmt14-en-de", "--data-dir", str(archives), "--src", "en", "--tgt", "de",
-                 "-o", str(tmp_path / "p")]) == 2
+                 "-o", str(tmp_path / "p"), "--trust-local"]) == 2
     assert "test.tgz: missing" in capsys.readouterr().err
     tgz(archives / "test.tgz", {"test/newstest2013-src.de.sgm": sgml(["x"], "de")})
     with pytest.raises(DataError, match=r"test\.tgz: has no test/newstest2013-src\.en\.sgm"):
-        fetch_wmt14("en", "de", tmp_path / "cache", archives)
+        fetch_wmt14("en", "de", tmp_path / "cache", archives, trust_local=True)
     with pytest.raises(DataError, match="must be en and de"):
         fetch_wmt14("en", "fr", tmp_path / "cache", archives)
 
@@ -152,8 +154,8 @@ def test_wmt14_script_refuses_a_cpu_and_runs_end_to_end_when_allowed(archives, t
 
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if k != "AIAYN_ALLOW_CPU"}
-    env.update(AIAYN_CACHE=str(tmp_path / "cache"), AIAYN_WMT14=str(archives), DATA=str(tmp_path / "data"),
-               RUN=str(tmp_path / "run"), PATH=f"{tmp_path}:{env['PATH']}")
+    env.update(AIAYN_CACHE=str(tmp_path / "cache"), AIAYN_WMT14=str(archives), AIAYN_TRUST_LOCAL="1",
+               DATA=str(tmp_path / "data"), RUN=str(tmp_path / "run"), PATH=f"{tmp_path}:{env['PATH']}")
     (tmp_path / "nvidia-smi").write_text("#!/bin/sh\nexit 1\n")  # whatever this machine has: no GPU
     (tmp_path / "nvidia-smi").chmod(0o755)
     res = subprocess.run(["bash", str(root / "scripts/wmt14.sh")], env=env, capture_output=True, text=True)
@@ -168,3 +170,72 @@ def test_wmt14_script_refuses_a_cpu_and_runs_end_to_end_when_allowed(archives, t
     assert out[-3].startswith("BLEU = ") and out[-1].startswith("paper BLEU (tokenized")
     assert len((tmp_path / "run/newstest2014.de.hyp").read_text().splitlines()) == 1
     assert "averaged 2 checkpoints" in res.stdout
+
+
+def test_an_archive_whose_check_was_cut_short_is_checked_again(archives, tmp_path, monkeypatch):
+    table = {name: (url, (archives / name).stat().st_size,
+                    "sha256:" + hashlib.sha256((archives / name).read_bytes()).hexdigest())
+             for name, (url, _, _) in corpora.WMT14_ARCHIVES.items()}
+    monkeypatch.setattr(corpora, "WMT14_ARCHIVES", table)
+    fetch_wmt14("en", "de", tmp_path / "cache", mirror=archives.as_uri())
+    cached = tmp_path / "cache/wmt14-en-de/archives/test.tgz"
+    (cached.parent / ".test.tgz.verified").unlink()  # as if killed between the download and its check
+    cached.write_bytes(b"\0" * cached.stat().st_size)
+    with pytest.raises(DataError, match=r"test\.tgz: sha256"):
+        fetch_wmt14("en", "de", tmp_path / "cache", mirror=archives.as_uri())
+    assert not cached.exists()  # not kept: the next run downloads it again
+    fetch_wmt14("en", "de", tmp_path / "cache", mirror=archives.as_uri())
+    assert cached.read_bytes() == (archives / "test.tgz").read_bytes()
+
+
+def test_an_interrupted_download_is_an_error_and_leaves_no_file(tmp_path, monkeypatch):
+    class Short(io.BytesIO):  # a server that promised 100 bytes and dropped the connection after 10
+        headers = {"Content-Length": "100"}
+
+        def __enter__(self):
+            return self
+
+    monkeypatch.setattr(corpora.urllib.request, "urlopen", lambda url, timeout: Short(b"x" * 10))
+    with pytest.raises(DataError, match="interrupted"):
+        corpora._download("https://example.invalid/a.tgz", tmp_path / "a.tgz", "")
+    assert list(tmp_path.iterdir()) == []
+
+    def dropped(url, timeout):
+        raise corpora.http.client.IncompleteRead(b"partial", 90)
+
+    monkeypatch.setattr(corpora.urllib.request, "urlopen", dropped)
+    with pytest.raises(DataError, match="cannot download"):
+        corpora._download("https://example.invalid/a.tgz", tmp_path / "a.tgz", "")
+    with pytest.raises(DataError, match="not a URL"):
+        corpora.check_mirror("notaurl")
+
+
+def test_sgml_that_is_not_utf8_is_named_and_leaves_no_pieces(archives, tmp_path):
+    with tarfile.open(archives / "test-full.tgz", "w:gz") as tar:  # Latin-1 bytes, not UTF-8
+        for r, lang in (("src", "en"), ("ref", "de"), ("src", "de"), ("ref", "en")):
+            data = "<seg id=1>caf\xe9</seg>\n".encode("latin-1")
+            info = tarfile.TarInfo(f"test-full/newstest2014-deen-{r}.{lang}.sgm")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(DataError, match=r"test-full\.tgz: test-full/newstest2014-deen-src\.en\.sgm: line 1: invalid"):
+        fetch_wmt14("en", "de", tmp_path / "cache", archives, trust_local=True)
+    out = tmp_path / "cache/wmt14-en-de"
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no .train.0.en and the like
+
+
+def test_a_local_multi30k_copy_is_checked(multi30k_dir, tmp_path, caplog):
+    import shutil
+
+    local = tmp_path / "m30k"
+    shutil.copytree(multi30k_dir, local)
+    corpora.verify_multi30k(local, "en", "de")  # the published text
+    (local / "val.de.gz").chmod(0o644)
+    import gzip
+
+    (local / "val.de.gz").write_bytes(gzip.compress(b"ein anderer Satz\n"))
+    with pytest.raises(DataError, match=r"val\.de\.gz: text sha256 .*--trust-local"):
+        corpora.verify_multi30k(local, "en", "de")
+    corpora.verify_multi30k(local, "en", "fr")  # the changed file is not among these languages
+    with caplog.at_level(logging.WARNING, logger="aiayn"):
+        corpora.verify_multi30k(local, "en", "de", trust_local=True)
+    assert "val.de.gz" in caplog.text
