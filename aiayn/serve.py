@@ -28,6 +28,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from .plot import attention_data  # imported at start-up: matplotlib's first import takes seconds
+from .tokenizer import EOS
 from .translate import Translator
 
 PAGE = Path(__file__).with_name("page.html")
@@ -44,7 +45,7 @@ class Limits:
     max_beam: int = 16
     max_queue: int = 1024  # sentences waiting or being translated (503 above)
     max_work: int = 1 << 18  # beam x (subwords + 1) summed over waiting sentences (503 above, 413 for one request)
-    chunk_work: int = 1 << 14  # work the worker takes in one go before it looks at other requests
+    chunk_work: int = 1 << 13  # work the worker takes in one go before it looks at other requests
     max_attention_subwords: int = 100  # /attention: its maps grow as the square of the length (413 above)
     timeout_s: float = 60.0  # per request, queueing included (504 past it)
     read_timeout_s: float = 10.0  # to receive a request's body (408 past it)
@@ -136,7 +137,7 @@ class Batcher:
     The queue is weighed in sentences and in work; a request that gave up costs nothing more."""
 
     def __init__(self, translator: Translator, max_queue: int = 1024, max_batch: int = 256,
-                 max_work: int = 1 << 18, chunk_work: int = 1 << 14):
+                 max_work: int = 1 << 18, chunk_work: int = 1 << 13):
         self.translator = translator
         self.max_queue, self.max_batch, self.max_work, self.chunk_work = max_queue, max_batch, max_work, chunk_work
         self.jobs: queue.Queue[Job] = queue.Queue()
@@ -232,9 +233,11 @@ class Batcher:
             self._rotate()
 
     def _rotate(self) -> None:
-        """Finished and failed jobs leave; the job whose turn it was goes to the back."""
+        """Finished, failed and abandoned jobs leave (with what they still held); the job whose turn
+        it was goes to the back."""
         for job in [j for j in self.active if j.future.done() or j.done >= j.size]:
             self.active.remove(job)
+            self._release(*job.left())
         if self.active:
             self.active.rotate(-1)
 
@@ -328,6 +331,27 @@ class BodyLimit:
                 return messages
 
 
+class Concurrency:
+    """ASGI middleware: at most `limit` requests in progress (503 with Retry-After above it), not
+    counting /health, so a health check answers while the server is full."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit, self.active = app, limit, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") == "/health":
+            return await self.app(scope, receive, send)
+        if self.active >= self.limit:
+            return await JSONResponse({"detail": f"the server is busy: {self.active} requests in progress (limit "
+                                                 f"{self.limit})"}, status_code=503,
+                                      headers={"Retry-After": "1", "Connection": "close"})(scope, receive, send)
+        self.active += 1
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+
 async def _reply(scope, receive, send, status: int, detail: str, close: bool = False) -> None:
     headers = {"Connection": "close"} if close else None
     await JSONResponse({"detail": detail}, status_code=status, headers=headers)(scope, receive, send)
@@ -367,10 +391,11 @@ def check_sentences(translator: Translator, limits: Limits, sentences: list[str]
         except UnicodeEncodeError as e:  # a lone surrogate such as \\ud800: no text at all
             raise HTTPException(422, [{"loc": ["body", "sentences", i], "type": "unicode",
                                        "msg": f"not valid Unicode text at character {e.start}"}]) from None
-    ids = translator.encode_sources(sentences)
-    for i, x in enumerate(ids):
-        if len(x) - 1 > max_subwords:
-            raise HTTPException(413, f"sentence {i} has {len(x) - 1} subwords; the limit is {max_subwords}")
+    pieces = translator.tokenizer.encode([s.strip() for s in sentences])  # not truncated, unlike encode_sources
+    for i, x in enumerate(pieces):
+        if len(x) > max_subwords:
+            raise HTTPException(413, f"sentence {i} has {len(x)} subwords; the limit is {max_subwords}")
+    ids = [x + [EOS] if x else [] for x in pieces]  # as encode_sources makes them
     work = sum(beam * max(len(x), 1) for x in ids)
     if work > limits.max_work:
         raise HTTPException(413, f"the request's work (beam {beam} x subwords = {work}) is over the server's "
@@ -383,6 +408,7 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
     app = FastAPI(title="aiayn", description="Transformer translation (Attention Is All You Need)",
                   version="0.1.0")
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.read_timeout_s)
+    app.add_middleware(Concurrency, limit=limits.limit_concurrency)  # outermost: refuses before reading
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -474,8 +500,16 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: st
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError):
             pass
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    files = 1 << 20 if files == resource.RLIM_INFINITY else files
+    # Connections: room for the requests, the health checks and the process's own files, under its
+    # open-file limit; above it uvicorn answers 503 and closes, so a flood cannot exhaust the files.
+    connections = max(8, min(limits.limit_concurrency + 64, files - 64))
+    limits.limit_concurrency = min(limits.limit_concurrency, max(1, connections - 32))
     for name in ("uvicorn.error", "uvicorn.access", "asyncio"):
         logging.getLogger(name).addFilter(RateLimited())
+    log.info("serving on http://%s:%d: %d requests at once, %d connections (open-file limit %d)", host, port,
+             limits.limit_concurrency, connections, files)
     uvicorn.run(create_app(translator, limits), host=host, port=port, log_level="info",
-                limit_concurrency=limits.limit_concurrency, timeout_keep_alive=int(max(1, limits.keep_alive_s)),
+                limit_concurrency=connections, timeout_keep_alive=max(1, round(limits.keep_alive_s)),
                 h11_max_incomplete_event_size=64 * 1024)

@@ -224,6 +224,8 @@ HTTP_CASES = [
     ("over-long sentence", json.dumps({"sentences": ["a" * 1001]}).encode(), 413, "1001 characters"),
     ("over-sized body", json.dumps({"sentences": ["a" * 500_000]}).encode(), 413, "limit"),
     ("invalid UTF-8 body", b'{"sentences": ["\xff\xfe"]}', 400, "parsing the body"),
+    ("lone surrogate", b'{"sentences": ["a dog", "\\ud800"]}', 422, "not valid Unicode"),
+    ("over-long in subwords", json.dumps({"sentences": ["a " * 400]}).encode(), 413, "subwords"),
 ]
 
 

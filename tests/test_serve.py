@@ -197,3 +197,77 @@ def test_oversized_bodies_get_413_before_parsing(client):
     r = client.post("/translate", content=chunks(), headers={"Content-Type": "application/json"})
     assert r.status_code == 413
     assert client.get("/health").json()["status"] == "ok"
+
+
+def test_a_batch_that_fails_is_rerun_one_request_at_a_time(translator):
+    """If a merged batch still fails (a bad sentence the edge did not catch), only its request fails."""
+    poison = translator.encode_sources(["red house"])[0]
+    real = translator.translate_ids
+    calls = []
+
+    def fragile(ids, *a, **k):
+        calls.append(len(ids))
+        if poison in ids:
+            raise RuntimeError("a sentence the model cannot take")
+        return real(ids, *a, **k)
+
+    gate = threading.Event()
+    blocker = Batcher(translator)  # its own worker: hold it so that the three requests merge
+    blocker.call(lambda: gate.wait(10))
+    translator.translate_ids = fragile
+    try:
+        futures = [blocker.submit(s, 4, 0.6) for s in (["the dog"], ["red house", "a cat"], ["blue street"])]
+        gate.set()
+        good = [futures[0].result(20), futures[2].result(20)]
+        with pytest.raises(RuntimeError, match="cannot take"):
+            futures[1].result(20)
+    finally:
+        translator.translate_ids = real
+    assert calls[0] == 4  # merged first, then one by one
+    assert [g[0] for g in good] == [translator.translate(["the dog"]), translator.translate(["blue street"])]
+    assert blocker.queued == 0 and blocker.work == 0 and blocker.worker.is_alive()
+
+
+def test_a_long_request_is_done_in_chunks_between_which_others_are_served(translator):
+    """Round robin: a request of many sentences does not hold the worker until it is done."""
+    order = []
+    real = translator.translate_ids
+
+    def record(ids, *a, **k):
+        order.append(len(ids))
+        return real(ids, *a, **k)
+
+    gate = threading.Event()
+    b = Batcher(translator, chunk_work=4 * 4 * 3)  # about three short sentences per chunk at beam 4
+    b.call(lambda: gate.wait(10))
+    translator.translate_ids = record
+    try:
+        long = b.submit(["the dog runs"] * 12, 4, 0.6)
+        short = b.submit(["a cat"], 2, 0.6)  # other options: never merged with the long one
+        gate.set()
+        assert long.result(30)[0] == translator.translate(["the dog runs"] * 12)
+        short.result(30)
+    finally:
+        translator.translate_ids = real
+    assert len(order) > 2 and order.index(1) < len(order) - 1  # the short one ran before the long one ended
+
+
+def test_attention_is_capped_and_computed_off_the_event_loop(translator, monkeypatch):
+    from aiayn import serve
+
+    threads = []
+    real = serve.attention_data
+
+    def where(*a, **k):
+        threads.append(threading.current_thread().name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(serve, "attention_data", where)
+    n = len(translator.tokenizer.encode(["the dog"])[0])
+    client = TestClient(create_app(translator, Limits(max_attention_subwords=n)))
+    assert client.post("/attention", json={"sentence": "the dog"}).status_code == 200
+    assert threads == ["aiayn-batcher"]
+    r = client.post("/attention", json={"sentence": "the dog runs"})
+    assert r.status_code == 413 and f"the limit is {n}" in r.json()["detail"]
+    assert client.post("/translate", json={"sentences": ["the dog runs"]}).status_code == 200  # its own limit
+    assert "matplotlib" in __import__("sys").modules  # imported with the server, not in a request

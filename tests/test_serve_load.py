@@ -4,6 +4,8 @@
 translates afterwards and its queue drains to zero."""
 
 import asyncio
+import json
+import resource
 import socket
 import subprocess
 import sys
@@ -16,26 +18,24 @@ import torch
 from aiayn.checkpoint import model_tensors, save_weights
 from aiayn.config import Config
 from aiayn.model import Transformer
-from aiayn.tokenizer import Tokenizer
+from aiayn.tokenizer import EOS, Tokenizer
 
 REQUESTS, HANGUPS = 200, 20
 
 
-@pytest.fixture
-def server(toy_prepared, tmp_path):
-    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
-    cfg = Config()
-    m = cfg.model
-    m.vocab_size, m.d_model, m.d_ff, m.h, m.N, m.max_positions = len(tok), 32, 64, 4, 2, 128
-    torch.manual_seed(0)
-    ckpt = tmp_path / "model.safetensors"
-    save_weights(ckpt, model_tensors(Transformer(m)), cfg, tok, 0)
+def start(ckpt, *flags: str, nofile: int | None = None) -> tuple[str, int, subprocess.Popen]:
+    """`aiayn serve` in its own process on a free loopback port (optionally under an open-file limit)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+
+    def limit_files():
+        if nofile:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     proc = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(ckpt), "--host", "127.0.0.1",
-                             "--port", str(port), "--max-queue", "128", "--timeout", "10"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "--port", str(port), *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=limit_files)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:
@@ -47,12 +47,48 @@ def server(toy_prepared, tmp_path):
             pass
         assert time.time() < deadline, "the server did not start"
         time.sleep(0.2)
-    yield url, port
+    return url, port, proc
+
+
+def stop(proc: subprocess.Popen) -> str:
     proc.terminate()
     try:
-        proc.wait(10)
+        _, err = proc.communicate(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
+        _, err = proc.communicate()
+    return err.decode(errors="replace")
+
+
+def random_checkpoint(toy_prepared, path, d_model: int = 32, N: int = 2, max_positions: int = 128,
+                      never_ends: bool = False):
+    """A random model: it rarely says EOS, so searches run long. `never_ends`: EOS's logit is -d_model
+    whatever the input (the last LayerNorm's output sums to d_model x its bias, and EOS's output row
+    is -1 everywhere), so every search runs to its length limit: the worst case."""
+    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
+    cfg = Config()
+    m = cfg.model
+    m.vocab_size, m.d_model, m.d_ff, m.h, m.N, m.max_positions = len(tok), d_model, 2 * d_model, 4, N, max_positions
+    torch.manual_seed(0)
+    model = Transformer(m)
+    if never_ends:
+        with torch.no_grad():
+            model.decoder[-1].res_ffn.norm.bias.fill_(1.0)
+            model.out_proj.weight[EOS].fill_(-1.0)
+    save_weights(path, model_tensors(model), cfg, tok, 0)
+    return path, tok
+
+
+@pytest.fixture
+def random_model(toy_prepared, tmp_path):
+    return random_checkpoint(toy_prepared, tmp_path / "model.safetensors")
+
+
+@pytest.fixture
+def server(random_model):
+    url, port, proc = start(random_model[0], "--max-queue", "128", "--timeout", "10")
+    yield url, port
+    stop(proc)
 
 
 def hang_up(port: int, i: int) -> None:
@@ -112,3 +148,103 @@ def test_server_under_load_with_clients_that_hang_up(server):
     while httpx.get(url + "/health", timeout=5).json()["queue"]["sentences"] != 0:
         assert time.time() < deadline, "the queue did not drain"
         time.sleep(0.1)
+
+
+def test_a_poisoned_sentence_fails_its_request_alone(server):
+    """A lone surrogate is no text: 422 for its request; five valid requests sent beside it are served."""
+    url, _ = server
+
+    async def go():
+        async with httpx.AsyncClient(timeout=30) as client:
+            bodies = [{"sentences": ["the dog runs", "a cat"]}] * 5 + [{"sentences": ["the dog", "\ud800"]}]
+            return await asyncio.gather(*(client.post(url + "/translate", content=json.dumps(b).encode(),
+                                                      headers={"Content-Type": "application/json"}) for b in bodies))
+
+    answers = asyncio.run(go())
+    assert [r.status_code for r in answers] == [200] * 5 + [422], [r.text for r in answers]
+    assert "sentences" in answers[-1].text and "1" in json.dumps(answers[-1].json()["detail"][0]["loc"])
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_the_costliest_request_does_not_starve_a_short_one(toy_prepared, tmp_path):
+    """A hostile request (64 x 1,000 characters of real words, beam 16) is refused by the subword cap; the
+    costliest request the limits accept runs in chunks, so a short request sent after it is answered
+    within seconds, memory stays bounded, and once it gives up (504) it stops costing anything."""
+    ckpt, tok = random_checkpoint(toy_prepared, tmp_path / "m.safetensors", d_model=128, N=3, max_positions=256,
+                                  never_ends=True)
+    url, _, proc = start(ckpt, "--timeout", "4")
+    try:
+        hostile = httpx.post(url + "/translate", json={"sentences": [("the dog runs " * 80)[:1000]] * 64, "beam": 16}, timeout=30)
+        assert hostile.status_code == 413 and "subwords" in hostile.text
+        cap = httpx.get(url + "/health").json()["limits"]["max_subwords"]
+        words = ("the dog runs near the big red house " * 40).split()
+        long = " ".join(words[:cap])
+        while len(tok.encode([long])[0]) > cap:
+            long = long.rsplit(" ", 1)[0]
+        big = {"sentences": [long] * 64, "beam": 16}
+
+        async def go():
+            async with httpx.AsyncClient(timeout=60) as client:
+                t0 = time.perf_counter()
+                heavy = asyncio.create_task(client.post(url + "/translate", json=big))
+                await asyncio.sleep(1.5)
+                t = time.perf_counter()
+                short = await client.post(url + "/translate", json={"sentences": ["the dog"]})
+                waited = time.perf_counter() - t
+                heavy = await heavy
+                print(f"heavy took {time.perf_counter() - t0:.1f} s")
+                return heavy, short, waited
+
+        heavy, short, waited = asyncio.run(go())
+        print(f"heavy {heavy.status_code}, short answered in {waited:.2f} s, peak RSS {_peak_rss_mb(proc.pid):.0f} MB")
+        assert heavy.status_code == 504 and short.status_code == 200
+        assert waited < 10.0  # one chunk of the heavy request, not the whole of it (about 100 s here)
+        deadline = time.time() + 10  # the chunk under way finishes, nothing more of it is run
+        while httpx.get(url + "/health").json()["queue"]["work"] != 0:
+            assert time.time() < deadline, "the request that gave up still holds work"
+            time.sleep(0.1)
+        assert _peak_rss_mb(proc.pid) < 1500
+    finally:
+        stop(proc)
+
+
+def test_a_flood_of_slow_bodies_leaves_health_answering(random_model):
+    """300 clients send half a body and wait, against a server limited to 256 open files: the ones
+    over the request limit get 503 at once, the rest 408 after the read timeout; /health answers
+    200 throughout; the log stays short."""
+    url, port, proc = start(random_model[0], "--read-timeout", "2", nofile=256)
+    socks, health = [], []
+    try:
+        head = (b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 1000\r\n\r\n{\"sentences\": [")
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(head)
+            socks.append(s)
+        end = time.time() + 5
+        while time.time() < end:
+            t = time.perf_counter()
+            r = httpx.get(url + "/health", timeout=3)
+            health.append((r.status_code, time.perf_counter() - t))
+            time.sleep(0.2)
+        answers = []
+        for s in socks:
+            try:
+                answers.append(s.recv(200).split(b" ", 2)[1])
+            except (OSError, IndexError):
+                answers.append(b"closed")
+        assert {a for a in answers} <= {b"503", b"408", b"closed"}, set(answers)
+        assert answers.count(b"408") > 0 and answers.count(b"503") > 0
+    finally:
+        for s in socks:
+            s.close()
+        err = stop(proc)
+    assert health and all(code == 200 for code, _ in health), health
+    assert max(t for _, t in health) < 2.0, health
+    assert len(err.splitlines()) < 400, err[-3000:]
