@@ -76,6 +76,24 @@ def template(toy_prepared, tmp_path_factory) -> Path:
     lines(w / "two.txt", "a\nb\n")
     lines(w / "one.txt", "a\n")
     (w / "prepared").symlink_to(toy_prepared)
+    (w / "precious/sub").mkdir(parents=True)  # a folder aiayn did not write: never cleared
+    lines(w / "precious/notes.txt", "my notes\n")
+    lines(w / "precious/sub/data.txt", "more\n")
+    (w / "bad-manifest").mkdir()
+    lines(w / "bad-manifest/manifest.json", '{"settings": {"src": "en"')
+    lines(w / "deep.mrg", "(S " * 3000 + "(NN x)" + ")" * 3000 + "\n")
+    import zipfile
+
+    with zipfile.ZipFile(w / "latin1.zip", "w") as z:
+        z.writestr("treebank/combined/wsj_0001.mrg", "( (S (NP (NN caf\xe9)) ) )\n".encode("latin-1"))
+    from aiayn.checkpoint import read_weights
+
+    tensors, meta = read_weights(w / "model.safetensors")
+    save_file(tensors, w / "bad-spm.safetensors", metadata={**meta, "spm_model": "bm90IGEgbW9kZWw="})
+    save_file(tensors, w / "list-config.safetensors", metadata={**meta, "config": "[1, 2]"})
+    shutil.copytree(w / "run", w / "incomplete-run")
+    for state in (w / "incomplete-run/checkpoints").glob("*.state.pt"):
+        torch.save({"optimizer": {}, "rng": []}, state)
     return w
 
 
@@ -132,6 +150,39 @@ CLI_CASES = [
      ["empty-dir", "metrics.jsonl"]),
     ("server with a zero queue", ["serve", "--checkpoint", "{w}/model.safetensors", "--max-queue", "0"],
      ["--max-queue", "positive"]),
+    # folders aiayn did not write are refused, never cleared (export ct2 once deleted them)
+    ("export hf into a foreign folder", ["export", "hf", "--checkpoint", "{w}/model.safetensors", "-o", "{w}/precious"],
+     ["precious", "not empty", "notes.txt"]),
+    ("export ct2 into a foreign folder", ["export", "ct2", "--checkpoint", "{w}/model.safetensors", "-o",
+                                          "{w}/precious"], ["precious", "not empty"]),
+    ("export into the current folder", ["export", "ct2", "--checkpoint", "{w}/model.safetensors", "-o", "."],
+     ["-o", "not empty"]),
+    ("export into the parent folder", ["export", "hf", "--checkpoint", "{w}/model.safetensors", "-o", ".."],
+     ["not empty"]),
+    ("plot attention into a foreign folder", ["plot", "attention", "--checkpoint", "{w}/model.safetensors", "--src",
+                                              "a dog", "-o", "{w}/precious"], ["precious", "not empty"]),
+    ("prepare into a foreign folder", P[:-3] + ["{w}/precious", "--data.vocab_size", "60", "--train", "ok",
+                                                 "--valid", "ok"], ["precious", "not empty"]),
+    ("prepare into an existing file", P[:-3] + ["{w}/out.txt", "--data.vocab_size", "60", "--train", "ok",
+                                                 "--valid", "ok"], ["out.txt", "is a file"]),
+    ("reproduce report into a foreign folder", ["reproduce", "--suite", "table1", "--report", "{w}/precious"],
+     ["--report", "precious", "not empty"]),
+    ("translate into a missing folder", T[:5] + ["--output", "{w}/missing/dir/out.txt"],
+     ["missing/dir", "does not exist"]),
+    ("corrupt manifest", ["train", "--data", "{w}/bad-manifest", "--run-dir", "{w}/new-run"],
+     ["bad-manifest/manifest.json", "corrupt"]),
+    ("tree nested 3,000 deep", ["score", "--parse", "--hyp", "{w}/deep.mrg", "--ref", "{w}/deep.mrg"],
+     ["deep.mrg", "nested deeper"]),
+    ("treebank that is not UTF-8", ["prepare", "--task", "parse", "--treebank", "{w}/latin1.zip", "-o", "{w}/ptb"],
+     ["latin1.zip", "wsj_0001.mrg", "invalid UTF-8"]),
+    ("mirror that is not a URL", ["prepare", "--corpus", "wmt14-en-de", "--src", "en", "--tgt", "de", "--mirror",
+                                  "notaurl", "-o", "{w}/wmt"], ["--mirror", "notaurl", "not a URL"]),
+    ("checkpoint whose vocabulary is garbage", T[:2] + ["{w}/bad-spm.safetensors"] + T[3:],
+     ["bad-spm.safetensors", "spm_model"]),
+    ("checkpoint whose config is a list", T[:2] + ["{w}/list-config.safetensors"] + T[3:],
+     ["list-config.safetensors", "config", "list"]),
+    ("--resume with a training state missing keys", ["train", "--resume", "{w}/incomplete-run"],
+     ["incomplete-run", "state.pt", "missing progress"]),
 ]
 
 

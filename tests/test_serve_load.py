@@ -180,7 +180,8 @@ def test_the_costliest_request_does_not_starve_a_short_one(toy_prepared, tmp_pat
                                   never_ends=True)
     url, _, proc = start(ckpt, "--timeout", "4")
     try:
-        hostile = httpx.post(url + "/translate", json={"sentences": [("the dog runs " * 80)[:1000]] * 64, "beam": 16}, timeout=30)
+        hostile = {"sentences": [("the dog runs " * 80)[:1000]] * 64, "beam": 16}
+        hostile = httpx.post(url + "/translate", json=hostile, timeout=30)
         assert hostile.status_code == 413 and "subwords" in hostile.text
         cap = httpx.get(url + "/health").json()["limits"]["max_subwords"]
         words = ("the dog runs near the big red house " * 40).split()

@@ -1,0 +1,190 @@
+"""Nothing is lost to any command: run and data folders are locked against a second writer (real
+processes, the holder's PID named), a prepared cache is swapped in whole (a failure leaves the old
+one, a memory-mapped reader keeps its files), small files are replaced atomically with an ordinary
+file's mode, and a folder aiayn did not write is never cleared."""
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_resume import TINY, aiayn
+
+from aiayn import data as data_module
+from aiayn.config import Config
+from aiayn.data import prepare
+from aiayn.files import FileError, atomic_write, lock_holders, new_folder
+
+
+def wait_for(cond, what: str, proc: subprocess.Popen | None = None, limit: float = 120) -> None:
+    deadline = time.time() + limit
+    while not cond():
+        assert proc is None or proc.poll() is None, f"the process ended before {what}"
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def splits(corpus: Path) -> dict:
+    return {name: (corpus / f"{name}.en", corpus / f"{name}.de") for name in ("train", "valid", "test")}
+
+
+def test_a_second_trainer_and_a_prepare_are_refused_while_a_run_trains(toy_corpus, toy_prepared, tmp_path):
+    """Trainer A holds its run and its data. B (`train --resume`) and `prepare` into A's data are
+    refused with A's PID and change nothing; A is then SIGKILLed before its first checkpoint, and the
+    resumed run lists each step's metrics once; the files it wrote have an ordinary file's mode."""
+    prep, run = tmp_path / "prep", tmp_path / "run"
+    shutil.copytree(toy_prepared, prep)
+    endless = [*TINY, "--train.max_steps", "100000", "--train.save_every", "0", "--train.log_every", "1"]
+    a = subprocess.Popen(aiayn("train", "--data", str(prep), "--run-dir", str(run), *endless),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.umask(0o022))
+    try:
+        metrics = run / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, "metrics", a)
+        assert a.pid in lock_holders(run) and a.pid in lock_holders(prep)
+        before = {p: p.read_bytes() for p in prep.iterdir() if p.is_file()}
+        b = subprocess.run(aiayn("train", "--resume", str(run)), capture_output=True, text=True, timeout=120)
+        assert b.returncode == 2 and f"PID {a.pid}" in b.stderr and "being trained" in b.stderr, b.stderr[-2000:]
+        p = subprocess.run(aiayn("prepare", "--data-dir", str(toy_corpus), "--src", "en", "--tgt", "de", "--train",
+                                 "train", "--valid", "valid", "-o", str(prep), "--data.vocab_size", "61"),
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and f"PID {a.pid}" in p.stderr and "in use" in p.stderr, p.stderr[-2000:]
+        assert {q: q.read_bytes() for q in prep.iterdir() if q.is_file()} == before
+        assert not [q for q in prep.parent.iterdir() if q.name.startswith(".prep.")]  # no half-built cache left
+    finally:
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+    assert not list((run / "checkpoints").glob("step-*"))  # killed before its first checkpoint
+    res = subprocess.run(aiayn("train", "--resume", str(run), "--train.max_steps", "4"), capture_output=True,
+                         text=True, timeout=120, preexec_fn=lambda: os.umask(0o022))
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "loss" in r]
+    assert steps == sorted(set(steps)) and steps[-1] == 4, steps  # the killed process's rows are gone
+    for f in [run / "run.json", run / "config.yaml", *(run / "checkpoints").glob("step-*")]:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
+    assert run.stat().st_mode & 0o077 == 0o055  # the run folder itself is not private either
+
+
+def test_a_failed_prepare_leaves_the_old_cache_whole(toy_corpus, tmp_path, monkeypatch):
+    out = tmp_path / "prep"
+    prepare(splits(toy_corpus), out, "en", "de", vocab_size=60, max_len=32)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def broken(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(data_module, "_encode_split", broken)
+    with pytest.raises(OSError, match="disk full"):
+        prepare(splits(toy_corpus), out, "en", "de", vocab_size=61, max_len=32)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # manifest included
+    assert [p.name for p in tmp_path.iterdir()] == ["prep"]  # no temporary folder left beside it
+
+
+def test_a_reader_keeps_its_memory_mapped_files_through_a_new_prepare(toy_corpus, tmp_path):
+    out = tmp_path / "prep"
+    prepare(splits(toy_corpus), out, "en", "de", vocab_size=60, max_len=32)
+    mapped = np.load(out / "train.src.tok.npy", mmap_mode="r")
+    copy = np.array(mapped)
+    inode = (out / "train.src.tok.npy").stat().st_ino
+    prepare(splits(toy_corpus), out, "en", "de", vocab_size=50, max_len=32)  # a new vocabulary
+    assert (out / "train.src.tok.npy").stat().st_ino != inode  # new files, not the old ones rewritten
+    assert np.array_equal(mapped, copy)  # the old mapping reads what it read before
+    assert json.loads((out / "manifest.json").read_text())["settings"]["vocab_size"] == 50
+
+
+def test_prepare_refuses_a_folder_it_did_not_write(toy_corpus, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep")
+    with pytest.raises(FileError, match="not empty"):
+        prepare(splits(toy_corpus), out, "en", "de", vocab_size=60, max_len=32)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_config_yaml_is_replaced_not_rewritten_in_place(tmp_path):
+    path = tmp_path / "config.yaml"
+    Config().save_yaml(path)
+    with open(path) as old:  # a reader that opened it before the write
+        cfg = Config()
+        cfg.train.lr_scale = 3.0
+        cfg.save_yaml(path)
+        assert old.read() == _yaml(Config())  # the old file is whole, not truncated or mixed
+    assert path.read_text() == _yaml(cfg)
+
+
+def _yaml(cfg: Config) -> str:
+    import yaml
+
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_writes_honour_the_umask(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        atomic_write(tmp_path / "f", b"x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "f").stat().st_mode) == mode
+
+
+def test_new_folder_replaces_only_its_own_output(tmp_path):
+    out = tmp_path / "maps"
+    with new_folder(out, lambda f: all(p.suffix == ".png" for p in f.iterdir())) as tmp:
+        (tmp / "a.png").write_bytes(b"1")
+    with new_folder(out, lambda f: all(p.suffix == ".png" for p in f.iterdir())) as tmp:
+        (tmp / "b.png").write_bytes(b"2")
+    assert [p.name for p in out.iterdir()] == ["b.png"]  # an earlier output of the same kind: replaced whole
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(FileError, match="not empty"):
+        with new_folder(out, lambda f: all(p.suffix == ".png" for p in f.iterdir())):
+            pass
+    with pytest.raises(RuntimeError):
+        with new_folder(tmp_path / "fresh") as tmp:
+            (tmp / "half").write_text("x")
+            raise RuntimeError("killed half-way")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["maps"]  # nothing half-written left
+    cwd = os.getcwd()
+    try:
+        os.chdir(out)
+        with pytest.raises(FileError):
+            with new_folder("."):
+                pass
+    finally:
+        os.chdir(cwd)
+
+
+def test_export_twice_replaces_the_earlier_export_and_leaves_nothing_beside(toy_prepared, tmp_path):
+    pytest.importorskip("transformers")
+    from conftest import tiny_config
+
+    from aiayn.cli import main
+    from aiayn.train import train
+
+    cfg = tiny_config(max_steps=1)
+    cfg.model.N = 1
+    train(cfg, toy_prepared, tmp_path / "run")
+    ckpt = sorted((tmp_path / "run/checkpoints").glob("step-*.safetensors"))[-1]
+    out = tmp_path / "out" / "hf"
+    assert main(["export", "hf", "--checkpoint", str(ckpt), "-o", str(out)]) == 0
+    first = sorted(p.name for p in out.iterdir())
+    assert main(["export", "hf", "--checkpoint", str(ckpt), "-o", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == first
+    assert [p.name for p in out.parent.iterdir()] == ["hf"]
+    if sys.modules.get("ctranslate2") or _has("ctranslate2"):
+        ct2 = tmp_path / "out" / "ct2"
+        assert main(["export", "ct2", "--checkpoint", str(ckpt), "-o", str(ct2)]) == 0
+        assert sorted(p.name for p in out.parent.iterdir()) == ["ct2", "hf"]  # no ct2.hf left behind
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
