@@ -146,6 +146,7 @@ class TrainConfig:
     save_every: int = 0  # steps; 0 = off
     save_every_minutes: float = 10.0  # §6.1: checkpoints every 10 minutes
     keep_last: int = 5  # §6.1: interval checkpoints kept, and averaged by `aiayn average` (big: 20)
+    dist_timeout_minutes: float = 60.0  # torchrun: how long a rank waits for the others in a collective
 
     def validate(self) -> None:
         _check_numbers("train", self)
@@ -155,7 +156,7 @@ class TrainConfig:
                      "save_every", "save_every_minutes", "clip_norm", "patience"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        _check_positive("train", self, "adam_eps", "log_every")
+        _check_positive("train", self, "adam_eps", "log_every", "dist_timeout_minutes")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"train.precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.update_freq < 1:

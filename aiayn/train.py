@@ -9,6 +9,7 @@ process would on all their batches. Only rank 0 logs, validates and writes check
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import math
@@ -65,8 +66,9 @@ class Dist:
         return self.rank == 0
 
 
-def setup(device: str | None, threads: int) -> Dist:
-    """Pick the device; join the process group when started by torchrun (WORLD_SIZE > 1)."""
+def setup(device: str | None, threads: int, timeout_minutes: float = 60.0) -> Dist:
+    """Pick the device; join the process group when started by torchrun (WORLD_SIZE > 1), with
+    an explicit time limit for collectives (validation is shared by the ranks, so none waits long)."""
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
     local = int(os.environ.get("LOCAL_RANK", 0))
     kernel_cache(16)  # token-count batches bring new shapes all the time (linear.py)
@@ -79,7 +81,8 @@ def setup(device: str | None, threads: int) -> Dist:
     else:
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo",
+                                timeout=datetime.timedelta(minutes=timeout_minutes))
     if rank != 0:
         log.setLevel(logging.WARNING)  # rank 0 speaks for the run
     return Dist(rank, world, dev)
@@ -134,24 +137,40 @@ def shard(group: list[np.ndarray], rank: int, world: int) -> list[tuple[np.ndarr
 
 # -- validation ----------------------------------------------------------------------------
 @torch.no_grad()
-def validate(model: nn.Module, data: TokenData, cfg: Config, device: torch.device) -> dict[str, float]:
-    """Label-smoothed loss, NLL per token and perplexity on the validation split."""
+def validate(model: nn.Module, data: TokenData, cfg: Config, device: torch.device, env: Dist | None = None
+             ) -> dict[str, float]:
+    """Label-smoothed loss, NLL per token and perplexity on the validation split; under DDP each
+    rank takes every world-th batch and the sums are all-reduced (collective)."""
+    env = env or Dist(device=device)
     model.eval()
-    loss_sum = nll_sum = 0.0
-    n = 0
-    for idx in make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, 0, 0):
+    sums = torch.zeros(3, dtype=torch.float64)  # loss, NLL, tokens
+    for idx in make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, 0, 0)[env.rank::env.world]:
         b = collate(data, idx).to(device)
         with autocast(device, cfg.train.precision):
             logits = model(b.src, b.tgt_in)
         loss, nll, k = label_smoothed_loss(logits, b.tgt_out, cfg.train.label_smoothing, cfg.model.pad_id)
-        loss_sum, nll_sum, n = loss_sum + loss.item(), nll_sum + nll.item(), n + k
+        sums += torch.tensor([loss.item(), nll.item(), k], dtype=torch.float64)
+    if env.world > 1:
+        sums = sums.to(device)
+        dist.all_reduce(sums)
+    loss_sum, nll_sum, n = sums.tolist()
     return {"valid_loss": loss_sum / n, "valid_nll": nll_sum / n, "valid_ppl": math.exp(min(nll_sum / n, 50))}
 
 
 def valid_bleu(model: nn.Module, tokenizer: Tokenizer, src: list[str], ref: list[str], cfg: Config,
-               device: torch.device) -> float:
-    """Greedy-search sacreBLEU on validation sentences (cheap enough to run during training)."""
-    hyps = Translator(model, tokenizer, cfg.decode, device, cfg.train.precision).translate(src, beam=1)
+               device: torch.device, env: Dist | None = None) -> float:
+    """Greedy-search sacreBLEU on validation sentences (cheap enough to run during training);
+    under DDP each rank translates every world-th sentence and all gather the translations."""
+    env = env or Dist(device=device)
+    mine = Translator(model, tokenizer, cfg.decode, device, cfg.train.precision).translate(
+        src[env.rank::env.world], beam=1)
+    shares: list = [mine]
+    if env.world > 1:
+        shares = [None] * env.world
+        dist.all_gather_object(shares, mine)
+    hyps = [""] * len(src)
+    for rank, share in enumerate(shares):
+        hyps[rank::env.world] = share
     return sacrebleu.corpus_bleu(hyps, [ref]).score
 
 
@@ -408,24 +427,27 @@ class Trainer:
 
     # -- validation --------------------------------------------------------------------------
     def validate(self) -> bool:
-        """Validation loss/perplexity (and greedy BLEU); True when it is the best so far."""
+        """Validation loss/perplexity (and greedy BLEU); True when it is the best so far. Collective:
+        every rank validates its share and holds the same result; rank 0 records it."""
         state = self.state
-        metrics = validate(self.model, self.valid_data, self.cfg, self.env.device)
+        metrics = validate(self.model, self.valid_data, self.cfg, self.env.device, self.env)
         if self.v_src:
             metrics["valid_bleu"] = valid_bleu(self.model, self.tokenizer, self.v_src, self.v_ref, self.cfg,
-                                               self.env.device)
+                                               self.env.device, self.env)
             better = metrics["valid_bleu"] > state["best_bleu"]
         else:
             better = metrics["valid_loss"] < state["best_loss"]
         state["best_bleu"] = max(state["best_bleu"], metrics.get("valid_bleu", -1))
         state["best_loss"] = min(state["best_loss"], metrics["valid_loss"])
         state["stale"] = 0 if better else state.get("stale", 0) + 1  # validations without improvement
+        self._window[3] = time.perf_counter()  # keep tokens/s honest
+        if not self.env.is_main:
+            return better
         self.run.metrics({"step": state["step"], "epoch": state["epoch"], **metrics})
         log.info("validation step %d: %s", state["step"], " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
         if self.tb:
             for key, v in metrics.items():
                 self.tb.add_scalar(key, v, state["step"])
-        self._window[3] = time.perf_counter()  # keep tokens/s honest
         return better
 
     # -- saving ------------------------------------------------------------------------------
@@ -489,7 +511,12 @@ class Trainer:
 
     def _on_signal(self, signum, frame) -> None:
         if self.signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop at once, without a checkpoint
+            if self.env.world == 1:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop at once, without a checkpoint
+            # Under torchrun it could land inside a collective and leave the other ranks waiting:
+            # every rank stops at the next update boundary instead, together.
+            log.warning("already stopping at the next update boundary (all ranks together)")
+            return
         self.signal = signum  # acted on at the next update boundary
 
     # -- the loop ----------------------------------------------------------------------------
@@ -519,7 +546,7 @@ class Trainer:
                 self.update()
                 validated = saved = False
                 better = False
-                if env.is_main and t_cfg.valid_every and state["step"] % t_cfg.valid_every == 0:
+                if t_cfg.valid_every and state["step"] % t_cfg.valid_every == 0:  # collective
                     better, validated = self.validate(), True
                 now = time.perf_counter()
                 # Interval checkpoints (§6.1) keep their spacing: a better validation score writes
@@ -541,7 +568,7 @@ class Trainer:
                              state["step"], state["stale"])
                     break
                 self.bar.n = int(state["elapsed"]) if limit_s else state["step"]
-            better = self.validate() if env.is_main and not validated and not self.stopped_early() else False
+            better = self.validate() if not validated and not self.stopped_early() else False
             if self.agree(not saved)[0]:
                 self.save(best=better)
             elif better:
@@ -646,7 +673,7 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
                               "or choose another run directory")
     if cfg is None or data_dir is None:
         raise ValueError("a config and a prepared data directory (--data) are required")
-    env = setup(device, cfg.train.threads)
+    env = setup(device, cfg.train.threads, cfg.train.dist_timeout_minutes)
     trainer = Trainer(cfg, Path(data_dir), run, env)
     handler, locks = None, []
     try:

@@ -243,3 +243,47 @@ def test_tokens_per_update_gives_the_same_update_on_one_and_two_ranks(toy_prepar
     gap = sum(float(((a[k] - b[k]) ** 2).sum()) for k in a) ** 0.5
     other_gap = sum(float(((a[k] - c[k]) ** 2).sum()) for k in a) ** 0.5
     assert gap < 0.05 * other_gap
+
+
+def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(toy_corpus, tmp_path):
+    """2 gloo ranks, collectives limited to 3 s, a validation that takes one process about 10 s:
+    the ranks share it (every world-th batch and sentence), so none waits past the limit (rank 0
+    validating alone would leave rank 1 in a collective for 10 s and kill the run). The shared
+    result equals the validation of one process."""
+    from conftest import _sentences
+
+    from aiayn.checkpoint import load_checkpoint
+    from aiayn.config import load_yaml
+    from aiayn.data import prepare
+    from aiayn.train import valid_bleu, validate
+
+    for split, n, seed in (("train", 400, 0), ("valid", 5000, 1)):
+        s, t = _sentences(n, seed)
+        (tmp_path / f"{split}.en").write_text("".join(x + "\n" for x in s))
+        (tmp_path / f"{split}.de").write_text("".join(x + "\n" for x in t))
+    prep = tmp_path / "prep"
+    prepare({k: (tmp_path / f"{k}.en", tmp_path / f"{k}.de") for k in ("train", "valid")}, prep, "en", "de",
+            vocab_size=60, max_len=32)
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), "-m", "aiayn", "train", "--data", str(prep), "--run-dir", str(run),
+           *TINY[:-1], "3", "--train.valid_bleu_sentences", "5000", "--decode.max_len_b", "50",
+           "--train.dist_timeout_minutes", "0.05"]
+    t = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    shared = [r for r in rows if "valid_loss" in r][-1]
+    model, cfg, tok, _ = load_checkpoint(list_checkpoints(run)[-1])
+    cfg = load_yaml(run / "config.yaml")
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    alone = validate(model, TokenData(prep, "valid"), cfg, torch.device("cpu"))
+    src = (prep / "valid.en.txt").read_text().splitlines()
+    ref = (prep / "valid.de.txt").read_text().splitlines()
+    alone["valid_bleu"] = valid_bleu(model, tok, src, ref, cfg, torch.device("cpu"))
+    one_process = time.perf_counter() - start
+    print(f"one process validates in {one_process:.1f} s; the 2-rank run took {time.perf_counter() - t:.1f} s")
+    assert one_process > 3 * 2  # the validation is longer than the collective limit, twice over
+    assert shared["valid_loss"] == pytest.approx(alone["valid_loss"], rel=1e-6)
+    assert shared["valid_bleu"] == pytest.approx(alone["valid_bleu"], abs=1e-9)
