@@ -92,6 +92,27 @@ def cmd_params(args: argparse.Namespace, extra: list[str]) -> None:
         print(f"{name:<22}{n:>14,}{n / 1e6:>9.1f}{paper if paper else '':>9}{diff:>8}")
 
 
+def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
+    """§6.3: the treebank's splits as words -> linearized trees, prepared like a corpus."""
+    from .data import is_prepared, prepare
+    from .parse import TreeError, write_splits
+
+    if not args.treebank:
+        raise UserError("prepare --task parse needs --treebank PATH (a folder of .mrg files or treebank.zip)")
+    out = check_output_folder(args.out, is_prepared)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".trees", dir=out.parent) as tmp:
+        try:
+            files = write_splits(Path(args.treebank), Path(tmp))
+        except TreeError as e:
+            raise UserError(str(e)) from None
+        symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if x != "XX"}
+        manifest = prepare(files, out, "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
+                           cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols),
+                           dedup=False, max_ratio=0.0, carry=Path(tmp))  # trees outgrow their sentences
+    print(json.dumps(manifest["splits"], indent=1))
+
+
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
     """Validate parallel text, learn the joint BPE vocabulary (§5.1), cache every split."""
     from .corpora import CORPORA, cache_dir, check_mirror, fetch_multi30k, fetch_wmt14, verify_multi30k
@@ -99,22 +120,7 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
 
     cfg = build_config(args, extra)
     if args.task == "parse":  # §6.3: words -> linearized trees, from a treebank
-        from .parse import TreeError, write_splits
-
-        if not args.treebank:
-            raise UserError("prepare --task parse needs --treebank PATH (a folder of .mrg files or treebank.zip)")
-        out = check_output_folder(args.out, is_prepared)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".trees", dir=out.parent) as tmp:
-            try:
-                files = write_splits(Path(args.treebank), Path(tmp))
-            except TreeError as e:
-                raise UserError(str(e)) from None
-            symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if x != "XX"}
-            manifest = prepare(files, out, "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
-                               cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols),
-                               dedup=False, max_ratio=0.0, carry=Path(tmp))  # trees outgrow their sentences
-        print(json.dumps(manifest["splits"], indent=1))
+        _prepare_parse(args, cfg)
         return
     check_output_folder(args.out, is_prepared)  # before any download or reading
     if not args.src or not args.tgt:

@@ -230,7 +230,9 @@ class Batcher:
                 log.exception("server worker: %s", e)
                 for job, *_ in chunk:
                     self._fail(job, e)
-            self._rotate()
+            if self.active:
+                self._admit()  # requests that came during the chunk queue up behind it, then
+            self._rotate()  # the job that just ran goes to the back: newcomers wait one chunk at most
 
     def _rotate(self) -> None:
         """Finished, failed and abandoned jobs leave (with what they still held); the job whose turn
@@ -438,14 +440,7 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok" if batcher.worker.is_alive() else "worker stopped",
-                "queue": {"sentences": batcher.queued, "limit": limits.max_queue, "work": batcher.work,
-                          "work_limit": limits.max_work},
-                "limits": {"max_sentences": limits.max_sentences, "max_chars": limits.max_chars,
-                           "max_subwords": max_subwords, "max_beam": limits.max_beam,
-                           "max_attention_subwords": attention_subwords},
-                "model": {"d_model": cfg.d_model, "N": cfg.N, "h": cfg.h, "vocab_size": cfg.vocab_size},
-                "decode": {"beam": d.beam, "alpha": d.alpha, "max_len_b": d.max_len_b}}
+        return health_report(translator, batcher, limits, max_subwords, attention_subwords)
 
     @app.post("/translate", response_model=TranslateResponse)
     async def translate(req: TranslateRequest) -> TranslateResponse:
@@ -477,6 +472,20 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
         return PAGE.read_text(encoding="utf-8")
 
     return app
+
+
+def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_subwords: int,
+                  attention_subwords: int) -> dict:
+    """/health: the worker, the queue, the limits in force, the model and its decoding settings."""
+    cfg, d = translator.model.cfg, translator.decode_cfg
+    return {"status": "ok" if batcher.worker.is_alive() else "worker stopped",
+            "queue": {"sentences": batcher.queued, "limit": limits.max_queue, "work": batcher.work,
+                      "work_limit": limits.max_work},
+            "limits": {"max_sentences": limits.max_sentences, "max_chars": limits.max_chars,
+                       "max_subwords": max_subwords, "max_beam": limits.max_beam,
+                       "max_attention_subwords": attention_subwords},
+            "model": {"d_model": cfg.d_model, "N": cfg.N, "h": cfg.h, "vocab_size": cfg.vocab_size},
+            "decode": {"beam": d.beam, "alpha": d.alpha, "max_len_b": d.max_len_b}}
 
 
 def _training_length(translator: Translator) -> int:

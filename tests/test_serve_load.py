@@ -178,7 +178,7 @@ def test_the_costliest_request_does_not_starve_a_short_one(toy_prepared, tmp_pat
     within seconds, memory stays bounded, and once it gives up (504) it stops costing anything."""
     ckpt, tok = random_checkpoint(toy_prepared, tmp_path / "m.safetensors", d_model=128, N=3, max_positions=256,
                                   never_ends=True)
-    url, _, proc = start(ckpt, "--timeout", "4")
+    url, _, proc = start(ckpt, "--timeout", "10")
     try:
         hostile = {"sentences": [("the dog runs " * 80)[:1000]] * 64, "beam": 16}
         hostile = httpx.post(url + "/translate", json=hostile, timeout=30)
@@ -205,7 +205,7 @@ def test_the_costliest_request_does_not_starve_a_short_one(toy_prepared, tmp_pat
         heavy, short, waited = asyncio.run(go())
         print(f"heavy {heavy.status_code}, short answered in {waited:.2f} s, peak RSS {_peak_rss_mb(proc.pid):.0f} MB")
         assert heavy.status_code == 504 and short.status_code == 200
-        assert waited < 10.0  # one chunk of the heavy request, not the whole of it (about 100 s here)
+        assert waited < 7.0  # about one chunk of the heavy request (3.5 s here), not the whole of it (about 100 s)
         deadline = time.time() + 10  # the chunk under way finishes, nothing more of it is run
         while httpx.get(url + "/health").json()["queue"]["work"] != 0:
             assert time.time() < deadline, "the request that gave up still holds work"
