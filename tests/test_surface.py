@@ -171,7 +171,7 @@ def test_importing_aiayn_leaves_the_environment_alone():
 def scripted_validation(monkeypatch, losses):
     seq = iter(losses)
 
-    def fake(model, data, cfg, device):
+    def fake(model, data, cfg, device, env=None):
         loss = next(seq)
         return {"valid_loss": loss, "valid_nll": loss, "valid_ppl": 2.0 ** loss}
 
