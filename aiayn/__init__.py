@@ -7,6 +7,7 @@
 >>> aiayn.Translator.load("runs/ende/checkpoints/best.safetensors").translate(["A dog runs."])
 """
 
+from .baselines.rnn import RecurrentModel
 from .config import (
     Config,
     ConfigError,
@@ -19,8 +20,8 @@ from .config import (
     preset,
 )
 from .data import prepare
-from .model import Transformer, build_model
-from .rnn import RecurrentModel
+from .model import Transformer
+from .models import build_model
 from .train import train
 from .translate import Translation, Translator
 

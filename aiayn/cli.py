@@ -59,7 +59,7 @@ def build_config(args: argparse.Namespace, extra: list[str]) -> Config:
 
 def count_parameters(name: str, vocab_size: int) -> int:
     """Exact trainable-parameter count of a preset at a vocabulary size (built on the meta device)."""
-    from .model import build_model
+    from .models import build_model
 
     cfg = preset(name).model
     cfg.vocab_size = vocab_size
@@ -407,7 +407,8 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
     """Attention maps (Figures 3-5) or training curves."""
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-    from .plot import attention_data, plot_attention, plot_curves
+    from .apps.plot import plot_attention, plot_curves
+    from .translate import attention_data
 
     if args.what == "curves":
         if not args.run_dir:
@@ -423,8 +424,8 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError("plot attention needs --checkpoint FILE and --src SENTENCE")
     if not args.src.strip():
         raise UserError("--src is empty")
+    from .apps.plot import is_attention_maps
     from .checkpoint import load_checkpoint
-    from .plot import is_attention_maps
 
     check_output_folder(args.output, is_attention_maps)  # before the model is loaded and run
     model, cfg, tokenizer, _ = load_checkpoint(Path(args.checkpoint))
@@ -438,7 +439,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     """HTTP API (FastAPI) and a page to try the model."""
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-    from .serve import Limits, serve
+    from .apps.serve import Limits, serve
 
     names = ("max_sentences", "max_chars", "max_subwords", "max_queue", "max_work", "max_attention_subwords",
              "timeout", "read_timeout", "limit_concurrency", "keep_alive")
@@ -458,11 +459,11 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
     """Write a Hugging Face MarianMTModel directory, or a CTranslate2 model made from it."""
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-    from .export import ExportError, export_ct2, export_hf
+    from .apps.export import ExportError, export_ct2, export_hf
 
     if args.quantization and args.format != "ct2":
         raise UserError("--quantization applies to `export ct2` only")
-    from .export import is_export
+    from .apps.export import is_export
 
     check_output_folder(args.output, is_export)
     try:
@@ -502,8 +503,8 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     """Run a suite of the paper's experiments at small scale and render the report."""
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-    from .report import is_report, render
-    from .reproduce import reproduce
+    from .evidence.report import is_report, render
+    from .evidence.suites import reproduce
 
     work = Path(args.work)
     report = Path(args.report) if args.report else (work / "quick-report" if args.suite == "quick"
@@ -516,7 +517,9 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(f"--minutes must be a positive number, got {args.minutes}")
     check_output_folder(report, is_report, "--report")
     if args.render_only:
-        out = render(report, command)
+        from .evidence.suites import planned
+
+        out = render(report, command, planned(report))
     else:
         rows = [r for r in args.rows.split(",") if r] if args.rows else None
         out = reproduce(args.suite, Path(args.data) if args.data else None, work, report, rows, args.steps,

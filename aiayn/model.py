@@ -366,13 +366,3 @@ class Transformer(nn.Module):
         logits, _, _ = self._decode(tokens[:, None], cross, cache.src_mask, cache, False)
         cache.step += 1
         return logits[:, -1]
-
-
-def build_model(cfg: ModelConfig) -> nn.Module:
-    """The architecture the config names: the Transformer (default) or the recurrent baseline.
-    Both keep search.py's `IncrementalDecoder` contract and return `AttentionMaps`."""
-    if cfg.arch == "rnn":
-        from .rnn import RecurrentModel  # rnn.py reuses this module's parts
-
-        return RecurrentModel(cfg)
-    return Transformer(cfg)

@@ -44,7 +44,7 @@ from .data import Batch, TokenData, collate, load_manifest, make_batches
 from .files import atomic_write, hold_data, lock_run
 from .linear import kernel_cache
 from .loss import label_smoothed_loss
-from .model import build_model
+from .models import build_model
 from .optim import make_optimizer, noam_lr, set_lr
 from .tokenizer import Tokenizer
 from .translate import Translator, pick_device

@@ -8,13 +8,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from .config import ConfigError, DecodeConfig
 from .linear import kernel_cache
 from .search import Hypothesis, beam_search, greedy_search
-from .tokenizer import EOS, PAD, Tokenizer
+from .tokenizer import BOS, EOS, PAD, Tokenizer
 
 log = logging.getLogger("aiayn")
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
@@ -246,11 +247,9 @@ class Translator:
                         for t, h in zip(texts, hs)])
         return out
 
-    def attention(self, src: str, tgt: str | None = None):
-        """Every attention map of one sentence (plot.AttentionData: numpy arrays of shape (layers,
-        heads, queries, keys)), teacher-forced on `tgt` or on this translator's own translation."""
-        from .plot import attention_data
-
+    def attention(self, src: str, tgt: str | None = None) -> AttentionData:
+        """Every attention map of one sentence (numpy arrays of shape (layers, heads, queries, keys)),
+        teacher-forced on `tgt` or on this translator's own translation."""
         return attention_data(self.model, self.tokenizer, src, tgt, self.decode_cfg)
 
     def translate(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
@@ -258,3 +257,46 @@ class Translator:
         """Translate raw sentences; one output line per input line (empty in, empty out)."""
         hyps = self.translate_ids(self.encode_sources(lines), beam, alpha, 1, progress)
         return self.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
+
+
+# -- attention maps (Figures 3-5): one extraction for plots, the server and the analysis ----------
+@dataclass
+class AttentionData:
+    """Every attention map for one sentence pair, numpy (layers, heads, query, key)."""
+
+    src_tokens: list[str]  # source pieces + </s>
+    tgt_in_tokens: list[str]  # <s> + target pieces (decoder inputs, self-attention keys)
+    tgt_out_tokens: list[str]  # target pieces + </s> (what each decoder position predicts)
+    encoder_self: np.ndarray  # (N, h, S, S)
+    decoder_self: np.ndarray  # (N, h, T, T)
+    cross: np.ndarray  # (N, h, T, S)
+    translation: str
+
+
+def attention_data(model: torch.nn.Module, tokenizer: Tokenizer, src: str, tgt: str | None = None,
+                   decode: DecodeConfig | None = None) -> AttentionData:
+    """Attention weights through the explicit path, returned as values (§3.2). With `tgt` the
+    decoder is teacher-forced on it; otherwise on the model's own beam-search translation."""
+    model.eval()
+    limit = model.cfg.max_positions - 1
+    src_ids = tokenizer.encode([src.strip()])[0][:limit] + [EOS]
+    if tgt is None:
+        hyps = Translator(model, tokenizer, decode, precision="fp32").translate_ids([src_ids], nbest=1)[0]
+        tgt_ids = hyps[0].tokens if hyps else []
+    else:
+        tgt_ids = tokenizer.encode([tgt.strip()])[0][:limit - 1]
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        _, maps = model.attention_maps(torch.tensor([src_ids], device=device),
+                                       torch.tensor([[BOS] + tgt_ids], device=device))
+
+    def stack(ws: list[torch.Tensor]) -> np.ndarray:  # the recurrent model has no self-attention
+        return torch.stack([w[0].float() for w in ws]).cpu().numpy() if ws else np.zeros((0, 1, 0, 0))
+
+    return AttentionData(
+        src_tokens=tokenizer.id_to_piece(src_ids),
+        tgt_in_tokens=tokenizer.id_to_piece([BOS] + tgt_ids),
+        tgt_out_tokens=tokenizer.id_to_piece(tgt_ids + [EOS]),
+        encoder_self=stack(maps.encoder_self), decoder_self=stack(maps.decoder_self), cross=stack(maps.cross),
+        translation=tokenizer.decode([tgt_ids])[0],
+    )

@@ -33,7 +33,7 @@ import sacrebleu
 import torch
 from benchdata import CHECKPOINT, DATA, prepared_data, trained_checkpoint
 
-from aiayn.export import export_ct2, export_hf
+from aiayn.apps.export import export_ct2, export_hf
 from aiayn.translate import Translator
 
 

@@ -20,9 +20,9 @@ from conftest import tiny_config
 from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 
+from aiayn.apps.serve import Limits, create_app
 from aiayn.checkpoint import CheckpointError
 from aiayn.config import ConfigError
-from aiayn.serve import Limits, create_app
 from aiayn.train import train
 from aiayn.translate import Translator
 

@@ -14,9 +14,9 @@ import time
 import pytest
 import torch
 
+from aiayn.apps.serve import create_app
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.model import Transformer
-from aiayn.serve import create_app
 from aiayn.tokenizer import Tokenizer
 from aiayn.translate import Translator
 

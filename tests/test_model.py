@@ -205,7 +205,7 @@ def test_logits_and_loss_stay_fp32_under_bf16_autocast(arch):
     """§3.4's projection under autocast: fp32 logits equal to an fp32 product of the (bf16-computed)
     decoder output with the embedding matrix, not bf16 values cast up."""
     from aiayn.loss import label_smoothed_loss
-    from aiayn.model import build_model
+    from aiayn.models import build_model
 
     cfg = ModelConfig(arch=arch, vocab_size=50, d_model=32, d_ff=64, h=4, N=2, p_drop=0.0, max_positions=64)
     torch.manual_seed(0)

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
+from aiayn.apps.plot import plot_attention, plot_curves
 from aiayn.cli import main
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
-from aiayn.plot import attention_data, plot_attention, plot_curves
 from aiayn.tokenizer import EOS, PAD, Tokenizer
-from aiayn.translate import Translator
+from aiayn.translate import Translator, attention_data
 
 
 @pytest.fixture

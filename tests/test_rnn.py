@@ -8,11 +8,11 @@ import sacrebleu
 import torch
 from conftest import overfit, tiny_config
 
+from aiayn.baselines.rnn import AdditiveAttention, MultiplicativeAttention, RecurrentModel, attend
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.cli import main
 from aiayn.config import ConfigError, ModelConfig, preset
-from aiayn.model import build_model
-from aiayn.rnn import AdditiveAttention, MultiplicativeAttention, RecurrentModel, attend
+from aiayn.models import build_model
 from aiayn.search import beam_search
 from aiayn.train import train
 from aiayn.translate import Translator
@@ -160,7 +160,7 @@ def test_recurrent_model_trains_and_translates_with_the_toolkit(trained_rnn, toy
 def test_recurrent_model_serves_translations_and_its_attention(trained_rnn):
     from fastapi.testclient import TestClient
 
-    from aiayn.serve import create_app
+    from aiayn.apps.serve import create_app
 
     t = Translator.load(trained_rnn[1])
     with TestClient(create_app(t)) as client:

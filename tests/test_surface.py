@@ -161,7 +161,7 @@ def test_run_json_and_train_log_record_the_run(toy_prepared, tmp_path):
 
 def test_importing_aiayn_leaves_the_environment_alone():
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
-    out = subprocess.run([sys.executable, "-c", "import os, aiayn, aiayn.train, aiayn.serve; "
+    out = subprocess.run([sys.executable, "-c", "import os, aiayn, aiayn.train, aiayn.apps.serve; "
                           "print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))"],
                          capture_output=True, text=True, env=env, timeout=120).stdout
     assert out.strip() == "None"

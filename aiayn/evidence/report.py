@@ -17,8 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .files import atomic_write  # noqa: E402
-from .optim import noam_lr  # noqa: E402
+from ..files import atomic_write  # noqa: E402
+from ..optim import noam_lr  # noqa: E402
 
 PAPER_BLEU_STEP = 0.2  # Table 3 prints one decimal: smaller BLEU changes count as "no change"
 PAPER_PPL_STEP = 0.05  # and two decimals for perplexity
@@ -218,7 +218,7 @@ def rnn_section(rs: list[dict], img: Path) -> list[str]:
 
 def confirm_section(rs: list[dict], t3: list[dict], img: Path | None = None) -> list[str]:
     """The candidates from Table 3 retrained at the main job's own budget, and what the preset does."""
-    from .config import config_keys, preset
+    from ..config import config_keys, preset
 
     refs = [r for r in rs if r["group"] == "ref"]
     cands = sorted((r for r in rs if r["group"] != "ref"), key=lambda r: r["row"])
@@ -359,8 +359,9 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def render(report_dir: Path, command: str = "") -> Path:
-    """Write REPORT.md and img/*.png in report_dir from report_dir/results/*/*.json."""
+def render(report_dir: Path, command: str = "", planned: dict[str, int] | None = None) -> Path:
+    """Write REPORT.md and img/*.png in report_dir from report_dir/results/*/*.json; `planned`: the
+    number of rows each suite has (passed in by the suites, which this module does not import)."""
     report_dir = Path(report_dir)
     results = load_results(report_dir / "results")
     img = report_dir / "img"
@@ -369,12 +370,11 @@ def render(report_dir: Path, command: str = "") -> Path:
            "re-render with `aiayn reproduce --suite table3 --render-only`. BLEU is sacreBLEU on detokenized, "
            "cased text (signature below), not the paper's tokenized BLEU, and Multi30k is not WMT14: compare "
            "directions, not values.", ""]
-    from .reproduce import confirm_rows, rnn_rows, table3_rows
-
+    planned = planned or {}
     t1_done = (report_dir / "results" / "table1" / "table1.json").exists()
-    out += [f"Progress: table3 {len(results.get('table3', []))} of {len(table3_rows())} rows, "
-            f"rnn {len(results.get('rnn', []))} of {len(rnn_rows())}, "
-            f"confirm {len(results.get('confirm', []))} of {len(confirm_rows(results.get('table3', [])))}, "
+    done = {s: f"{len(results.get(s, []))} of {planned[s]}" if s in planned else str(len(results.get(s, [])))
+            for s in ("table3", "rnn", "confirm")}
+    out += [f"Progress: table3 {done['table3']} rows, rnn {done['rnn']}, confirm {done['confirm']}, "
             f"table1 {'done' if t1_done else 'not run'}. "
             "A suite resumes where it stopped when its command is run again.", ""]
     if command and "--render-only" not in command:

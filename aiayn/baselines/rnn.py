@@ -18,9 +18,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from .config import ModelConfig
-from .linear import Linear
-from .model import AttentionMaps, Dropout, OutputProjection
+from ..config import ModelConfig
+from ..linear import Linear
+from ..model import AttentionMaps, Dropout, OutputProjection
 
 
 # -- attention -------------------------------------------------------------------------------

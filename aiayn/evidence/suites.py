@@ -13,11 +13,8 @@ no number in it is typed by hand.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import os
-import platform
 import shutil
 import statistics
 import time
@@ -28,9 +25,10 @@ from typing import Any
 import sacrebleu
 import torch
 
-from .checkpoint import list_checkpoints, load_checkpoint, write_averaged
-from .config import Config, ConfigError, apply_overrides, preset
-from .files import atomic_write
+from ..checkpoint import list_checkpoints, load_checkpoint, write_averaged
+from ..config import Config, ConfigError, apply_overrides, preset
+from ..files import atomic_write
+from .machine import _code_commit, machine
 
 log = logging.getLogger("aiayn")
 
@@ -162,28 +160,10 @@ def quick_rows() -> tuple[list[Row], list[Row]]:
 
 
 # -- one row: train, average, evaluate -------------------------------------------------------
-def machine() -> dict[str, Any]:
-    """What made the numbers: processor, threads, accelerator, library versions."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
-            "torch": torch.__version__, "python": platform.python_version(), "git": _code_commit()}
-
-
-@functools.cache
-def _code_commit() -> str | None:
-    """The commit of the code this process runs: read once, when the suite starts (a result
-    written an hour later must not name whatever the working tree holds by then)."""
-    from .train import _git_commit
-
-    return _git_commit()
+def planned(report_dir: Path) -> dict[str, int]:
+    """Rows each suite has, for the report's progress line (confirm's follow table3's results)."""
+    return {"table3": len(table3_rows()), "rnn": len(rnn_rows()),
+            "confirm": len(confirm_rows(_table3_results(Path(report_dir) / "results")))}
 
 
 def row_config(row: Row, common: dict[str, Any]) -> Config:
@@ -212,7 +192,7 @@ def flops_per_token(model: torch.nn.Module, data, cfg: Config, batches: int = 4)
     on the first batches of the validation split."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .data import collate, make_batches
+    from ..data import collate, make_batches
 
     total_flops, tokens = 0, 0
     device = next(model.parameters()).device
@@ -248,9 +228,9 @@ def _recurrent_encoder_flops(model: torch.nn.Module, src: torch.Tensor, cfg: Con
 def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "cpu") -> dict[str, Any]:
     """§6.1: average the last checkpoints (at most 5), then validation perplexity and beam-4 BLEU on
     the validation set and every prepared test set (sentences > 0: only the first ones)."""
-    from .data import TokenData, load_manifest
-    from .train import validate
-    from .translate import Translator
+    from ..data import TokenData, load_manifest
+    from ..train import validate
+    from ..translate import Translator
 
     run_dir, data_dir = Path(run_dir), Path(data_dir)
     ckpts = list_checkpoints(run_dir)
@@ -291,7 +271,7 @@ def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "c
 def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: Path, results: Path,
             sentences: int = 0, device: str | None = None) -> dict[str, Any]:
     """Train (or resume, or skip) one row and write its result.json; returns the result."""
-    from .train import Run, train
+    from ..train import Run, train
 
     run_dir = Path(work) / suite / row.name
     result_path = run_dir / "result.json"
@@ -361,8 +341,8 @@ def _minutes_at(step: int, train_rows: list[dict]) -> float:
 
 
 def _count_params(model_cfg, data_dir: Path) -> int:
-    from .data import load_manifest
-    from .model import build_model
+    from ..data import load_manifest
+    from ..models import build_model
 
     model_cfg.vocab_size = int(load_manifest(data_dir)["vocab_size"])
     with torch.device("meta"):
@@ -414,9 +394,9 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
             row_config(row, common)  # every config checked before the first run starts
         for row in chosen:
             run_row(row, name, common, Path(data_dir), Path(work), results, sentences, device)
-            render(Path(report_dir), command)
+            render(Path(report_dir), command, planned(Path(report_dir)))
     if suite in ("table1", "quick"):
-        from .complexity import measure_table1
+        from .table1 import measure_table1
 
         quick = suite == "quick"
         out = measure_table1(ns=(16, 32, 64) if quick else (16, 32, 64, 128, 256, 512, 1024, 2048),
@@ -424,4 +404,4 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
         path = results / "table1" / ("quick.json" if quick else "table1.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json.dumps(out, indent=1).encode())
-    return render(Path(report_dir), command)
+    return render(Path(report_dir), command, planned(Path(report_dir)))

@@ -27,9 +27,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
 
-from .plot import attention_data  # imported at start-up: matplotlib's first import takes seconds
-from .tokenizer import EOS
-from .translate import Translator
+from ..tokenizer import EOS
+from ..translate import Translator, attention_data
 
 PAGE = Path(__file__).with_name("page.html")
 log = logging.getLogger("aiayn")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -13,57 +12,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
-from .config import DecodeConfig  # noqa: E402
-from .files import new_folder  # noqa: E402
-from .model import Transformer  # noqa: E402
-from .rnn import RecurrentModel  # noqa: E402
-from .tokenizer import BOS, EOS, Tokenizer  # noqa: E402
-
-
-@dataclass
-class AttentionData:
-    """Every attention map for one sentence pair, numpy (layers, heads, query, key)."""
-
-    src_tokens: list[str]  # source pieces + </s>
-    tgt_in_tokens: list[str]  # <s> + target pieces (decoder inputs, self-attention keys)
-    tgt_out_tokens: list[str]  # target pieces + </s> (what each decoder position predicts)
-    encoder_self: np.ndarray  # (N, h, S, S)
-    decoder_self: np.ndarray  # (N, h, T, T)
-    cross: np.ndarray  # (N, h, T, S)
-    translation: str
-
-
-def attention_data(model: Transformer | RecurrentModel, tokenizer: Tokenizer, src: str, tgt: str | None = None,
-                   decode: DecodeConfig | None = None) -> AttentionData:
-    """Attention weights through the explicit path, returned as values (§3.2). With `tgt` the
-    decoder is teacher-forced on it; otherwise on the model's own beam-search translation."""
-    from .translate import Translator
-
-    model.eval()
-    limit = model.cfg.max_positions - 1
-    src_ids = tokenizer.encode([src.strip()])[0][:limit] + [EOS]
-    if tgt is None:
-        hyps = Translator(model, tokenizer, decode, precision="fp32").translate_ids([src_ids], nbest=1)[0]
-        tgt_ids = hyps[0].tokens if hyps else []
-    else:
-        tgt_ids = tokenizer.encode([tgt.strip()])[0][:limit - 1]
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        _, maps = model.attention_maps(torch.tensor([src_ids], device=device),
-                                       torch.tensor([[BOS] + tgt_ids], device=device))
-
-    def stack(ws: list[torch.Tensor]) -> np.ndarray:  # the recurrent model has no self-attention
-        return torch.stack([w[0].float() for w in ws]).cpu().numpy() if ws else np.zeros((0, 1, 0, 0))
-
-    return AttentionData(
-        src_tokens=tokenizer.id_to_piece(src_ids),
-        tgt_in_tokens=tokenizer.id_to_piece([BOS] + tgt_ids),
-        tgt_out_tokens=tokenizer.id_to_piece(tgt_ids + [EOS]),
-        encoder_self=stack(maps.encoder_self), decoder_self=stack(maps.decoder_self), cross=stack(maps.cross),
-        translation=tokenizer.decode([tgt_ids])[0],
-    )
+from ..files import new_folder  # noqa: E402
+from ..translate import AttentionData  # noqa: E402
 
 
 def _heatmap(ax, w: np.ndarray, rows: list[str], cols: list[str], title: str) -> None:

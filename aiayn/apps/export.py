@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import load_checkpoint
-from .files import new_folder
-from .model import Transformer
-from .tokenizer import BOS, EOS, PAD, Tokenizer
+from ..checkpoint import load_checkpoint
+from ..files import new_folder
+from ..model import Transformer
+from ..tokenizer import BOS, EOS, PAD, Tokenizer
 
 
 class ExportError(ValueError):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .attention import MultiHeadAttention, attention
+from ..attention import MultiHeadAttention, attention
 
 PAPER = {  # Table 1: complexity per layer / sequential operations / maximum path length
     "self-attention": "O(n²·d) / O(1) / O(1)",
@@ -138,7 +138,7 @@ def measure_table1(ns: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
                    repeats: int = 5, fit_from: int | None = None, device: str | None = None, seed: int = 0
                    ) -> dict:
     """Time, memory, sequential steps and path length per layer and n; log-log slopes."""
-    from .reproduce import machine
+    from .machine import machine
 
     dev = torch.device(device or "cpu")
     torch.manual_seed(seed)
