@@ -24,8 +24,8 @@ from .model import Transformer
 from .models import build_model
 from .train import train
 from .translate import Translation, Translator
+from .version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "DataConfig", "DecodeConfig", "ModelConfig", "RecurrentModel", "TrainConfig",
-           "Transformer", "Translation", "Translator", "apply_overrides", "build_model", "load_yaml", "preset",
-           "prepare", "train"]
+__all__ = ["__version__", "Config", "ConfigError", "DataConfig", "DecodeConfig", "ModelConfig", "RecurrentModel",
+           "TrainConfig", "Transformer", "Translation", "Translator", "apply_overrides", "build_model", "load_yaml",
+           "preset", "prepare", "train"]

@@ -41,7 +41,7 @@ def _check_positive(section: str, cfg: Any, *names: str) -> None:
 class ModelConfig:
     """§3: the encoder-decoder Transformer; defaults are the base model of Table 3.
 
-    ``arch: rnn`` selects the recurrent attention baseline of §1-2 instead (rnn.py): it reads
+    ``arch: rnn`` selects the recurrent attention baseline of §1-2 instead (baselines/rnn.py): it reads
     d_model (embedding and hidden size), N (layers per stack) and p_drop, and the rnn_* fields.
     """
 
@@ -269,7 +269,7 @@ PRESETS["parse"] = {**PRESETS["multi30k"], "model.N": 4, "model.p_drop": 0.3, "m
                     "data.vocab_size": 4000, "data.max_len": 512,
                     "train.valid_bleu_sentences": 0, "train.valid_every": 250, "decode.beam": 21, "decode.alpha": 0.3,
                     "decode.max_len_b": 300}
-# The recurrent attention baseline (rnn.py) on the same data and schedule: 2 layers, hidden 512.
+# The recurrent attention baseline (baselines/rnn.py) on the same data and schedule: 2 layers, hidden 512.
 PRESETS["multi30k-rnn"] = {**PRESETS["multi30k"], "model.arch": "rnn", "model.d_model": 512, "model.N": 2,
                            "model.p_drop": 0.3}
 

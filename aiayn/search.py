@@ -2,7 +2,7 @@
 
 The model only needs the `IncrementalDecoder` contract: ``start_decoding(src, group) -> cache``
 (with ``cache.reorder(rows, sources)``) and ``decode_step(tokens, cache) -> logits (rows, V)``.
-The Transformer (model.py), the recurrent baseline (rnn.py) and a scripted decoder in the tests
+The Transformer (model.py), the recurrent baseline (baselines/rnn.py) and a scripted decoder in the tests
 have it.
 Scores are sums of log-probabilities; beam search ranks finished hypotheses by
 score / lp(|Y|), |Y| counting the end-of-sentence token.
@@ -112,11 +112,9 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
     """Batched beam search (§6.1) over src (B, S); returns the `nbest` best hypotheses per row.
 
     Each step expands every live beam, keeps the 2·beam best candidates, sets aside those that
-    end in EOS among the top `beam`, and continues with the best `beam` that do not. A sentence
-    stops when it has `nbest` finished hypotheses and no live one can still beat them: a live
-    score can only fall, so its best possible final value is score / lp(max length) (the
-    early-stopping rule of tensor2tensor, which the paper used). Sentences that stop leave the
-    batch, so their rows cost nothing afterwards.
+    end in EOS among the top `beam`, and continues with the best `beam` that do not (the
+    bookkeeping stays in tensors: no per-sentence Python work per step). A sentence stops as
+    `_open` says, and leaves the batch, so its rows cost nothing afterwards.
     """
     B, k, dev = src.size(0), beam, src.device
     max_len = max_lengths(src, max_len_a, max_len_b, limit)  # (B,)
@@ -127,9 +125,7 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
     scores[:, 0] = 0.0  # one live beam at the start
     hist = torch.full((B * k, L), PAD, dtype=torch.long, device=dev)  # live beams' tokens so far
     tokens = torch.full((B * k,), BOS, dtype=torch.long, device=dev)
-    # The k best finished hypotheses of every sentence, best first (the bookkeeping stays in
-    # tensors: no per-sentence Python work per step). Scores in float64, as the ranking and the
-    # stopping rule compare normalized scores.
+    # The k best finished hypotheses of every sentence, best first, in tensors (float64 scores).
     fin_score = torch.full((B, k), float("-inf"), dtype=torch.float64, device=dev)
     fin_tok = torch.full((B, k, L), PAD, dtype=torch.long, device=dev)
     # Largest length penalty a hypothesis can still get: |Y| = max length + EOS.
@@ -146,27 +142,16 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         top_beam, top_tok = top_idx // c, row_tok.view(n, k * c).gather(1, top_idx)
         is_eos = (top_tok == EOS) & torch.isfinite(top_scores)
         row_base = torch.arange(n, device=dev).unsqueeze(1) * k
-        # Finished hypotheses: EOS among the first k candidates join the sentence's k best
-        # finished ones; a stable sort keeps earlier ones first among equal scores.
-        eos_k = is_eos[:, :k]
-        if eos_k.any():
-            new = torch.where(eos_k, top_scores[:, :k].double() / length_penalty(t + 1, alpha), float("-inf"))
-            merged, order = torch.cat([fin_score[active], new], 1).sort(dim=1, descending=True, stable=True)
-            toks = torch.cat([fin_tok[active], hist[(row_base + top_beam[:, :k]).view(-1)].view(n, k, L)], 1)
-            fin_score[active] = merged[:, :k]
-            fin_tok[active] = toks.gather(1, order[:, :k, None].expand(n, k, L))
+        if is_eos[:, :k].any():
+            _merge_finished(fin_score, fin_tok, active, top_scores[:, :k], hist[(row_base + top_beam[:, :k]).view(-1)],
+                            is_eos[:, :k], length_penalty(t + 1, alpha))
         # Live beams: the k best candidates that are not EOS.
         rank = torch.arange(top_scores.size(1), device=dev).expand_as(top_scores)
         live = (rank + is_eos.long() * 10_000).topk(k, dim=1, largest=False).indices  # (n, k)
         new_scores = top_scores.gather(1, live)
         new_tok = top_tok.gather(1, live)
         src_rows = (row_base + top_beam.gather(1, live)).view(-1)
-        # A sentence is done when EOS was forced (every live beam has finished), or when it has
-        # `nbest` finished hypotheses and no live one can beat them.
-        nth = fin_score[active, nbest - 1]
-        done = (t >= max_len[active]) | ((nth > float("-inf"))
-                                         & (new_scores[:, 0].double() / bound_lp[active] <= nth))
-        keep = (~done).nonzero().squeeze(1)
+        keep = _open(fin_score[active, nbest - 1], new_scores[:, 0], bound_lp[active], t >= max_len[active])
         if not keep.numel():
             break
         dropped = keep.numel() < n
@@ -179,7 +164,27 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         # Beams move only within their sentence, so the encoder side is selected only on a drop.
         cache.reorder(src_rows, keep if dropped else None)
         scores, tokens = new_scores, new_tok.view(-1)
-    results = []
-    for sc, tk in zip(fin_score[:, :nbest].tolist(), fin_tok[:, :nbest].tolist()):
-        results.append([Hypothesis([i for i in row if i != PAD], s) for s, row in zip(sc, tk) if s > float("-inf")])
-    return results
+    return [[Hypothesis([i for i in row if i != PAD], s) for s, row in zip(sc, tk) if s > float("-inf")]
+            for sc, tk in zip(fin_score[:, :nbest].tolist(), fin_tok[:, :nbest].tolist())]
+
+
+def _open(nth: Tensor, best_live: Tensor, bound_lp: Tensor, at_max: Tensor) -> Tensor:
+    """Indices of the sentences still searching. One is done when EOS was forced (every live beam
+    has finished), or when it has `nbest` finished hypotheses (the nth best scores `nth`) and no
+    live one can beat them: a live score can only fall, so the best it can reach is
+    best_live / lp(max length) (the stopping rule of tensor2tensor, which the paper used)."""
+    done = at_max | ((nth > float("-inf")) & (best_live.double() / bound_lp <= nth))
+    return (~done).nonzero().squeeze(1)
+
+
+def _merge_finished(fin_score: Tensor, fin_tok: Tensor, active: Tensor, scores: Tensor, tokens: Tensor,
+                    is_eos: Tensor, lp: float) -> None:
+    """Hypotheses that end in EOS among a sentence's first k candidates (scores (n, k), their
+    tokens so far (n·k, L)) join its k best finished ones, normalized by lp(|Y|) (§6.1), best
+    first; a stable sort keeps earlier ones first among equal scores."""
+    n, k = scores.shape
+    new = torch.where(is_eos, scores.double() / lp, float("-inf"))
+    merged, order = torch.cat([fin_score[active], new], 1).sort(dim=1, descending=True, stable=True)
+    toks = torch.cat([fin_tok[active], tokens.view(n, k, -1)], 1)
+    fin_score[active] = merged[:, :k]
+    fin_tok[active] = toks.gather(1, order[:, :k, None].expand(n, k, toks.size(2)))

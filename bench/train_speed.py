@@ -38,12 +38,12 @@ def worker(system: str, size: str, data_dir: str, threads: int) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from aiayn.batches import TokenData, collate, make_batches
     from aiayn.config import Config
-    from aiayn.data import TokenData, collate, make_batches
     from aiayn.model import Transformer
     from aiayn.optim import make_optimizer
+    from aiayn.steps import train_step
     from aiayn.tokenizer import Tokenizer
-    from aiayn.train import train_step
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

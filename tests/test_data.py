@@ -7,8 +7,9 @@ import unicodedata
 import numpy as np
 import pytest
 
+from aiayn.batches import TokenData, collate, make_batches
 from aiayn.cli import main
-from aiayn.data import DataError, TokenData, collate, make_batches, prepare, read_lines, read_parallel
+from aiayn.data import DataError, prepare, read_lines, read_parallel
 from aiayn.tokenizer import BOS, EOS, PAD, Tokenizer
 
 SENTS_EN = [f"the {a} dog runs to the {b} house number {i}" for i, (a, b) in

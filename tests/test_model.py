@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import overfit
 
-from aiayn.cli import count_parameters, main
+from aiayn.cli import main
+from aiayn.cli.training import count_parameters
 from aiayn.config import ModelConfig, preset
 from aiayn.model import Transformer, sinusoidal_positions
 

@@ -1,5 +1,5 @@
-"""The README's "Train on your own data" and "Use from Python" blocks, run as written on the toy
-corpus; only sizes are shrunk (vocabulary, model, steps) so they finish in seconds."""
+"""The README's "Train on your own data" block and docs/python.md's example, run as written on the
+toy corpus; only sizes are shrunk (vocabulary, model, steps) so they finish in seconds."""
 
 import re
 import shlex
@@ -9,14 +9,15 @@ import sys
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+PYTHON_DOC = README.parent / "docs" / "python.md"
 TINY = ["--model.d_model", "32", "--model.d_ff", "64", "--model.N", "1", "--train.max_steps", "30",
         "--data.max_tokens", "400", "--train.threads", "1", "--train.save_every", "5"]
 
 
-def block(marker: str) -> str:
-    text = README.read_text()
+def block(marker: str, path: Path = README) -> str:
+    text = path.read_text()
     m = re.search(rf"<!-- {marker} -->\s*```\w+\n(.*?)```", text, re.S)
-    assert m, f"README has no {marker} block"
+    assert m, f"{path.name} has no {marker} block"
     return m.group(1)
 
 
@@ -47,7 +48,7 @@ def test_own_data_commands_run_as_written(toy_corpus, tmp_path):
 
 def test_python_block_runs_as_written(toy_corpus, tmp_path):
     cwd = workspace(toy_corpus, tmp_path)
-    code = block("readme-python").replace("vocab_size=8000", "vocab_size=60")
+    code = block("readme-python", PYTHON_DOC).replace("vocab_size=8000", "vocab_size=60")
     code = code.replace('aiayn.preset("multi30k")', 'aiayn.apply_overrides(aiayn.preset("multi30k"), TINY)')
     tiny = dict(zip(TINY[::2], TINY[1::2]))
     prelude = f"TINY = {{k[2:]: v for k, v in {tiny!r}.items()}}\n"
@@ -55,3 +56,14 @@ def test_python_block_runs_as_written(toy_corpus, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-1500:]
     assert "cross (1, 4," in p.stdout  # TINY: one layer; the multi30k preset: 4 heads
+
+
+def test_readme_is_a_front_door():
+    """Short enough to read in five minutes, and every page it sends a reader to exists."""
+    text = README.read_text()
+    assert len(text) <= 12_000, len(text)
+    links = re.findall(r"\]\(((?:docs|bench)/[^)#]+)\)", text)
+    assert len(links) >= 6 and all((README.parent / link).is_file() for link in links), links
+    for page in (README.parent / "docs").glob("*.md"):
+        for link in re.findall(r"\]\(([^)#:]+)\)", page.read_text()):
+            assert (page.parent / link).exists(), (page.name, link)

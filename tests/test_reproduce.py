@@ -17,8 +17,14 @@ from aiayn.attention import attention
 from aiayn.baselines.rnn import LSTMCell
 from aiayn.config import preset
 from aiayn.evidence.report import beats_reference, confirm_section, diverged, table3_section, verdict
-from aiayn.evidence.suites import _recurrent_encoder_flops, confirm_rows, table3_rows
-from aiayn.evidence.table1 import RestrictedSelfAttention, make_layers, path_length, saved_bytes
+from aiayn.evidence.suites import confirm_rows, table3_rows
+from aiayn.evidence.table1 import (
+    RestrictedSelfAttention,
+    _recurrent_encoder_flops,
+    make_layers,
+    path_length,
+    saved_bytes,
+)
 
 
 def reproduce(*args, cwd=None):

@@ -20,9 +20,9 @@ import torch
 import torch.multiprocessing as mp
 from conftest import tiny_config
 
+from aiayn.batches import TokenData
 from aiayn.checkpoint import list_checkpoints, read_weights
-from aiayn.data import TokenData
-from aiayn.train import epoch_batches
+from aiayn.steps import epoch_batches
 
 STEPS = 40
 TINY = ["--model.d_model", "32", "--model.d_ff", "64", "--model.h", "4", "--model.N", "2", "--model.p_drop", "0.1",
@@ -255,7 +255,7 @@ def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(
     from aiayn.checkpoint import load_checkpoint
     from aiayn.config import load_yaml
     from aiayn.data import prepare
-    from aiayn.train import valid_bleu, validate
+    from aiayn.steps import valid_bleu, validate
 
     for split, n, seed in (("train", 400, 0), ("valid", 5000, 1)):
         s, t = _sentences(n, seed)

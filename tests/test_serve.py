@@ -90,7 +90,7 @@ def test_concurrent_requests_are_all_answered(client, translator):
 import json  # noqa: E402
 import threading  # noqa: E402
 
-from aiayn.apps.serve import Batcher  # noqa: E402
+from aiayn.apps.batcher import Batcher  # noqa: E402
 
 
 class Gate:

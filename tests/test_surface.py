@@ -175,7 +175,7 @@ def scripted_validation(monkeypatch, losses):
         loss = next(seq)
         return {"valid_loss": loss, "valid_nll": loss, "valid_ppl": 2.0 ** loss}
 
-    monkeypatch.setattr(importlib.import_module("aiayn.train"), "validate", fake)
+    monkeypatch.setattr(importlib.import_module("aiayn.trainer"), "validate", fake)
 
 
 def test_patience_stops_training_and_survives_a_resume(toy_prepared, tmp_path, monkeypatch):

@@ -10,12 +10,13 @@ import torch.multiprocessing as mp
 from conftest import tiny_config
 
 from aiayn import checkpoint
+from aiayn.batches import TokenData, collate, make_batches
 from aiayn.checkpoint import CheckpointError, atomic_write, list_checkpoints, load_checkpoint, read_weights
 from aiayn.cli import main
-from aiayn.data import TokenData, collate, make_batches
 from aiayn.model import Transformer
 from aiayn.optim import make_optimizer
-from aiayn.train import train, train_step
+from aiayn.steps import train_step
+from aiayn.train import train
 
 
 def weights(path):
@@ -114,7 +115,7 @@ def test_resume_from_missing_run_is_an_error(tmp_path, capsys):
 def test_shard_gives_every_rank_the_same_number_of_passes():
     import numpy as np
 
-    from aiayn.train import shard
+    from aiayn.steps import shard
 
     group = [np.array([i]) for i in range(3)]
     parts = [shard(group, r, 2) for r in range(2)]

@@ -12,13 +12,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from ..files import atomic_write  # noqa: E402
-from ..optim import noam_lr  # noqa: E402
+from ..files import atomic_write
+from .figures import _plot_bleu_params, _plot_curves, _plot_schedule, _plot_table1, _valid_bleu
 
 PAPER_BLEU_STEP = 0.2  # Table 3 prints one decimal: smaller BLEU changes count as "no change"
 PAPER_PPL_STEP = 0.05  # and two decimals for perplexity
@@ -75,10 +70,6 @@ def diverged(r: dict, factor: float = 2.0) -> str | None:
     return None
 
 
-def _valid_bleu(r: dict) -> float:
-    return r["bleu"].get("valid", {}).get("bleu", float("nan"))
-
-
 def _test_bleu(r: dict, split: str = "test_2016_flickr") -> str:
     b = r["bleu"].get(split)
     return f"{b['bleu']:.2f}" if b else "–"
@@ -116,6 +107,26 @@ def beats_reference(rs: list[dict]) -> list[dict]:
             if r["group"] != "ref" and not diverged(r) and _valid_bleu(r) - ref_bleu > noise_bleu]
 
 
+def _table3_line(r: dict, ref_bleu: float, ref_ppl: float, noise_bleu: float | None, noise_ppl: float | None
+                 ) -> tuple[str, str | None]:
+    """One row of the Table 3 section, and why it failed (diverged) if it did."""
+    p = r.get("paper")
+    d_bleu, d_ppl = _valid_bleu(r) - ref_bleu, r["valid_ppl"] - ref_ppl
+    failed = diverged(r)
+    v_b = v_p = ""
+    paper_cells = " | "
+    if p:
+        pb, pp = p["bleu"] - p["ref_bleu"], p["ppl"] - p["ref_ppl"]
+        v_b = verdict(d_bleu, noise_bleu, pb, PAPER_BLEU_STEP, True)
+        v_p = verdict(d_ppl, noise_ppl, pp, PAPER_PPL_STEP, False)
+        paper_cells = f"{p['label']}: {p['ppl']:.2f} / {p['bleu']:.1f} | {pp:+.2f} / {pb:+.1f}"
+    if failed:
+        v_b = v_p = "diverged: no verdict"
+    return (f"| {r['row']} | {r['change']} | {r['params'] / 1e6:.2f}M | {r['updates']} | {r['valid_ppl']:.3f} | "
+            f"{_valid_bleu(r):.2f} | {_test_bleu(r)} | {paper_cells} | {d_ppl:+.3f} / {d_bleu:+.2f} | {v_b} | {v_p} |",
+            failed)
+
+
 def table3_section(rs: list[dict], img: Path) -> list[str]:
     refs = [r for r in rs if r["group"] == "ref"]
     rows = sorted((r for r in rs if r["group"] != "ref"), key=lambda r: (r["group"], r["row"]))
@@ -142,23 +153,9 @@ def table3_section(rs: list[dict], img: Path) -> list[str]:
                    f"{r['valid_ppl']:.3f} | {_valid_bleu(r):.2f} | {_test_bleu(r)} | base: 4.92 / 25.8 | | | | |")
     failures = []
     for r in rows:
-        p = r.get("paper")
-        d_bleu, d_ppl = _valid_bleu(r) - ref_bleu, r["valid_ppl"] - ref_ppl
-        failed = diverged(r)
-        if p:
-            pb, pp = p["bleu"] - p["ref_bleu"], p["ppl"] - p["ref_ppl"]
-            v_b = verdict(d_bleu, noise_bleu, pb, PAPER_BLEU_STEP, True)
-            v_p = verdict(d_ppl, noise_ppl, pp, PAPER_PPL_STEP, False)
-            paper_cells = f"{p['label']}: {p['ppl']:.2f} / {p['bleu']:.1f} | {pp:+.2f} / {pb:+.1f}"
-        else:
-            v_b = v_p = ""
-            paper_cells = " | "
-        if failed:
-            v_b = v_p = "diverged: no verdict"
-            failures.append(f"- {r['row']} ({r['change']}) {failed}.")
-        out.append(f"| {r['row']} | {r['change']} | {r['params'] / 1e6:.2f}M | {r['updates']} | {r['valid_ppl']:.3f} | "
-                   f"{_valid_bleu(r):.2f} | {_test_bleu(r)} | {paper_cells} | {d_ppl:+.3f} / {d_bleu:+.2f} | "
-                   f"{v_b} | {v_p} |")
+        line, failed = _table3_line(r, ref_bleu, ref_ppl, noise_bleu, noise_ppl)
+        out.append(line)
+        failures += [f"- {r['row']} ({r['change']}) {failed}."] if failed else []
     out.append("")
     if failures:
         out += ["Rows whose training failed under the suite's schedule (their scores measure that, not the "
@@ -293,70 +290,8 @@ def table1_section(t1: dict, img: Path) -> list[str]:
             f"where the recurrence needs n."]
     out += ["", f"Machine: {t1['machine'].get('gpu') or t1['machine'].get('cpu')} ({t1['device']}).", "",
             "![Table 1 costs](img/table1.png)", ""]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name, L in t1["layers"].items():
-        axes[0].loglog(t1["ns"], L["time_ms"], "o-", label=f"{name} (slope {L['slope_time']:.2f})")
-        axes[1].loglog(t1["ns"], L["memory_bytes"], "o-", label=f"{name} (slope {L['slope_memory']:.2f})")
-    axes[0].set_title("forward + backward time (ms)")
-    axes[1].set_title("activation memory (bytes)")
-    for ax in axes:
-        ax.set_xlabel("sequence length n")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3, which="both")
-    _save(fig, img / "table1.png")
+    _plot_table1(t1, img / "table1.png")
     return out
-
-
-def _plot_curves(rs: list[dict], path: Path, title: str, by_time: bool) -> None:
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for r in rs:
-        c = r.get("curve") or []
-        if not c:
-            continue
-        xs = [p[2] if by_time and len(p) > 2 else p[0] for p in c]
-        ax.plot(xs, [p[1] for p in c], marker=".", label=r["row"])
-    ax.set_yscale("log")
-    ax.set_xlabel("training minutes" if by_time else "update")
-    ax.set_ylabel("validation perplexity")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=7, ncol=2)
-    _save(fig, path)
-
-
-def _plot_bleu_params(results: dict[str, list[dict]], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for suite, marker in (("table3", "o"), ("rnn", "s")):
-        for r in results.get(suite, []):
-            ax.scatter(r["params"] / 1e6, _valid_bleu(r), marker=marker)
-            ax.annotate(r["row"], (r["params"] / 1e6, _valid_bleu(r)), fontsize=6)
-    ax.set_xscale("log")
-    ax.set_xlabel("parameters (millions)")
-    ax.set_ylabel("validation BLEU (beam 4, averaged)")
-    ax.set_title("BLEU against parameters (circles: Table 3 rows, squares: rnn suite)")
-    ax.grid(alpha=0.3)
-    _save(fig, path)
-
-
-def _plot_schedule(path: Path, settings: list[tuple[str, int, int, float]]) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, d, warmup, scale in settings:
-        steps = list(range(1, max(4 * warmup, 2000)))
-        ax.plot(steps, [noam_lr(s, d, warmup, scale) for s in steps], label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("learning rate")
-    ax.set_title("Eq. 3: d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    _save(fig, path)
-
-
-def _save(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def render(report_dir: Path, command: str = "", planned: dict[str, int] | None = None) -> Path:

@@ -3,7 +3,7 @@
 Suites: ``table3`` (Table 3's variations, scaled to the `multi30k` model), ``rnn`` (the
 recurrent attention models of §1-2 against the Transformer at one wall-clock budget, the analog
 of Table 2), ``confirm`` (Table 3 rows that beat the reference, retrained at the main job's budget
-before the `multi30k` preset follows them), ``table1`` (per-layer costs, complexity.py) and
+before the `multi30k` preset follows them), ``table1`` (per-layer costs, table1.py) and
 ``quick`` (all of them at toy sizes, for the tests). A suite is data: rows of named config
 overrides. Every row is a normal run directory (WORK/SUITE/ROW) that writes ``result.json``
 once trained and evaluated; finished rows are skipped and interrupted ones resume, so a suite
@@ -186,50 +186,12 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return rows
 
 
-@torch.no_grad()
-def flops_per_token(model: torch.nn.Module, data, cfg: Config, batches: int = 4) -> float:
-    """Training FLOPs (forward + backward, counted by PyTorch's FlopCounterMode) per target token,
-    on the first batches of the validation split."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from ..data import collate, make_batches
-
-    total_flops, tokens = 0, 0
-    device = next(model.parameters()).device
-    model.train()
-    for idx in make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, 0, 0)[:batches]:
-        b = collate(data, idx).to(device)
-        # Under autocast every projection is a plain aten matmul, which the counter knows (a count
-        # does not depend on the dtype); the fused recurrent encoder is counted by its formula.
-        with torch.enable_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
-            counter = FlopCounterMode(display=False)
-            with counter:
-                logits = model(b.src, b.tgt_in)
-                logits.float().logsumexp(-1).sum().backward()
-        model.zero_grad(set_to_none=True)
-        total_flops += counter.get_total_flops() + 3 * _recurrent_encoder_flops(model, b.src, cfg)
-        tokens += int((b.tgt_out != cfg.model.pad_id).sum())
-    model.eval()
-    return total_flops / max(tokens, 1)
-
-
-def _recurrent_encoder_flops(model: torch.nn.Module, src: torch.Tensor, cfg: Config) -> int:
-    """Forward FLOPs of a fused nn.LSTM / nn.GRU encoder, which FlopCounterMode does not see:
-    per real token, layer and direction, 2·G·h·(input + h) for G gates (4 LSTM, 3 GRU)."""
-    enc = getattr(model, "encoder", None)
-    if not isinstance(enc, torch.nn.RNNBase):
-        return 0
-    gates, h, tokens = (4 if enc.mode == "LSTM" else 3), enc.hidden_size, int((src != cfg.model.pad_id).sum())
-    dirs = 2 if enc.bidirectional else 1
-    per_token = sum(2 * gates * h * ((enc.input_size if i == 0 else dirs * h) + h) for i in range(enc.num_layers))
-    return tokens * dirs * per_token
-
-
 def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "cpu") -> dict[str, Any]:
     """§6.1: average the last checkpoints (at most 5), then validation perplexity and beam-4 BLEU on
     the validation set and every prepared test set (sentences > 0: only the first ones)."""
-    from ..data import TokenData, load_manifest
-    from ..train import validate
+    from ..batches import TokenData
+    from ..data import load_manifest
+    from ..steps import validate
     from ..translate import Translator
 
     run_dir, data_dir = Path(run_dir), Path(data_dir)
@@ -243,6 +205,8 @@ def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "c
     cfg.train.precision = "fp32"  # the same numbers whatever the processor
     out: dict[str, Any] = {"averaged": len(chosen), "step": step}
     out.update(validate(model, TokenData(data_dir, "valid"), cfg, torch.device(device)))
+    from .table1 import flops_per_token
+
     out["flops_per_token"] = flops_per_token(model, TokenData(data_dir, "valid"), cfg)
     settings = load_manifest(data_dir)["settings"]
     translator = Translator(model, tokenizer, cfg.decode, precision="fp32")
@@ -271,7 +235,8 @@ def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "c
 def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: Path, results: Path,
             sentences: int = 0, device: str | None = None) -> dict[str, Any]:
     """Train (or resume, or skip) one row and write its result.json; returns the result."""
-    from ..train import Run, train
+    from ..runs import Run
+    from ..train import train
 
     run_dir = Path(work) / suite / row.name
     result_path = run_dir / "result.json"

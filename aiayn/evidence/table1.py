@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import MultiHeadAttention, attention
+from ..config import Config
 
 PAPER = {  # Table 1: complexity per layer / sequential operations / maximum path length
     "self-attention": "O(n²·d) / O(1) / O(1)",
@@ -174,3 +175,43 @@ def measure_table1(ns: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
             "path_length": [path_length(name, n) for n in ns],
         }
     return out
+
+
+# -- the cost of a whole model: training FLOPs per target token -------------------------------
+@torch.no_grad()
+def flops_per_token(model: torch.nn.Module, data, cfg: Config, batches: int = 4) -> float:
+    """Training FLOPs (forward + backward, counted by PyTorch's FlopCounterMode) per target token,
+    on the first batches of the validation split."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..batches import collate, make_batches
+
+    total_flops, tokens = 0, 0
+    device = next(model.parameters()).device
+    model.train()
+    for idx in make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, 0, 0)[:batches]:
+        b = collate(data, idx).to(device)
+        # Under autocast every projection is a plain aten matmul, which the counter knows (a count
+        # does not depend on the dtype); the fused recurrent encoder is counted by its formula.
+        with torch.enable_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+            counter = FlopCounterMode(display=False)
+            with counter:
+                logits = model(b.src, b.tgt_in)
+                logits.float().logsumexp(-1).sum().backward()
+        model.zero_grad(set_to_none=True)
+        total_flops += counter.get_total_flops() + 3 * _recurrent_encoder_flops(model, b.src, cfg)
+        tokens += int((b.tgt_out != cfg.model.pad_id).sum())
+    model.eval()
+    return total_flops / max(tokens, 1)
+
+
+def _recurrent_encoder_flops(model: torch.nn.Module, src: torch.Tensor, cfg: Config) -> int:
+    """Forward FLOPs of a fused nn.LSTM / nn.GRU encoder, which FlopCounterMode does not see:
+    per real token, layer and direction, 2·G·h·(input + h) for G gates (4 LSTM, 3 GRU)."""
+    enc = getattr(model, "encoder", None)
+    if not isinstance(enc, torch.nn.RNNBase):
+        return 0
+    gates, h, tokens = (4 if enc.mode == "LSTM" else 3), enc.hidden_size, int((src != cfg.model.pad_id).sum())
+    dirs = 2 if enc.bidirectional else 1
+    per_token = sum(2 * gates * h * ((enc.input_size if i == 0 else dirs * h) + h) for i in range(enc.num_layers))
+    return tokens * dirs * per_token

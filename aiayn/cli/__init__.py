@@ -1,0 +1,64 @@
+"""`aiayn` command line: one entry point, a verb per stage of the data flow (each verb's flags
+live beside its command, in the module of its stage)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import torch
+
+from ..checkpoint import CheckpointError
+from ..config import ConfigError
+from ..data import DataError
+from ..files import FileError
+from ..tokenizer import TokenizerError
+from . import apps, decoding, evidence, prepare, training
+from .common import UserError
+
+log = logging.getLogger("aiayn")
+
+# every verb, in the order `aiayn --help` lists them; its flags live beside its command
+VERBS = {
+    "params": training.add_params, "prepare": prepare.add_prepare, "train": training.add_train,
+    "average": training.add_average, "translate": decoding.add_translate, "tune": decoding.add_tune,
+    "score": decoding.add_score, "parse": decoding.add_parse, "plot": apps.add_plot, "serve": apps.add_serve,
+    "export": apps.add_export, "config": training.add_config, "reproduce": evidence.add_reproduce,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..version import __version__
+
+    parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of Attention Is All You Need.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"aiayn {__version__} (torch {torch.__version__})")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in VERBS.values():
+        add(sub)
+
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "run_dir_flag", None):  # positional and --run-dir spell the same thing
+        if args.run_dir and args.run_dir != args.run_dir_flag:
+            parser.error(f"two run folders given: {args.run_dir} and --run-dir {args.run_dir_flag}")
+        args.run_dir = args.run_dir_flag
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    try:
+        args.func(args, extra)
+    except (UserError, ConfigError, DataError, CheckpointError, TokenizerError, FileError) as e:
+        print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `aiayn score ... | head -1`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

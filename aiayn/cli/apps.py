@@ -1,0 +1,139 @@
+"""`aiayn plot`, `serve`, `export`: the ways out of a trained model."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from pathlib import Path
+
+from ..files import check_output_file, check_output_folder
+from .common import (
+    UserError,
+)
+
+log = logging.getLogger("aiayn")
+
+
+def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
+    """Attention maps (Figures 3-5) or training curves."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    from ..apps.plot import plot_attention, plot_curves
+    from ..translate import attention_data
+
+    if args.what == "curves":
+        if not args.run_dir:
+            raise UserError("plot curves needs a RUN_DIR")
+        check_output_file(args.output)
+        try:
+            out = plot_curves(Path(args.run_dir), Path(args.output))
+        except (FileNotFoundError, ValueError) as e:
+            raise UserError(str(e)) from None
+        print(f"wrote {out}")
+        return
+    if not args.checkpoint or args.src is None:
+        raise UserError("plot attention needs --checkpoint FILE and --src SENTENCE")
+    if not args.src.strip():
+        raise UserError("--src is empty")
+    from ..apps.plot import is_attention_maps
+    from ..checkpoint import load_checkpoint
+
+    check_output_folder(args.output, is_attention_maps)  # before the model is loaded and run
+    model, cfg, tokenizer, _ = load_checkpoint(Path(args.checkpoint))
+    data = attention_data(model, tokenizer, args.src, args.tgt, cfg.decode)
+    files = plot_attention(data, Path(args.output))
+    print(f"target: {data.translation}")
+    print(f"wrote {len(files)} files to {args.output}")
+
+
+def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
+    """HTTP API (FastAPI) and a page to try the model."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    from ..apps.serve import Limits, serve
+
+    names = ("max_sentences", "max_chars", "max_subwords", "max_queue", "max_work", "max_attention_subwords",
+             "timeout", "read_timeout", "limit_concurrency", "keep_alive")
+    for name in names:
+        value = getattr(args, name)
+        if not (value > 0 and math.isfinite(value)) and not (name == "max_subwords" and value == 0):
+            raise UserError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    limits = Limits(max_sentences=args.max_sentences, max_chars=args.max_chars, max_subwords=args.max_subwords,
+                    max_queue=args.max_queue, max_work=args.max_work,
+                    max_attention_subwords=args.max_attention_subwords, timeout_s=args.timeout,
+                    read_timeout_s=args.read_timeout, limit_concurrency=args.limit_concurrency,
+                    keep_alive_s=args.keep_alive)
+    serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision)
+
+
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
+    """Write a Hugging Face MarianMTModel directory, or a CTranslate2 model made from it."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    from ..apps.export import ExportError, export_ct2, export_hf
+
+    if args.quantization and args.format != "ct2":
+        raise UserError("--quantization applies to `export ct2` only")
+    from ..apps.export import is_export
+
+    check_output_folder(args.output, is_export)
+    try:
+        if args.format == "hf":
+            out = export_hf(Path(args.checkpoint), Path(args.output))
+            print(f"wrote {out} (load with transformers.MarianMTModel / MarianTokenizer .from_pretrained)")
+        else:
+            out = export_ct2(Path(args.checkpoint), Path(args.output), args.quantization)
+            print(f"wrote {out} (load with ctranslate2.Translator; subwords with {out}/source.spm)")
+    except ExportError as e:
+        raise UserError(str(e)) from None
+
+
+def add_plot(sub) -> None:
+    """`aiayn plot` and its flags."""
+    p = sub.add_parser("plot", help="attention maps or training curves")
+    p.add_argument("what", choices=["attention", "curves"])
+    p.add_argument("run_dir", nargs="?", help="run folder (curves; or --run-dir)")
+    p.add_argument("--run-dir", "--run", dest="run_dir_flag", help="run folder (curves)")
+    p.add_argument("--checkpoint", help="model file (attention)")
+    p.add_argument("--src", help="source sentence (attention)")
+    p.add_argument("--tgt", help="force this target (teacher forcing); default: the model's translation")
+    p.add_argument("-o", "--output", required=True, help="folder (attention) or .png file (curves)")
+    p.set_defaults(func=cmd_plot)
+
+
+def add_serve(sub) -> None:
+    """`aiayn serve` and its flags."""
+    p = sub.add_parser("serve", help="translation server with a web page")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
+    p.add_argument("--max-sentences", type=int, default=64, help="per request (413 above)")
+    p.add_argument("--max-chars", type=int, default=1000, help="per sentence (413 above)")
+    p.add_argument("--max-queue", type=int, default=1024,
+                   help="sentences waiting or in translation; above it requests get 503 with Retry-After")
+    p.add_argument("--max-subwords", type=int, default=0,
+                   help="per sentence (413 above; default 0: the model's training length, data.max_len - 1)")
+    p.add_argument("--max-work", type=int, default=1 << 18,
+                   help="beam x subwords of the sentences waiting or in translation; above it 503 (one request "
+                        "above it alone: 413)")
+    p.add_argument("--max-attention-subwords", type=int, default=100, help="/attention: subwords of its sentence")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait and run (504 past it)")
+    p.add_argument("--read-timeout", type=float, default=10.0, help="seconds to receive a request body (408 past it)")
+    p.add_argument("--limit-concurrency", type=int, default=256,
+                   help="connections and requests at once; 503 above it")
+    p.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle keep-alive connection stays open")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
+                   help="as for translate (default auto)")
+    p.set_defaults(func=cmd_serve)
+
+
+def add_export(sub) -> None:
+    """`aiayn export` and its flags."""
+    p = sub.add_parser("export", help="export a checkpoint to Hugging Face MarianMTModel or CTranslate2")
+    p.add_argument("format", choices=["hf", "ct2"])
+    p.add_argument("--quantization", help="ct2 only: int8, int8_float32, float16, ... (CTranslate2's names)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=cmd_export)

@@ -1,0 +1,105 @@
+"""Shared by the verbs: one-line errors, config overrides, reading input files."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import unicodedata
+from pathlib import Path
+
+from ..config import Config, apply_overrides, load_yaml, preset
+
+log = logging.getLogger("aiayn")
+
+
+class UserError(Exception):
+    """An error caused by the user's input; printed as one line, exit status 2."""
+
+
+def _parse_overrides(extra: list[str]) -> dict[str, str]:
+    """`--train.lr_scale 2 --model.N=4` -> {"train.lr_scale": "2", "model.N": "4"}."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(extra):
+        arg = extra[i]
+        if not arg.startswith("--") or "." not in arg:
+            raise UserError(f"unrecognized argument {arg!r} (config overrides look like --train.lr_scale 2)")
+        key = arg[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+        else:
+            if i + 1 >= len(extra):
+                raise UserError(f"override {arg} needs a value")
+            i += 1
+            value = extra[i]
+        out[key] = value
+        i += 1
+    return out
+
+
+def build_config(args: argparse.Namespace, extra: list[str]) -> Config:
+    cfg = preset(args.preset) if getattr(args, "preset", None) else Config()
+    if getattr(args, "config", None):
+        cfg = load_yaml(args.config, cfg)
+    return apply_overrides(cfg, _parse_overrides(extra)).validate()
+
+
+def _read_input(path: str | None) -> list[str]:
+    if path in (None, "-"):
+        data = sys.stdin.buffer.read()
+        name = "<stdin>"
+    else:
+        p = Path(path)
+        if not p.exists() or p.is_dir():
+            raise UserError(f"input file not found: {path}")
+        data, name = p.read_bytes(), path
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise UserError(f"{name}:{line}: invalid UTF-8") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [unicodedata.normalize("NFC", x.rstrip("\r")) for x in lines]
+
+
+def _score_lines(hyps: list[str], refs: list[str], hyp_name: str, ref_name: str) -> str:
+    from ..score import score
+
+    if len(hyps) != len(refs):
+        raise UserError(f"{hyp_name} has {len(hyps)} lines but {ref_name} has {len(refs)}")
+    return score(hyps, refs)
+
+
+def _name_the_flag(message: str, flags: dict[str, str]) -> str:
+    """Put the flag the user typed in front of an error about the config key behind it."""
+    for key, flag in flags.items():
+        if message.startswith(key + " ") or message.startswith(key + ":"):
+            return f"{flag}: {message}"
+    return message
+
+
+def _numbers(text: str, kind: type, flag: str) -> tuple:
+    try:
+        values = tuple(kind(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise UserError(f"{flag}: no values in {text!r}")
+    return values
+
+
+def config_epilog() -> str:
+    """Every config key with its default, by section, for `--help`."""
+    from ..config import config_keys
+
+    lines, section = ["config keys (override with --KEY VALUE, e.g. --train.lr_scale 2; `aiayn config` "
+                      "prints a resolved config):"], ""
+    for key, value in config_keys().items():
+        if key.split(".")[0] != section:
+            section = key.split(".")[0]
+            lines.append(f"  {section}:")
+        lines.append(f"    {key} = {value!r}")
+    return "\n".join(lines)

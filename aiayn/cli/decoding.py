@@ -1,0 +1,229 @@
+"""`aiayn translate`, `tune`, `score`, `parse`: search and scores (§6.1, §6.3)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import time
+import unicodedata
+from pathlib import Path
+
+from ..config import ConfigError
+from ..files import atomic_write, check_output_file
+from .common import (
+    UserError,
+    _name_the_flag,
+    _numbers,
+    _read_input,
+    _score_lines,
+)
+
+log = logging.getLogger("aiayn")
+
+
+_DECODE_FLAGS = {"decode.beam": "--beam", "decode.alpha": "--alpha", "decode.max_len_b": "--max-len-b",
+                 "decode.nbest": "--nbest", "decode.max_tokens": "--max-tokens"}
+
+
+def _interactive(translator, output: str | None) -> None:
+    """stdin is a terminal: translate each line as soon as it is typed (n-best as TEXT<TAB>SCORE)."""
+    out = open(output, "w") if output else sys.stdout
+    print("aiayn: type a sentence and press Enter (Ctrl-D to end)", file=sys.stderr)
+    try:
+        for raw in sys.stdin:
+            line = unicodedata.normalize("NFC", raw.rstrip("\r\n"))
+            hyps = translator.hypotheses([line])[0]
+            if translator.decode_cfg.nbest == 1:
+                out.write((hyps[0].text if hyps else "") + "\n")
+            else:
+                out.writelines(f"{h.text}\t{h.score:.4f}\n" for h in hyps)
+            out.flush()
+    finally:
+        if output:
+            out.close()
+
+
+def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
+    """§6.1: beam search (beam 4, alpha 0.6, max length input + 50) over raw text."""
+    from ..translate import Translator
+
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
+                                   "nbest": args.nbest, "max_tokens": args.max_tokens}.items() if v is not None}
+    try:
+        translator = Translator.load(args.checkpoint, device=args.device, precision=args.precision, **overrides)
+    except ConfigError as e:
+        raise UserError(_name_the_flag(str(e), _DECODE_FLAGS)) from None
+    if args.output:  # before hours of translation, not after
+        check_output_file(args.output)
+    if args.input in (None, "-") and sys.stdin.isatty() and not args.ref:
+        _interactive(translator, args.output)
+        return
+    lines = _read_input(args.input)
+    refs = _read_input(args.ref) if args.ref else None
+    if refs is not None and len(refs) != len(lines):  # before hours of translation, not after
+        raise UserError(f"{args.input or '<stdin>'} has {len(lines)} lines but {args.ref} has {len(refs)}")
+    start = time.perf_counter()
+    ids = translator.encode_sources(lines)
+    hyps = translator.translate_ids(ids, progress=args.input not in (None, "-") and sys.stderr.isatty())
+    seconds = time.perf_counter() - start
+    nbest = translator.decode_cfg.nbest
+    out_lines = []
+    for h in hyps:
+        texts = translator.tokenizer.decode([x.tokens for x in h]) if h else []
+        if nbest == 1:
+            out_lines.append(texts[0] if texts else "")
+        else:
+            out_lines.extend(f"{t}\t{x.score:.4f}" for t, x in zip(texts, h))
+            out_lines.extend("\t" for _ in range(nbest - len(h)))
+    out_text = "".join(x + "\n" for x in out_lines)
+    if args.output:
+        atomic_write(Path(args.output), out_text.encode())
+    else:
+        sys.stdout.write(out_text)
+    n_tok = sum(len(h[0].tokens) + 1 for h in hyps if h)
+    log.info("translated %d lines in %.1fs: %.1f sentences/s, %.0f target tokens/s", len(lines), seconds,
+             len(lines) / seconds, n_tok / seconds)
+    if refs is not None:
+        best = out_lines if nbest == 1 else [h for h in out_lines[::nbest]]
+        print(_score_lines([x.split("\t")[0] for x in best], refs, "translation", args.ref), file=sys.stderr)
+
+
+def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
+    """§6.1: choose beam size and alpha on the validation set; write them into a copy of the checkpoint."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    from ..tune import tune
+
+    beams, alphas = _numbers(args.beams, int, "--beams"), _numbers(args.alphas, float, "--alphas")
+    if any(b < 1 for b in beams) or any(not (math.isfinite(a) and a >= 0) for a in alphas):
+        raise UserError("--beams must be >= 1 and --alphas finite and >= 0")
+    best, points, out = tune(args.checkpoint, args.data, beams, alphas, args.sentences, args.precision, args.output,
+                             args.device)
+    print(f"{'beam':>4} {'alpha':>5} {'valid BLEU':>10} {'BP':>6}")
+    for p in points:
+        mark = "  <- chosen" if p is best else ""
+        print(f"{p.beam:>4} {p.alpha:>5.2f} {p.bleu:>10.2f} {p.bp:>6.3f}{mark}")
+    print(f"beam {best.beam}, alpha {best.alpha:g} -> {out} (translate, serve and Translator use them by default)")
+
+
+def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
+    """sacreBLEU BLEU and chrF of detokenized hypotheses against references; with --parse,
+    EVALB-style labeled bracketing F1 of trees (§6.3)."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    if args.parse or args.right_branching:
+        from ..parse import TreeError, evalb, read_trees, right_branching
+
+        try:
+            gold = read_trees("\n".join(_read_input(args.ref)), args.ref)
+            if args.right_branching:
+                test = [right_branching(g.words()) for g in gold]
+            elif args.hyp:
+                test = read_trees("\n".join(_read_input(args.hyp)), args.hyp)
+            else:
+                raise UserError("score --parse needs --hyp TREES (or --right-branching for the baseline)")
+            print(evalb(gold, test))
+            if args.right_branching:
+                print(f"unlabeled: {evalb(gold, test, labeled=False)}")
+        except TreeError as e:
+            raise UserError(str(e)) from None
+        return
+    if not args.hyp:
+        raise UserError("score needs --hyp FILE")
+    hyps, refs = _read_input(args.hyp), _read_input(args.ref)
+    print(_score_lines(hyps, refs, args.hyp, args.ref))
+    if args.paper:
+        from ..score import paper_score
+
+        print(paper_score(hyps, refs, args.lang))
+
+
+def cmd_parse(args: argparse.Namespace, extra: list[str]) -> None:
+    """§6.3: sentences (words separated by spaces) in, one well-formed tree per line out."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    from ..parse import LeafCounting, TreeError, trees_from_output
+    from ..translate import Translator
+
+    try:
+        translator = Translator.load(args.checkpoint, device=args.device)
+        if not args.free:  # one XX leaf per input word, enforced during the search
+            translator.model = LeafCounting(translator.model, translator.tokenizer).eval()
+    except (ConfigError, TreeError) as e:
+        raise UserError(str(e)) from None
+    lines = _read_input(args.input)
+    if args.output:
+        check_output_file(args.output)
+    start = time.perf_counter()
+    trees = trees_from_output(translator.translate(lines, progress=sys.stderr.isatty()), lines)
+    out = "".join(f"{t}\n" if line.split() else "\n" for t, line in zip(trees, lines))
+    if args.output:
+        atomic_write(Path(args.output), out.encode())
+    else:
+        sys.stdout.write(out)
+    log.info("parsed %d sentences in %.1fs (beam %d, alpha %g)", len(lines), time.perf_counter() - start,
+             translator.decode_cfg.beam, translator.decode_cfg.alpha)
+
+
+def add_translate(sub) -> None:
+    """`aiayn translate` and its flags."""
+    p = sub.add_parser("translate", help="translate raw text with beam search (§6.1)")
+    p.add_argument("--checkpoint", required=True, help="a .safetensors model from train or average")
+    p.add_argument("-i", "--input", help="input file (default: standard input)")
+    p.add_argument("-o", "--output", help="output file (default: standard output)")
+    p.add_argument("--ref", help="reference file: print sacreBLEU BLEU and chrF to stderr")
+    p.add_argument("--beam", type=int, help="beam size (default 4; 1 = greedy)")
+    p.add_argument("--alpha", type=float, help="length penalty alpha (default 0.6)")
+    p.add_argument("--max-len-b", type=int, help="max output length = input length + B (default 50)")
+    p.add_argument("--nbest", type=int, help="hypotheses per line, written as TEXT<TAB>SCORE")
+    p.add_argument("--max-tokens", type=int, help="source tokens per batch")
+    p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
+                   help="auto (default): bf16 where the processor computes it natively (AVX-512 BF16, AMX, recent "
+                        "GPUs), else fp32; int8: quantized projections, CPU only")
+    p.set_defaults(func=cmd_translate)
+
+
+def add_tune(sub) -> None:
+    """`aiayn tune` and its flags."""
+    p = sub.add_parser("tune", help="choose beam size and alpha on the validation set (§6.1)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--data", help="prepared data folder (default: the run's, from run.json beside the checkpoint)")
+    p.add_argument("--beams", default="2,4,6", help="beam sizes to try (default 2,4,6)")
+    p.add_argument("--alphas", default="0,0.3,0.6,1,1.5,2", help="length penalties to try (default 0,0.3,0.6,1,1.5,2)")
+    p.add_argument("--sentences", type=int, default=0, help="only the first N validation sentences (0: all)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto")
+    p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
+    p.add_argument("-o", "--output", help="the tuned copy (default: CHECKPOINT.tuned.safetensors)")
+    p.set_defaults(func=cmd_tune)
+
+
+def add_score(sub) -> None:
+    """`aiayn score` and its flags."""
+    p = sub.add_parser("score", help="sacreBLEU BLEU and chrF; --parse: EVALB bracketing F1 of trees")
+    p.add_argument("--hyp", help="hypotheses (one per line)")
+    p.add_argument("--ref", required=True, help="references (one per line)")
+    p.add_argument("--parse", action="store_true", help="score trees: labeled bracketing F1, EVALB COLLINS.prm")
+    p.add_argument("--right-branching", action="store_true",
+                   help="with --parse: score the right-branching baseline built from --ref's words")
+    p.add_argument("--paper", action="store_true",
+                   help="also the paper's tokenized BLEU (Moses tokenizer, compound splitting, multi-bleu, as "
+                        "tensor2tensor's get_ende_bleu); not comparable to sacreBLEU")
+    p.add_argument("--lang", default="de", help="with --paper: the target language for the Moses tokenizer")
+    p.set_defaults(func=cmd_score)
+
+
+def add_parse(sub) -> None:
+    """`aiayn parse` and its flags."""
+    p = sub.add_parser("parse", help="constituency parsing with a model trained on --task parse data (§6.3)")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("-i", "--input", help="sentences, words separated by spaces (default: standard input)")
+    p.add_argument("-o", "--output", help="trees, one per line (default: standard output)")
+    p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
+    p.add_argument("--free", action="store_true",
+                   help="do not make the search output one leaf per input word (repair alone fixes the tree)")
+    p.set_defaults(func=cmd_parse)

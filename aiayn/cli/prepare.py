@@ -1,0 +1,128 @@
+"""`aiayn prepare`: parallel text (or a treebank, §6.3) in, checked and cached subwords out (§5.1)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from ..config import PRESETS, Config
+from ..data import DataError
+from ..files import check_output_folder
+from .common import (
+    UserError,
+    build_config,
+)
+
+log = logging.getLogger("aiayn")
+
+
+def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
+    """§6.3: the treebank's splits as words -> linearized trees, prepared like a corpus."""
+    from ..data import is_prepared, prepare
+    from ..parse import TreeError, write_splits
+
+    if not args.treebank:
+        raise UserError("prepare --task parse needs --treebank PATH (a folder of .mrg files or treebank.zip)")
+    out = check_output_folder(args.out, is_prepared)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".trees", dir=out.parent) as tmp:
+        try:
+            files = write_splits(Path(args.treebank), Path(tmp))
+        except TreeError as e:
+            raise UserError(str(e)) from None
+        symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if x != "XX"}
+        manifest = prepare(files, out, "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
+                           cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols),
+                           dedup=False, max_ratio=0.0, carry=Path(tmp))  # trees outgrow their sentences
+    print(json.dumps(manifest["splits"], indent=1))
+
+
+def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
+    """Validate parallel text, learn the joint BPE vocabulary (§5.1), cache every split."""
+    from ..corpora import CORPORA, cache_dir, check_mirror, fetch_multi30k, fetch_wmt14, verify_multi30k
+    from ..data import find_file, is_prepared, prepare
+
+    cfg = build_config(args, extra)
+    if args.task == "parse":  # §6.3: words -> linearized trees, from a treebank
+        _prepare_parse(args, cfg)
+        return
+    check_output_folder(args.out, is_prepared)  # before any download or reading
+    if not args.src or not args.tgt:
+        raise UserError("prepare needs --src and --tgt (language suffixes of the files, e.g. en and de)")
+    data_dir = args.data_dir
+    names = {"train": args.train, "valid": args.valid}
+    tests = args.test
+    if args.corpus:
+        spec = CORPORA[args.corpus]
+        if data_dir is None and os.environ.get(spec["env"]):
+            data_dir = Path(os.environ[spec["env"]])
+        check_mirror(args.mirror)
+        if args.corpus == "wmt14-en-de":  # archives (local or downloaded) -> extracted text in the cache
+            data_dir = fetch_wmt14(args.src, args.tgt, cache_dir(), data_dir, args.mirror, args.trust_local)
+        elif data_dir is None:
+            data_dir = fetch_multi30k(args.src, args.tgt, cache_dir())
+        else:
+            verify_multi30k(Path(data_dir), args.src, args.tgt, args.trust_local)
+        names = {"train": args.train or spec["train"], "valid": args.valid or spec["valid"]}
+        tests = tests or list(spec["test"])
+    names = {"train": names["train"] or "train", "valid": names["valid"] or "valid"}
+    tests = tests or []
+    splits: dict[str, tuple[Path, Path]] = {}
+
+    def resolve(value: str) -> tuple[Path, Path]:
+        if "," in value:  # explicit files: SRC_FILE,TGT_FILE
+            s, t = value.split(",", 1)
+            for f in (s, t):
+                if not Path(f).is_file():
+                    raise UserError(f"file not found: {f}")
+            return Path(s), Path(t)
+        prefix = Path(value) if data_dir is None else Path(data_dir) / value
+        return find_file(prefix, args.src), find_file(prefix, args.tgt)
+
+    for key, value in names.items():
+        splits[key] = resolve(value)
+    for value in tests:
+        try:
+            pair = resolve(value)
+        except DataError as e:
+            if args.corpus:  # e.g. Multi30k's test_2017 has no Czech side
+                log.warning("skipping test set %s: %s", value, e)
+                continue
+            raise
+        splits[Path(value.split(",")[0]).name.split(".")[0]] = pair
+    manifest = prepare(splits, Path(args.out), args.src, args.tgt, cfg.data.vocab_size, cfg.data.max_len,
+                       cfg.data.strict or args.strict, cfg.train.seed, dedup=cfg.data.dedup,
+                       max_ratio=cfg.data.max_ratio)
+    print(json.dumps(manifest["splits"], indent=1))
+
+
+def add_prepare(sub) -> None:
+    """`aiayn prepare` and its flags."""
+    p = sub.add_parser("prepare", help="validate parallel text, learn joint BPE, cache subwords")
+    p.add_argument("--data-dir", help="folder with {split}.{lang}[.gz] files")
+    p.add_argument("--corpus", choices=["multi30k", "wmt14-en-de"],
+                   help="a public corpus, downloaded unless --data-dir or its environment variable (AIAYN_MULTI30K, "
+                        "AIAYN_WMT14) points to a local copy; wmt14-en-de: a folder of the official .tgz archives")
+    p.add_argument("--mirror", help="wmt14-en-de: download the archives from this URL prefix instead of statmt.org")
+    p.add_argument("--trust-local", action="store_true",
+                   help="--corpus with a local copy: use files whose checksum differs from the published one "
+                        "(refused otherwise)")
+    p.add_argument("--task", choices=["translate", "parse"], default="translate",
+                   help="parse: words -> linearized trees from --treebank (§6.3)")
+    p.add_argument("--treebank", help="--task parse: a folder of .mrg files or NLTK's treebank.zip")
+    p.add_argument("--src", help="source language suffix, e.g. en")
+    p.add_argument("--tgt", help="target language suffix, e.g. de")
+    p.add_argument("--train", help="train split name/prefix, or SRC_FILE,TGT_FILE")
+    p.add_argument("--valid", help="validation split name/prefix, or SRC_FILE,TGT_FILE")
+    p.add_argument("--test", action="append", help="test split (repeatable)")
+    p.add_argument("-o", "--output", "--out", dest="out", required=True, help="output folder for the prepared data")
+    p.add_argument("--strict", action="store_true",
+                   help="fail on an empty line (instead of dropping the pair) and on a vocabulary smaller than "
+                        "asked (instead of a warning)")
+    p.add_argument("--preset", choices=list(PRESETS))
+    p.add_argument("--config", help="YAML config")
+    p.set_defaults(func=cmd_prepare)
