@@ -109,13 +109,6 @@ def new_folder(out: str | Path, ours: Callable[[Path], bool] | None = None, flag
         raise
 
 
-def stale_siblings(out: Path) -> None:
-    """Remove hidden siblings left by a killed `new_folder` (.OUT.*.tmp / .OUT.*.old)."""
-    for p in Path(out).parent.glob(f".{Path(out).name}.*"):
-        if p.is_dir() and p.suffix in (".tmp", ".old"):
-            shutil.rmtree(p, ignore_errors=True)
-
-
 # -- locks ---------------------------------------------------------------------------------
 def lock_holders(path: Path) -> list[int]:
     """PIDs holding a `flock` on `path`, from /proc/locks (Linux); [] where it cannot say."""
