@@ -1,0 +1,134 @@
+"""The statistics behind the report's verdicts: seed intervals, Holm's correction, equivalence
+margins and sacreBLEU's paired bootstrap.
+
+A row is one new training run; the reference is n runs that differ only in their seed. The
+question "is the row different from the reference?" is then the prediction question "would a
+new reference run land where the row did?": under normal seed noise a new run x satisfies
+(x − mean) / (s·√(1 + 1/n)) ~ t(n − 1). Every p-value and interval below follows from that.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from scipy import stats as _scipy
+
+
+@dataclass(frozen=True)
+class SeedTest:
+    """One run against the reference seeds: the difference, its p-value and intervals."""
+
+    delta: float  # row − mean of the reference seeds
+    p: float  # two-sided, t with n − 1 degrees of freedom
+    pi95: float  # half-width of the 95 % prediction interval of one new reference run
+    ci90: tuple[float, float]  # 90 % interval of the difference (for equivalence, TOST at 5 %)
+    n: int
+
+
+def t_quantile(q: float, df: int) -> float:
+    """The q-quantile of Student's t with df degrees of freedom."""
+    return float(_scipy.t.ppf(q, df))
+
+
+def prediction_halfwidth(values: Sequence[float], level: float = 0.95) -> float:
+    """Half-width of the prediction interval for one new draw: t_{(1+level)/2, n−1} · s · √(1 + 1/n)."""
+    n = len(values)
+    if n < 2:
+        raise ValueError("a prediction interval needs at least two reference runs")
+    return t_quantile((1 + level) / 2, n - 1) * statistics.stdev(values) * math.sqrt(1 + 1 / n)
+
+
+def seed_test(x: float, reference: Sequence[float]) -> SeedTest | None:
+    """Test one run x against the reference seeds; None with fewer than two seeds."""
+    n = len(reference)
+    if n < 2:
+        return None
+    mean, s = statistics.mean(reference), statistics.stdev(reference)
+    scale = s * math.sqrt(1 + 1 / n)
+    delta = x - mean
+    if scale == 0:
+        p = 1.0 if delta == 0 else 0.0
+    else:
+        p = float(2 * _scipy.t.sf(abs(delta) / scale, n - 1))
+    h90 = t_quantile(0.95, n - 1) * scale
+    return SeedTest(delta, p, prediction_halfwidth(reference), (delta - h90, delta + h90), n)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error over the rows of one table)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def equivalent(interval: tuple[float, float], margin: float) -> bool:
+    """Two one-sided tests: the 90 % interval lies inside ±margin."""
+    return -margin < interval[0] and interval[1] < margin
+
+
+def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], refs: Sequence[str],
+                     samples: int = 1000) -> dict[str, float]:
+    """sacreBLEU's paired bootstrap (`--paired-bs`, Koehn 2004): the system's BLEU minus the
+    baseline's, with the p-value of "no difference" over `samples` resamples of the sentences."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    if not (len(baseline) == len(system) == len(refs)):
+        raise ValueError(f"paired bootstrap needs aligned sentences: {len(baseline)}, {len(system)}, {len(refs)}")
+    seed = os.environ.get("SACREBLEU_SEED")
+    os.environ["SACREBLEU_SEED"] = "12345"  # sacreBLEU's default: the same resamples as its command line
+    try:
+        test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": BLEU()},
+                          [list(refs)], test_type="bs", n_samples=samples)
+        _, scores = test()
+    finally:
+        if seed is None:
+            os.environ.pop("SACREBLEU_SEED", None)
+        else:
+            os.environ["SACREBLEU_SEED"] = seed
+    base, sys_ = scores["BLEU"]
+    return {"delta": round(sys_.score - base.score, 4), "p": float(sys_.p_value), "samples": samples}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How one row's change compares with the paper's, for one metric."""
+
+    word: str  # same direction / opposite / no change (equivalent) / inconclusive / changed, paper: none
+    reproduced: bool | None  # None: inconclusive
+
+
+def judge(paper_delta: float, paper_margin: float, test: SeedTest | None, p_adjusted: float | None,
+          margin: float, higher_is_better: bool, alpha: float = 0.05) -> Verdict:
+    """The verdict rule, symmetric in what the paper claims.
+
+    The paper claims a change when |paper_delta| ≥ paper_margin; then ours must be significant
+    (Holm-adjusted p < alpha) in the same direction. It claims no change otherwise; then ours
+    reproduces it only when the 90 % interval lies inside ±margin (equivalence)."""
+    if test is None or p_adjusted is None:
+        return Verdict("no seed interval (fewer than 2 reference seeds)", None)
+    good = 1 if higher_is_better else -1
+    ours_sign = (1 if test.delta > 0 else -1) if p_adjusted < alpha else 0
+    if abs(paper_delta) < paper_margin:
+        if equivalent(test.ci90, margin):
+            return Verdict("no change (equivalent), as the paper", True)
+        if ours_sign:
+            return Verdict(f"{'better' if ours_sign * good > 0 else 'worse'} (significant); paper: no change", False)
+        return Verdict("inconclusive (paper: no change)", None)
+    paper_sign = 1 if paper_delta > 0 else -1
+    paper_word = "better" if paper_sign * good > 0 else "worse"
+    if ours_sign == 0:
+        return Verdict(f"inconclusive (paper: {paper_word})", None)
+    if ours_sign == paper_sign:
+        return Verdict(f"same direction, significant ({paper_word})", True)
+    return Verdict(f"opposite, significant (ours {'better' if ours_sign * good > 0 else 'worse'}; "
+                   f"paper: {paper_word})", False)
