@@ -63,7 +63,8 @@ class ModelConfig:
     max_positions: int = 1024
     pad_id: int = 0
     rnn_cell: str = "lstm"  # lstm | gru (arch: rnn)
-    rnn_attention: str = "additive"  # additive (Bahdanau et al.) | dot | general (Luong et al.)
+    rnn_variant: str = "luong"  # luong (attention from h_t, input feeding) | bahdanau (from s_{t-1}, context into the cell)
+    rnn_attention: str = "additive"  # score: additive (Bahdanau's; Luong's "concat") | dot | general (Luong et al.)
 
     @property
     def head_dim_k(self) -> int:
@@ -80,9 +81,13 @@ class ModelConfig:
     def validate(self) -> None:
         _check_numbers("model", self)
         for name, allowed in (("arch", ("transformer", "rnn")), ("rnn_cell", ("lstm", "gru")),
+                              ("rnn_variant", ("luong", "bahdanau")),
                               ("rnn_attention", ("additive", "dot", "general"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.rnn_variant == "bahdanau" and self.rnn_attention != "additive":
+            raise ConfigError(f"model.rnn_variant bahdanau scores with the additive attention of Bahdanau et al.; "
+                              f"model.rnn_attention {self.rnn_attention!r} is Luong et al.'s (use rnn_variant luong)")
         _check_positive("model", self, "vocab_size", "d_model", "d_ff", "h", "N", "max_positions")
         for name in ("d_k", "d_v", "N_dec"):
             if getattr(self, name) is not None:
@@ -131,6 +136,7 @@ class TrainConfig:
     tokens_per_update: int = 25_000  # §5.1 target tokens per update (batches follow); 0 = use update_freq
     update_freq: int = 1  # gradient accumulation: batches per update (when tokens_per_update is 0)
     lr_scale: float = 1.0  # factor on Eq. 3
+    peak_lr: float = 0.0  # 0 = Eq. 3 as written (tied to d_model); > 0: the same shape, peaking at this rate
     warmup_steps: int = 4000  # Eq. 3
     adam_betas: tuple[float, float] = (0.9, 0.98)  # §5.3
     adam_eps: float = 1e-9
@@ -173,6 +179,9 @@ class TrainConfig:
             raise ConfigError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.lr_scale <= 0:
             raise ConfigError(f"train.lr_scale must be positive, got {self.lr_scale}")
+        if self.peak_lr < 0 or (self.peak_lr > 0 and self.lr_scale != 1.0):
+            raise ConfigError(f"train.peak_lr ({self.peak_lr}) must be >= 0, and with a peak_lr the rate is not "
+                              f"scaled by train.lr_scale ({self.lr_scale}): set train.lr_scale 1")
         if self.keep_last < 1:
             raise ConfigError(f"train.keep_last must be >= 1, got {self.keep_last}")
 

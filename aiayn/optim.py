@@ -8,10 +8,16 @@ from torch import nn
 from .config import TrainConfig
 
 
-def noam_lr(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
-    """Eq. 3: lrate = scale · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5), step >= 1."""
+def noam_lr(step: int, d_model: int, warmup_steps: int, scale: float = 1.0, peak: float = 0.0) -> float:
+    """Eq. 3: lrate = scale · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5), step >= 1.
+
+    peak > 0: the same shape, scaled so that the rate at step warmup_steps is `peak` (a model
+    whose width is not the Transformer's d_model, e.g. the recurrent baselines, gets its own rate)."""
     step = max(step, 1)
-    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
+    shape = min(step ** -0.5, step * warmup_steps ** -1.5)
+    if peak > 0:
+        return peak * warmup_steps ** 0.5 * shape
+    return scale * d_model ** -0.5 * shape
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Adam:

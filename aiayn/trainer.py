@@ -185,7 +185,8 @@ class Trainer:
         group = batches[state["batch"]:state["batch"] + self.per_update]
         total = int(sum(self.train_data.tgt_lens[b].sum() for b in group))
         mine = [(collate(self.train_data, b), w) for b, w in shard(group, env.rank, env.world)]
-        lr = noam_lr(state["step"] + 1, self.cfg.model.d_model, t_cfg.warmup_steps, t_cfg.lr_scale)
+        lr = noam_lr(state["step"] + 1, self.cfg.model.d_model, t_cfg.warmup_steps, t_cfg.lr_scale,
+                     t_cfg.peak_lr)
         loss, nll = train_step(self.fwd_model, self.optimizer, mine, total, self.cfg, lr, env.world, env.device)
         state["step"] += 1
         state["batch"] += len(group)

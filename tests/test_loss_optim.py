@@ -65,3 +65,10 @@ def test_label_smoothing_bf16_logits():
     assert loss.dtype == torch.float32 and loss.item() == pytest.approx(ref.item(), rel=1e-5)
     loss.backward()
     assert logits.grad.dtype == torch.bfloat16 and math.isfinite(logits.grad.float().sum().item())
+
+
+@pytest.mark.parametrize("step,factor", [(1, 1 / 800), (400, 0.5), (800, 1.0), (3200, 0.5), (80_000, 0.1)])
+def test_a_peak_rate_keeps_eq3s_shape_and_forgets_d_model(step, factor):
+    """peak_lr: linear warm-up to the peak at warmup_steps, then ∝ step^-0.5, whatever d_model is."""
+    for d in (256, 512):
+        assert noam_lr(step, d, 800, peak=2e-3) == pytest.approx(2e-3 * factor, rel=1e-12)

@@ -17,12 +17,15 @@ from aiayn.search import beam_search
 from aiayn.train import train
 from aiayn.translate import Translator
 
-KINDS = [(cell, att) for cell in ("lstm", "gru") for att in ("additive", "dot", "general")]
+KINDS = [(cell, att) for cell in ("lstm", "gru") for att in ("additive", "dot", "general", "bahdanau")]
 
 
 def rnn(cell="lstm", att="additive", **kw) -> RecurrentModel:
+    """att "bahdanau": Bahdanau et al.'s decoder (additive score); the others: Luong et al.'s."""
     torch.manual_seed(0)
-    cfg = ModelConfig(arch="rnn", vocab_size=23, d_model=16, N=2, p_drop=0.0, rnn_cell=cell, rnn_attention=att)
+    variant = "bahdanau" if att == "bahdanau" else "luong"
+    cfg = ModelConfig(arch="rnn", vocab_size=23, d_model=16, N=2, p_drop=0.0, rnn_cell=cell,
+                      rnn_attention="additive" if att == "bahdanau" else att, rnn_variant=variant)
     for k, v in kw.items():
         setattr(cfg, k, v)
     return build_model(cfg).eval()
@@ -90,8 +93,54 @@ def test_padding_does_not_change_the_encoding():
     assert torch.allclose(m(src, tgt), m(padded, tgt), atol=1e-6)
 
 
-def test_grouped_cache_and_reorder_follow_the_rows():
-    m = rnn("lstm", "general")
+def _lstm_step(cell, x, h, c):
+    """An LSTM step written out: i, f, g, o = W x + U h + b."""
+    z = cell.ih.weight @ x + cell.ih.bias + cell.hh.weight @ h
+    i, f, g, o = z.chunk(4)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def test_bahdanau_decoder_is_the_papers_equations():
+    """Bahdanau et al. (2015): e_tj = vᵀ tanh(W s_{t-1} + U h_j), c_t = Σ α_tj h_j, s_t = f(s_{t-1},
+    [E y_{t-1}; c_t]), t = maxout(U_o s_t + V_o E y_{t-1} + C_o c_t), p(y_t) = softmax(E t)."""
+    m = rnn("lstm", "bahdanau", N=1)
+    src, tgt = torch.randint(4, 23, (1, 5)), torch.randint(4, 23, (1, 4))
+    got = m(src, tgt)[0]
+    with torch.no_grad():
+        memory, _, h0, c0 = m.encode(src)
+        H, s, c = memory[0], h0[0][0], c0[0][0]
+        a, E = m.attention, m.tgt_embed.weight
+        for t in range(4):
+            e = torch.stack([a.v.weight[0] @ torch.tanh(a.W.weight @ s + a.U.weight @ H[j] + a.U.bias)
+                             for j in range(5)])
+            ctx = torch.softmax(e, 0) @ H  # from s_{t-1}: before the cell runs
+            y = E[tgt[0, t]]
+            s, c = _lstm_step(m.cells[0], torch.cat([y, ctx]), s, c)
+            pre = m.deep_out.weight @ torch.cat([s, y, ctx]) + m.deep_out.bias
+            logits = E @ pre.view(-1, 2).amax(-1)
+            assert torch.allclose(got[t], logits, atol=1e-5), t
+
+
+def test_luong_decoder_is_the_papers_equations():
+    """Luong et al. (2015): h_t = f(h_{t-1}, [E y_{t-1}; h̃_{t-1}]), c_t from h_t (global attention),
+    h̃_t = tanh(W_c [c_t; h_t]), p(y_t) = softmax(E h̃_t)."""
+    m = rnn("lstm", "dot", N=1)
+    src, tgt = torch.randint(4, 23, (1, 5)), torch.randint(4, 23, (1, 4))
+    got = m(src, tgt)[0]
+    with torch.no_grad():
+        memory, _, h0, c0 = m.encode(src)
+        H, h, c, feed = memory[0], h0[0][0], c0[0][0], torch.zeros(16)
+        for t in range(4):
+            h, c = _lstm_step(m.cells[0], torch.cat([m.tgt_embed.weight[tgt[0, t]], feed]), h, c)
+            ctx = torch.softmax(H @ h, 0) @ H  # from the new h_t
+            feed = torch.tanh(m.combine.weight @ torch.cat([ctx, h]))
+            assert torch.allclose(got[t], m.tgt_embed.weight @ feed, atol=1e-5), t
+
+
+@pytest.mark.parametrize("att", ["general", "bahdanau"])
+def test_grouped_cache_and_reorder_follow_the_rows(att):
+    m = rnn("lstm", att)
     src = torch.randint(4, 23, (2, 6))
     tok = torch.randint(4, 23, (6,))
     grouped = m.start_decoding(src, group=3)
@@ -107,8 +156,9 @@ def test_grouped_cache_and_reorder_follow_the_rows():
     assert torch.allclose(m.decode_step(tok2[3:], grouped), m.decode_step(tok2[3:], single), atol=1e-6)
 
 
-def test_tiny_model_overfits_a_few_pairs():
-    m = rnn(vocab_size=20, d_model=32, N=1).train()
+@pytest.mark.parametrize("att", ["additive", "bahdanau"])
+def test_tiny_model_overfits_a_few_pairs(att):
+    m = rnn(att=att, vocab_size=20, d_model=32, N=1).train()
     loss, src, tgt = overfit(m, 20, 150, 1e-2)
     assert loss < 0.05
     assert torch.equal(m.eval()(src, tgt[:, :-1]).argmax(-1), tgt[:, 1:])
@@ -122,6 +172,9 @@ def test_config_names_the_architecture():
     assert cfg.model.arch == "rnn" and cfg.model.N == 2 and cfg.model.p_drop == 0.3
     cfg.model.rnn_attention = "location"
     with pytest.raises(ConfigError, match="model.rnn_attention must be one of additive, dot, general"):
+        cfg.validate()
+    cfg.model.rnn_attention, cfg.model.rnn_variant = "dot", "bahdanau"
+    with pytest.raises(ConfigError, match="bahdanau scores with the additive attention"):
         cfg.validate()
 
 

@@ -1,7 +1,13 @@
-"""The recurrent encoder-decoder with attention that the Transformer replaced (§1-2; Table 2's
-recurrent baselines): a bidirectional LSTM (or GRU) encoder, a decoder of the same cell with
-input feeding, and one attention over the encoder states per target step, additive (Bahdanau et
-al., 2015) or multiplicative (Luong et al., 2015).
+"""The recurrent encoder-decoders with attention that the Transformer replaced (§1-2; Table 2's
+recurrent baselines): a bidirectional LSTM (or GRU) encoder and a decoder of the same cell, in
+the two designs the literature names:
+
+- ``luong`` (Luong et al., 2015, §3): the decoder runs first, its new top state h_t queries the
+  encoder states (dot, general or concat = additive score), h̃_t = tanh(W_c[c_t; h_t]) predicts
+  y_t and is fed to the next step's input (input feeding, §3.3);
+- ``bahdanau`` (Bahdanau et al., 2015, §3.1 and A.2): the previous state s_{t-1} queries the
+  encoder states with the additive score, the context c_t enters the cell beside the embedding,
+  and a deep output t = maxout(U_o s_t + V_o E y_{t-1} + C_o c_t) predicts y_t (Eq. 4).
 
 Notation: B sources, R = B·g decoder rows (g beams per source), S source length, T target
 length, d = d_model (embedding, hidden and attention size), L = N layers per stack. The model
@@ -101,7 +107,8 @@ class GRUCell(nn.Module):
 @dataclass
 class RecurrentCache:
     """Decoding state: per-layer hidden (and LSTM cell) states and the input-feeding vector of
-    each decoder row; the encoder states and attention keys once per source."""
+    each decoder row (luong; zeros for bahdanau); the encoder states and attention keys once per
+    source."""
 
     memory: Tensor  # (B, S, d)
     keys: Tensor  # (B, S, d)
@@ -129,11 +136,11 @@ class RecurrentCache:
 
 # -- the model -----------------------------------------------------------------------------------
 class RecurrentModel(nn.Module):
-    """Bidirectional recurrent encoder, recurrent decoder with input feeding (Luong et al., 2015,
-    §3.3) and attention; h̃_t = tanh(W_c [c_t; h_t]) predicts y_t and is fed to the next step.
+    """Bidirectional recurrent encoder, recurrent decoder with attention (luong or bahdanau, above).
 
-    The decoder starts from the encoder's final states (forward and backward halves concatenated,
-    layer by layer). Every weight starts uniform in ±0.1 (Luong et al., 2015, §4.1).
+    Both decoders start from the encoder's final states (forward and backward halves concatenated,
+    layer by layer; Bahdanau et al. start from tanh(W_s h←_1): a stated simplification shared by
+    the two). Every weight starts uniform in ±0.1 (Luong et al., 2015, §4.1).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -152,12 +159,16 @@ class RecurrentModel(nn.Module):
         self.encoder = rnn(d, d // 2, num_layers=L, bidirectional=True, batch_first=True,
                            dropout=cfg.p_drop if L > 1 else 0.0)
         cell = LSTMCell if self.lstm else GRUCell
-        self.cells = nn.ModuleList(cell(2 * d if i == 0 else d, d) for i in range(L))
+        self.bahdanau = cfg.rnn_variant == "bahdanau"
+        self.cells = nn.ModuleList(cell(2 * d if i == 0 else d, d) for i in range(L))  # [E y; h̃] or [E y; c]
         if cfg.rnn_attention == "additive":
             self.attention: nn.Module = AdditiveAttention(d)
         else:
             self.attention = MultiplicativeAttention(d, general=cfg.rnn_attention == "general")
-        self.combine = Linear(2 * d, d, bias=False)  # W_c
+        if self.bahdanau:
+            self.deep_out = Linear(3 * d, 2 * d)  # [U_o V_o C_o] on [s_t; E y_{t-1}; c_t], maxout pool 2
+        else:
+            self.combine = Linear(2 * d, d, bias=False)  # W_c
         self.dropout = Dropout(cfg.p_drop)
         self.reset_parameters()
 
@@ -194,9 +205,8 @@ class RecurrentModel(nn.Module):
                               None if c0 is None else [rep(c) for c in c0], feed, group)
 
     # -- decoder ---------------------------------------------------------------------------------
-    def _step(self, y: Tensor, cache: RecurrentCache) -> tuple[Tensor, Tensor]:
-        """One target step for every row: previous tokens y (R,) -> h̃_t (R, d), weights (R, S)."""
-        x = torch.cat([self.dropout(self.tgt_embed(y)), cache.feed.to(self.tgt_embed.weight.dtype)], -1)
+    def _cells(self, x: Tensor, cache: RecurrentCache) -> Tensor:
+        """Run the decoder's stacked cells one step from the cached states; returns the top state."""
         hs, cs = [], []
         for i, cell in enumerate(self.cells):
             h, c = cell(x if i == 0 else self.dropout(x), (cache.h[i], cache.c[i] if cache.c else None))
@@ -204,14 +214,36 @@ class RecurrentModel(nn.Module):
             cs.append(c)
             x = h
         cache.h, cache.c = hs, (cs if self.lstm else None)
-        g = cache.group
-        q = x.view(-1, g, x.size(-1))  # (B, g, d): the g rows of a source query its states together
-        context, weights = attend(self.attention.scores(q.to(cache.keys.dtype), cache.keys), cache.src_mask,
+        return x
+
+    def _attend(self, q: Tensor, cache: RecurrentCache) -> tuple[Tensor, Tensor]:
+        """Queries q (R, d) -> contexts (R, d), weights (R, S); the g rows of a source attend together."""
+        qg = q.view(-1, cache.group, q.size(-1))
+        context, weights = attend(self.attention.scores(qg.to(cache.keys.dtype), cache.keys), cache.src_mask,
                                   cache.memory)
-        h_tilde = torch.tanh(self.combine(torch.cat([context.view_as(x).to(x.dtype), x], -1)).float())
+        return context.view_as(q), weights.view(-1, weights.size(-1))
+
+    def _step_bahdanau(self, y: Tensor, cache: RecurrentCache) -> tuple[Tensor, Tensor]:
+        """Bahdanau et al. (2015), Eq. 4-6: attend from s_{t-1}, feed [E y; c_t] to the cell, deep output."""
+        e = self.dropout(self.tgt_embed(y))
+        context, weights = self._attend(cache.h[-1], cache)
+        context = context.to(e.dtype)
+        s = self._cells(torch.cat([e, context], -1), cache)
+        t = self.deep_out(torch.cat([s.to(e.dtype), e, context], -1)).float()
+        cache.step += 1
+        return t.view(t.size(0), -1, 2).amax(-1), weights  # maxout over pairs: (R, d)
+
+    def _step(self, y: Tensor, cache: RecurrentCache) -> tuple[Tensor, Tensor]:
+        """One target step for every row: previous tokens y (R,) -> h̃_t (R, d), weights (R, S)."""
+        if self.bahdanau:
+            return self._step_bahdanau(y, cache)
+        x = torch.cat([self.dropout(self.tgt_embed(y)), cache.feed.to(self.tgt_embed.weight.dtype)], -1)
+        x = self._cells(x, cache)
+        context, weights = self._attend(x, cache)
+        h_tilde = torch.tanh(self.combine(torch.cat([context.to(x.dtype), x], -1)).float())
         cache.feed = h_tilde
         cache.step += 1
-        return h_tilde, weights.view(-1, weights.size(-1))
+        return h_tilde, weights
 
     def decode_step(self, tokens: Tensor, cache: RecurrentCache) -> Tensor:
         """Feed the next token of each row, tokens (R,) -> next-token logits (R, V)."""
