@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 from pathlib import Path
 
@@ -27,11 +26,10 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     report = Path(args.report) if args.report else (work / "quick-report" if args.suite == "quick"
                                                     else Path("docs/reproduction"))
     command = "aiayn " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("aiayn") else ""
-    for name in ("steps", "warmup", "seeds"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if not (args.minutes > 0 and math.isfinite(args.minutes)):
-        raise UserError(f"--minutes must be a positive number, got {args.minutes}")
+    if args.steps < 1:
+        raise UserError(f"--steps must be >= 1, got {args.steps}")
+    if args.seeds < 2:
+        raise UserError(f"--seeds must be >= 2 (an interval needs two reference runs), got {args.seeds}")
     check_output_folder(report, is_report, "--report")
     if args.render_only:
         from ..evidence.suites import planned
@@ -40,25 +38,31 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     else:
         rows = [r for r in args.rows.split(",") if r] if args.rows else None
         out = reproduce(args.suite, Path(args.data) if args.data else None, work, report, rows, args.steps,
-                        args.warmup, args.minutes, args.seeds, args.device, command)
+                        args.seeds, args.device, command, args.allow_mixed_commits)
     print(f"wrote {out}")
 
 
 def add_reproduce(sub) -> None:
     """`aiayn reproduce` and its flags."""
-    p = sub.add_parser("reproduce", help="the paper's experiments at small scale (Table 3, recurrent baselines, "
-                       "Table 1; confirm: Table 3's winners at the main job's budget) and a generated report")
-    p.add_argument("--suite", required=True, choices=["table3", "rnn", "confirm", "table1", "quick"])
-    p.add_argument("--data", help="prepared data folder (from `aiayn prepare`); table3, rnn, confirm and quick "
-                   "train on it")
+    from ..evidence.plan import BUDGET_UPDATES
+    from ..evidence.suites import SUITES
+
+    p = sub.add_parser("reproduce", help="the paper's experiments at small scale (Table 3, the recurrent and "
+                       "convolutional families, Table 1) by updates, and a generated report")
+    p.add_argument("--suite", required=True, choices=list(SUITES),
+                   help="budget: the reference trained long, to choose the update budget; table3: Table 3's rows "
+                   "after a stability check of N=6; arch: the architecture families; rnn-tune: the recurrent rate "
+                   "and clipping on validation; table1: layer costs; quick: all at toy sizes")
+    p.add_argument("--data", help="prepared data folder (from `aiayn prepare`); every suite but table1 trains on it")
     p.add_argument("--work", default="runs/reproduce", help="folder for the run directories (default runs/reproduce)")
     p.add_argument("--report", help="folder for REPORT.md, its plots and results/ (default docs/reproduction; "
                    "quick: WORK/quick-report)")
     p.add_argument("--rows", help="comma-separated row names to run (default: all of the suite)")
-    p.add_argument("--steps", type=int, default=1000, help="table3: updates per row (default 1000)")
-    p.add_argument("--warmup", type=int, default=400, help="table3: warm-up steps, Eq. 3 (default 400)")
-    p.add_argument("--minutes", type=float, default=20.0, help="rnn: training minutes per model (default 20)")
-    p.add_argument("--seeds", type=int, default=3, help="table3: seeds of the reference row (default 3)")
+    p.add_argument("--steps", type=int, default=BUDGET_UPDATES,
+                   help=f"updates per row (default {BUDGET_UPDATES}: the budget chosen by the budget suite)")
+    p.add_argument("--seeds", type=int, default=5, help="table3: seeds of each reference (default 5)")
+    p.add_argument("--allow-mixed-commits", action="store_true",
+                   help="train a row although the suite's results come from another commit")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
     p.add_argument("--render-only", action="store_true", help="only re-render the report from results/")
     p.set_defaults(func=cmd_reproduce)

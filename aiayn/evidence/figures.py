@@ -36,27 +36,45 @@ def _plot_curves(rs: list[dict], path: Path, title: str, by_time: bool) -> None:
 
 def _plot_bleu_params(results: dict[str, list[dict]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for suite, marker in (("table3", "o"), ("rnn", "s")):
-        for r in results.get(suite, []):
+    for suite, marker in (("table3", "o"), ("arch", "s")):
+        for r in (r for r in results.get(suite, []) if r.get("family") != "stability"):
             ax.scatter(r["params"] / 1e6, _valid_bleu(r), marker=marker)
             ax.annotate(r["row"], (r["params"] / 1e6, _valid_bleu(r)), fontsize=6)
     ax.set_xscale("log")
     ax.set_xlabel("parameters (millions)")
     ax.set_ylabel("validation BLEU (beam 4, averaged)")
-    ax.set_title("BLEU against parameters (circles: Table 3 rows, squares: rnn suite)")
+    ax.set_title("BLEU against parameters (circles: Table 3 rows, squares: arch suite)")
     ax.grid(alpha=0.3)
     _save(fig, path)
 
 
-def _plot_schedule(path: Path, settings: list[tuple[str, int, int, float]]) -> None:
+def _plot_schedule(path: Path, settings: list[tuple[str, dict]]) -> None:
+    """Eq. 3 for the paper's base model and for each (label, recorded config) given."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label, d, warmup, scale in settings:
+    curves = [("paper base: d_model 512, warm-up 4000", 512, 4000, 1.0, 0.0)]
+    curves += [(label, c["model"]["d_model"], c["train"]["warmup_steps"], c["train"]["lr_scale"],
+                c["train"].get("peak_lr", 0.0)) for label, c in settings]
+    for label, d, warmup, scale, peak in curves:
         steps = list(range(1, max(4 * warmup, 2000)))
-        ax.plot(steps, [noam_lr(s, d, warmup, scale) for s in steps], label=label)
+        ax.plot(steps, [noam_lr(s, d, warmup, scale, peak) for s in steps], label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("learning rate")
     ax.set_title("Eq. 3: d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def _plot_budget(curve: list[tuple[int, float]], at: int | None, path: Path) -> None:
+    """The reference's validation NLL against updates, and where the budget rule stops."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([c[0] for c in curve], [c[1] for c in curve], marker=".")
+    if at:
+        ax.axvline(at, color="k", ls="--", label=f"budget: {at:,} updates")
+        ax.legend()
+    ax.set_xlabel("update")
+    ax.set_ylabel("validation NLL per token")
+    ax.set_title("The reference's validation curve and the update budget")
     ax.grid(alpha=0.3)
     _save(fig, path)
 

@@ -9,11 +9,12 @@ new reference run land where the row did?": under normal seed noise a new run x 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from scipy import stats as _scipy
 
@@ -86,11 +87,15 @@ def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], refs: Seque
         raise ValueError(f"paired bootstrap needs aligned sentences: {len(baseline)}, {len(system)}, {len(refs)}")
     seed = os.environ.get("SACREBLEU_SEED")
     os.environ["SACREBLEU_SEED"] = "12345"  # sacreBLEU's default: the same resamples as its command line
+    quiet = logging.getLogger("sacrebleu")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # it logs each stage at INFO
     try:
         test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": BLEU()},
                           [list(refs)], test_type="bs", n_samples=samples)
         _, scores = test()
     finally:
+        quiet.setLevel(level)
         if seed is None:
             os.environ.pop("SACREBLEU_SEED", None)
         else:

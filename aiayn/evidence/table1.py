@@ -28,6 +28,7 @@ PAPER = {  # Table 1: complexity per layer / sequential operations / maximum pat
     "recurrent (LSTM)": "O(n·d²) / O(n) / O(n)",
     "convolution (k=3)": "O(k·n·d²) / O(1) / O(log_k n) dilated, O(n/k) contiguous",
     "restricted self-attention (r=32)": "O(r·n·d) / O(1) / O(n/r)",
+    "attention core (QKᵀ, softmax, AV)": "O(n²·d) of self-attention's, without its 4·n·d² projections",
 }
 
 
@@ -88,8 +89,14 @@ def make_layers(d: int, h: int = 8, r: int = 32, device: torch.device | str | No
         B, _, n, _ = out.shape
         return mha.w_o(out.transpose(1, 2).reshape(B, n, -1))
 
+    def core(x: Tensor) -> Tensor:  # Eq. 1 alone: no projections, the n×n part of the layer's cost
+        B, n, _ = x.shape
+        q = x.view(B, n, h, d // h).transpose(1, 2)
+        return attention(q, q, q, use_sdpa=False)[0].transpose(1, 2).reshape(B, n, d)
+
     return {
         "self-attention": Layer(lambda x: self_attention(x, False), mha),
+        "attention core (QKᵀ, softmax, AV)": Layer(core),
         "self-attention (fused SDPA)": Layer(lambda x: self_attention(x, True), mha),
         "recurrent (LSTM)": Layer(lambda x: lstm(x)[0], lstm),
         "convolution (k=3)": Layer(lambda x: conv(x.transpose(1, 2)).transpose(1, 2), conv),
@@ -135,10 +142,20 @@ def saved_bytes(layer: nn.Module, x: Tensor) -> int:
     return sum(seen.values())
 
 
+def quadratic_fit(ns: list[int], ys: list[float]) -> tuple[float, float, float]:
+    """y ≈ a·n² + b·n + c by least squares on relative errors (small n count as much as large)."""
+    n = np.asarray(ns, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    design = np.stack([n ** 2, n, np.ones_like(n)], 1) / y[:, None]
+    a, b, c = np.linalg.lstsq(design, np.ones_like(y), rcond=None)[0]
+    return float(a), float(b), float(c)
+
+
 def measure_table1(ns: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048), d: int = 512, batch: int = 1,
                    repeats: int = 5, fit_from: int | None = None, device: str | None = None, seed: int = 0
                    ) -> dict:
-    """Time, memory, sequential steps and path length per layer and n; log-log slopes."""
+    """Time, memory, sequential steps and path length per layer and n; log-log slopes (the report
+    adds the quadratic fit, `quadratic_fit`)."""
     from .machine import machine
 
     dev = torch.device(device or "cpu")
@@ -153,7 +170,7 @@ def measure_table1(ns: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
             x = torch.randn(batch, n, d, device=dev, requires_grad=True)
             fn(x).sum().backward()  # warm-up
             runs = []
-            for _ in range(repeats):
+            for _ in range(repeats * max(1, min(10, 256 // n))):  # short timings are noisy: more of them
                 x.grad = None
                 if dev.type == "cuda":
                     torch.cuda.synchronize()
