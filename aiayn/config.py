@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from .files import atomic_write
+from .presets import PAPER_PARAMS_M, PRESETS  # noqa: F401  (PAPER_PARAMS_M re-exported for the CLI)
 
 
 class ConfigError(ValueError):
@@ -43,9 +44,11 @@ class ModelConfig:
 
     ``arch: rnn`` selects the recurrent attention baseline of §1-2 instead (baselines/rnn.py): it reads
     d_model (embedding and hidden size), N (layers per stack) and p_drop, and the rnn_* fields.
+    ``arch: conv`` selects ConvS2S (baselines/conv.py): d_model is its embedding size, N and N_dec
+    its encoder and decoder layers, and the conv_* fields.
     """
 
-    arch: str = "transformer"  # transformer | rnn
+    arch: str = "transformer"  # transformer | rnn | conv
     vocab_size: int = 37000  # §5.1 shared BPE vocabulary (set by `aiayn prepare`)
     d_model: int = 512
     d_ff: int = 2048  # §3.3
@@ -64,6 +67,8 @@ class ModelConfig:
     pad_id: int = 0
     rnn_cell: str = "lstm"  # lstm | gru (arch: rnn)
     rnn_variant: str = "luong"  # luong (attends from h_t, input feeding) | bahdanau (from s_{t-1}, context in cell)
+    conv_kernel: int = 3  # arch conv: kernel width k (odd)
+    conv_channels: int = 0  # arch conv: hidden size of the convolutions; 0 = d_model
     rnn_attention: str = "additive"  # score: additive (Bahdanau's; Luong's "concat") | dot | general (Luong et al.)
 
     @property
@@ -80,7 +85,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         _check_numbers("model", self)
-        for name, allowed in (("arch", ("transformer", "rnn")), ("rnn_cell", ("lstm", "gru")),
+        for name, allowed in (("arch", ("transformer", "rnn", "conv")), ("rnn_cell", ("lstm", "gru")),
                               ("rnn_variant", ("luong", "bahdanau")),
                               ("rnn_attention", ("additive", "dot", "general"))):
             if getattr(self, name) not in allowed:
@@ -89,6 +94,9 @@ class ModelConfig:
             raise ConfigError(f"model.rnn_variant bahdanau scores with the additive attention of Bahdanau et al.; "
                               f"model.rnn_attention {self.rnn_attention!r} is Luong et al.'s (use rnn_variant luong)")
         _check_positive("model", self, "vocab_size", "d_model", "d_ff", "h", "N", "max_positions")
+        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0 or self.conv_channels < 0:
+            raise ConfigError(f"model.conv_kernel must be odd and positive (the encoder pads (k-1)/2 on each side), "
+                              f"got {self.conv_kernel}; model.conv_channels >= 0, got {self.conv_channels}")
         for name in ("d_k", "d_v", "N_dec"):
             if getattr(self, name) is not None:
                 _check_positive("model", self, name)
@@ -233,65 +241,6 @@ class Config:
     def save_yaml(self, path: str | Path) -> None:
         """Written atomically: a run's config.yaml is never half a file."""
         atomic_write(Path(path), yaml.safe_dump(self.to_dict(), sort_keys=False).encode())
-
-
-# Presets: dotted overrides of the defaults (the base model). Table 3 rows are named after the
-# row and the value changed; `multi30k` is a small model sized for a 2-core CPU and 30 minutes.
-_BIG = {"model.d_model": 1024, "model.d_ff": 4096, "model.h": 16, "model.p_drop": 0.3,
-        "train.max_steps": 300_000, "train.keep_last": 20}  # §6.1: big averages the last 20
-PRESETS: dict[str, dict[str, Any]] = {
-    "base": {},
-    "big": _BIG,
-    "table3-A-h1": {"model.h": 1, "model.d_k": 512, "model.d_v": 512},
-    "table3-A-h4": {"model.h": 4, "model.d_k": 128, "model.d_v": 128},
-    "table3-A-h16": {"model.h": 16, "model.d_k": 32, "model.d_v": 32},
-    "table3-A-h32": {"model.h": 32, "model.d_k": 16, "model.d_v": 16},
-    "table3-B-dk16": {"model.d_k": 16, "model.d_v": 64},
-    "table3-B-dk32": {"model.d_k": 32, "model.d_v": 64},
-    "table3-C-N2": {"model.N": 2},
-    "table3-C-N4": {"model.N": 4},
-    "table3-C-N8": {"model.N": 8},
-    "table3-C-dmodel256": {"model.d_model": 256, "model.d_k": 32, "model.d_v": 32},
-    "table3-C-dmodel1024": {"model.d_model": 1024, "model.d_k": 128, "model.d_v": 128},
-    "table3-C-dff1024": {"model.d_ff": 1024},
-    "table3-C-dff4096": {"model.d_ff": 4096},
-    "table3-D-pdrop0.0": {"model.p_drop": 0.0},
-    "table3-D-pdrop0.2": {"model.p_drop": 0.2},
-    "table3-D-ls0.0": {"train.label_smoothing": 0.0},
-    "table3-D-ls0.2": {"train.label_smoothing": 0.2},
-    "table3-E": {"model.learned_positions": True},
-    "multi30k": {
-        "model.d_model": 256, "model.d_ff": 1024, "model.h": 4, "model.N": 3,
-        "model.p_drop": 0.2,
-        "data.vocab_size": 8000, "data.max_len": 128, "data.max_tokens": 4096,
-        "train.precision": "bf16", "train.max_minutes": 30.0, "train.max_steps": 1_000_000,
-        "train.tokens_per_update": 0,  # one 4,096-token batch per update: many small updates in 30 minutes
-        "model.fp32_logits": False,  # bf16 logits: fp32 ones cost 22 % of a step here (bench/fp32_logits.json)
-        "train.warmup_steps": 800, "train.lr_scale": 0.8,
-        "train.valid_every": 500, "train.valid_bleu_sentences": 200,
-        "train.save_every_minutes": 1.5, "train.keep_last": 5, "train.log_every": 25,
-    },
-}
-# §6.3 constituency parsing (parse.py) scaled to the 3,100 training trees of the WSJ sample: 4 layers,
-# heavier dropout for the small data; beam 21, alpha 0.3, max output length = input length + 300.
-PRESETS["parse"] = {**PRESETS["multi30k"], "model.N": 4, "model.p_drop": 0.3, "model.max_positions": 1024,
-                    "data.vocab_size": 4000, "data.max_len": 512,
-                    "train.valid_bleu_sentences": 0, "train.valid_every": 250, "decode.beam": 21, "decode.alpha": 0.3,
-                    "decode.max_len_b": 300}
-# The recurrent attention baselines (baselines/rnn.py) on the same data, batches and warm-up: 2 layers,
-# hidden 512, their own peak rate (not tied to d_model) and gradient clipping as Bahdanau et al. (1.0).
-# Rate and clipping are to be chosen on validation by `aiayn reproduce --suite rnn-tune`; until its
-# results are in docs/reproduction, these are the grid's middle choice, not a measured optimum.
-PRESETS["multi30k-rnn"] = {**PRESETS["multi30k"], "model.arch": "rnn", "model.d_model": 512, "model.N": 2,
-                           "model.p_drop": 0.3, "model.rnn_variant": "luong", "model.rnn_attention": "dot",
-                           "train.lr_scale": 1.0, "train.peak_lr": 1e-3, "train.clip_norm": 1.0}
-
-# The paper's parameter counts (Table 3, millions), for `aiayn params`.
-PAPER_PARAMS_M: dict[str, float] = {
-    "base": 65, "big": 213, "table3-B-dk16": 58, "table3-B-dk32": 60, "table3-C-N2": 36,
-    "table3-C-N4": 50, "table3-C-N8": 80, "table3-C-dmodel256": 28, "table3-C-dmodel1024": 168,
-    "table3-C-dff1024": 53, "table3-C-dff4096": 90,
-}
 
 
 def _coerce(value: Any, current: Any, key: str) -> Any:

@@ -1,18 +1,21 @@
 """One factory for the architectures a config can name: the Transformer (§3) or a baseline the
-paper compared it with. It sits above both, so neither imports the other."""
+paper compared it with. It sits above all three, so none imports another."""
 
 from __future__ import annotations
 
 from torch import nn
 
+from .baselines.conv import ConvS2S
 from .baselines.rnn import RecurrentModel
 from .config import ModelConfig
 from .model import Transformer
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:
-    """The architecture `cfg.arch` names: the Transformer (default) or the recurrent baseline. Both
-    keep search.py's `IncrementalDecoder` contract and return `AttentionMaps`."""
+    """The architecture `cfg.arch` names: the Transformer (default), the recurrent baseline or
+    ConvS2S. All keep search.py's `IncrementalDecoder` contract and return `AttentionMaps`."""
     if cfg.arch == "rnn":
         return RecurrentModel(cfg)
+    if cfg.arch == "conv":
+        return ConvS2S(cfg)
     return Transformer(cfg)

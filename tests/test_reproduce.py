@@ -50,7 +50,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     results = _results(report)
     table3 = {"ref-s1", "ref-s2", "ref-s3", "A-h1", "E", "stability-N6-x1", "stability-N6-x0.02", "depth-ref-s1",
               "depth-ref-s2", "C-N6"}
-    arch = {"transformer", "bahdanau", "luong", "luong-7.6M"}
+    arch = {"transformer", "bahdanau", "luong", "luong-7.6M", "conv"}
     assert set(results) == ({f"table3/{r}" for r in table3} | {f"arch/{r}" for r in arch}
                             | {"rnn-tune/bahdanau-lr0.001-clip0", "table1/quick"})
     commit = results["table3/ref-s1"]["machine"]["git"]
@@ -77,6 +77,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     assert results["arch/luong"]["config"]["model"]["rnn_variant"] == "luong"
     assert results["arch/luong-7.6M"]["params"] > results["arch/luong"]["params"]
     assert results["arch/bahdanau"]["config"]["train"]["peak_lr"] > 0  # not tied to d_model
+    assert results["arch/conv"]["config"]["model"]["arch"] == "conv" and results["arch/conv"]["flops_per_token"] > 0
     # paired bootstrap against the seed-matched reference, re-computed from the kept hypotheses
     pbs = results["table3/A-h1"]["paired_bs"]
     assert pbs["baseline"] == "ref-s1" and results["table3/C-N6"]["paired_bs"]["baseline"] == "depth-ref-s1"
@@ -101,7 +102,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     # A second run skips every finished row: nothing is trained again.
     before = {f: f.read_bytes() for f in work.glob("*/*/result.json")}
     p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report)
-    assert p.returncode == 0 and p.stderr.count("finished earlier, skipped") == 15
+    assert p.returncode == 0 and p.stderr.count("finished earlier, skipped") == 16
     assert {f: f.read_bytes() for f in work.glob("*/*/result.json")} == before
     # An interrupted row (checkpoints up to step 4, no result) resumes where it stopped.
     row = work / "arch" / "bahdanau"

@@ -139,7 +139,8 @@ def stability_rows(scales: tuple[float, ...] = (1.0, 0.5, 0.25), base: dict[str,
 
 
 def arch_rows() -> list[Row]:
-    """The three families at one update budget: Table 2's comparison at small scale."""
+    """The three families at one update budget: Table 2's comparison at small scale (the recurrent
+    rate and clipping are the multi30k-rnn preset's, chosen by the rnn-tune suite)."""
     luong = {"model.rnn_variant": "luong", "model.rnn_attention": "dot"}
     return [
         Row("transformer", "Transformer (multi30k preset)", group="transformer"),
@@ -150,6 +151,8 @@ def arch_rows() -> list[Row]:
             luong, preset="multi30k-rnn", group="recurrent"),
         Row("luong-7.6M", "Luong et al. at the Transformer's size (hidden 360)", {**luong, "model.d_model": 360},
             preset="multi30k-rnn", group="recurrent"),
+        Row("conv", "ConvS2S: GLU convolutions, kernel 3, 5 + 5 layers, multi-step attention (Gehring et al., 2017)",
+            preset="multi30k-conv", group="convolutional"),
     ]
 
 
@@ -181,16 +184,17 @@ TINY = {"model.d_model": 32, "model.d_ff": 64, "model.h": 4, "model.N": 1, "mode
 
 
 def quick_rows() -> dict[str, list[Row]]:
-    """Every suite's machinery at toy sizes: two reference seeds, rows, the depth group, the
-    stability check (its second rate diverges on purpose), the four architectures, one tuning row."""
+    """Every suite's machinery at toy sizes: three reference seeds, rows, the depth group (the
+    stability check is set up in suites.py), the five architectures, one tuning row."""
     t3 = [Row("ref-s1", "reference", TINY, group="ref"), Row("ref-s2", "reference", TINY, seed=2, group="ref"),
           Row("ref-s3", "reference", TINY, seed=3, group="ref"),
           Row("A-h1", "h=1", {**TINY, "model.h": 1}, paper=_P("A h=1, d_k=512", 5.29, 24.9), group="A"),
           Row("E", "learned positions", {**TINY, "model.learned_positions": True},
               paper=_P("E positional embedding", 4.92, 25.7), group="E"),
           Row("C-N6", "N=6", {**TINY, "model.N": 6}, paper=_P("C N=8", 4.88, 25.5), group="C")]
-    tiny_rnn = {**TINY, "model.d_model": 32, "train.peak_lr": 3e-3, "train.lr_scale": 1.0}
-    arch = [Row(r.name, r.change, {**tiny_rnn, **r.overrides} if r.preset != "multi30k" else TINY, r.preset,
-                group=r.group) for r in arch_rows()]
+    tiny_rnn = {**TINY, "train.peak_lr": 3e-3, "train.lr_scale": 1.0, "model.conv_channels": 32}
+    arch = [Row(r.name, r.change, TINY if r.preset == "multi30k" else
+                {**tiny_rnn, **r.overrides, "model.d_model": 40 if "model.d_model" in r.overrides else 32},
+                r.preset, group=r.group) for r in arch_rows()]
     tune = [Row(r.name, r.change, {**tiny_rnn, **r.overrides}, r.preset, group=r.group) for r in rnn_tune_rows()[:1]]
     return {"table3": t3, "arch": arch, "rnn-tune": tune}
