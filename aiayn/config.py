@@ -269,10 +269,12 @@ def config_keys(cfg: Config | None = None) -> dict[str, Any]:
 
 
 def _unknown_key(key: str) -> ConfigError:
-    """An error that names the key and, when one is close, the key the user probably meant."""
+    """An error that names the key and, when some are close, the keys the user probably meant
+    (those it begins first, then the most similar: at most two)."""
     keys = list(config_keys())
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.75) or [k for k in keys if k.startswith(key)][:1]
-    hint = (f"; did you mean {close[0]!r}?" if close else
+    close = [k for k in keys if k.startswith(key)][:1] + difflib.get_close_matches(key, keys, n=2, cutoff=0.75)
+    close = list(dict.fromkeys(close))[:2]
+    hint = (f"; did you mean {' or '.join(map(repr, close))}?" if close else
             " (keys are model.*, data.*, train.*, decode.*; `aiayn config` prints them all)")
     return ConfigError(f"unknown config key {key!r}{hint}")
 

@@ -6,19 +6,23 @@ import math
 from pathlib import Path
 
 import pytest
-import sacrebleu
 import torch
 import torch.nn.functional as F
-from conftest import overfit, tiny_config
+from conftest import (
+    check_baseline_toolkit,
+    check_cached_steps_and_padding,
+    check_grouped_cache,
+    check_overfits,
+    check_serves,
+    tiny_config,
+)
 
 from aiayn.baselines.conv import ConvS2S, glu_conv
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.cli import main
 from aiayn.config import ConfigError, ModelConfig, preset
 from aiayn.models import build_model
-from aiayn.search import beam_search
 from aiayn.train import train
-from aiayn.translate import Translator
 
 
 def conv(N=2, k=3, **kw) -> ConvS2S:
@@ -54,23 +58,8 @@ def test_decoder_convolution_is_causal_with_k_minus_1_zeros_on_the_left():
 
 
 @pytest.mark.parametrize("N,k", [(1, 1), (1, 3), (2, 3), (3, 5)])
-def test_cached_steps_equal_teacher_forced_forward(N, k):
-    m = conv(N=N, k=k, N_dec=N + 1)
-    src = torch.randint(4, 23, (3, 7))
-    src[1, 4:] = 0
-    tgt = torch.randint(4, 23, (3, 6))
-    full = m(src, tgt)
-    cache = m.start_decoding(src)
-    steps = torch.stack([m.decode_step(tgt[:, t], cache) for t in range(6)], 1)
-    assert torch.allclose(full, steps, atol=1e-5)
-
-
-def test_padding_does_not_change_the_encoding():
-    m = conv()
-    src = torch.randint(4, 23, (1, 5))
-    padded = torch.cat([src, torch.zeros(1, 3, dtype=torch.long)], 1)
-    tgt = torch.randint(4, 23, (1, 4))
-    assert torch.allclose(m(src, tgt), m(padded, tgt), atol=1e-6)
+def test_cached_steps_equal_teacher_forced_forward_and_padding_changes_nothing(N, k):
+    check_cached_steps_and_padding(conv(N=N, k=k, N_dec=N + 1))
 
 
 def test_multi_step_attention_is_the_papers_equations():
@@ -106,20 +95,7 @@ def test_multi_step_attention_is_the_papers_equations():
 
 @pytest.mark.parametrize("k", [3, 5])
 def test_grouped_cache_and_reorder_follow_the_rows(k):
-    m = conv(k=k)
-    src = torch.randint(4, 23, (2, 6))
-    toks = [torch.randint(4, 23, (6,)) for _ in range(3)]
-    grouped = m.start_decoding(src, group=3)
-    single = m.start_decoding(src.repeat_interleave(3, 0))
-    for tok in toks[:2]:
-        assert torch.allclose(m.decode_step(tok, grouped), m.decode_step(tok, single), atol=1e-6)
-    rows = torch.tensor([2, 2, 0, 4, 3, 5])  # beams move within their sentence
-    grouped.reorder(rows)
-    single.reorder(rows, rows)
-    assert torch.allclose(m.decode_step(toks[2], grouped), m.decode_step(toks[2], single), atol=1e-6)
-    grouped.reorder(torch.tensor([3, 4, 5]), torch.tensor([1]))  # sentence 0 finished
-    single.reorder(torch.tensor([3, 4, 5]), torch.tensor([3, 4, 5]))
-    assert torch.allclose(m.decode_step(toks[0][3:], grouped), m.decode_step(toks[0][3:], single), atol=1e-6)
+    check_grouped_cache(conv(k=k))
 
 
 def test_initialization_is_gehring_et_al_section_3_5():
@@ -134,12 +110,8 @@ def test_initialization_is_gehring_et_al_section_3_5():
 
 def test_tiny_model_overfits_a_few_pairs():
     torch.manual_seed(0)
-    m = build_model(ModelConfig(arch="conv", vocab_size=20, d_model=32, N=2, p_drop=0.0, conv_channels=32)).train()
-    loss, src, tgt = overfit(m, 20, 200, 1e-2)
-    assert loss < 0.05
-    assert torch.equal(m.eval()(src, tgt[:, :-1]).argmax(-1), tgt[:, 1:])
-    hyps = beam_search(m, src, beam=4, max_len_b=8)  # the one beam search serves this model too
-    assert [h[0].tokens for h in hyps] == tgt[:, 1:-1].tolist()
+    check_overfits(build_model(ModelConfig(arch="conv", vocab_size=20, d_model=32, N=2, p_drop=0.0,
+                                           conv_channels=32)), 200)
 
 
 def test_config_names_the_architecture():
@@ -161,41 +133,15 @@ def trained_conv(toy_prepared, tmp_path_factory):
 
 
 def test_conv_model_trains_and_translates_with_the_toolkit(trained_conv, toy_prepared, tmp_path, capsys):
-    run, ckpt = trained_conv
-    model, cfg, _, _ = load_checkpoint(ckpt)
+    model, cfg, _, _ = load_checkpoint(trained_conv[1])
     assert isinstance(model, ConvS2S) and cfg.model.arch == "conv"
-    src = (toy_prepared / "valid.en.txt").read_text().splitlines()
-    ref = (toy_prepared / "valid.de.txt").read_text().splitlines()
-    out = tmp_path / "hyp.txt"
-    assert main(["translate", "--checkpoint", str(ckpt), "--input", str(toy_prepared / "valid.en.txt"),
-                 "--output", str(out), "--precision", "fp32"]) == 0
-    hyps = out.read_text().splitlines()
-    assert sacrebleu.corpus_bleu(hyps, [ref]).score > 10  # an untrained model scores about 0
-    t = Translator.load(ckpt, precision="fp32")
-    assert t.translate(src) == hyps
-    assert t.translate(src) == [t.translate([s])[0] for s in src]  # batch == one by one
-    assert main(["plot", "attention", "--checkpoint", str(ckpt), "--src", src[0], "-o", str(tmp_path / "att")]) == 0
-    for name in ("cross-layer1", "cross-layer2", "cross-mean"):  # multi-step attention: one map per layer
-        assert (tmp_path / "att" / f"{name}.png").exists()
-    assert main(["export", "ct2", "--checkpoint", str(ckpt), "-o", str(tmp_path / "ct2")]) == 2
-    assert "only the Transformer can be exported" in capsys.readouterr().err
+    # multi-step attention: one map per decoder layer
+    maps = ("cross-layer1", "cross-layer2", "cross-mean")
+    check_baseline_toolkit(trained_conv[1], toy_prepared, tmp_path, capsys, maps)
 
 
 def test_conv_model_serves_translations_and_its_attention(trained_conv):
-    from fastapi.testclient import TestClient
-
-    from aiayn.apps.serve import create_app
-
-    t = Translator.load(trained_conv[1])
-    with TestClient(create_app(t)) as client:
-        r = client.post("/translate", json={"sentences": ["the big dog"]})
-        assert r.status_code == 200 and r.json()["translations"] == t.translate(["the big dog"])
-        r = client.post("/attention", json={"sentence": "the big dog"})
-        assert r.status_code == 200
-        body = r.json()
-        w = body["weights"]
-        assert len(w) == len(body["target_tokens"]) and all(len(row) == len(body["source_tokens"]) for row in w)
-        assert all(abs(sum(row) - 1) < 1e-4 for row in w)
+    check_serves(trained_conv[1])
 
 
 def test_the_readme_trains_the_conv_preset_from_the_command_line(toy_prepared, tmp_path):

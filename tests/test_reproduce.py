@@ -104,6 +104,9 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report)
     assert p.returncode == 0 and p.stderr.count("finished earlier, skipped") == 16
     assert {f: f.read_bytes() for f in work.glob("*/*/result.json")} == before
+    # --rows takes a group: `--rows ref` is every reference seed, and needs no stability check
+    p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report, "--rows", "ref")
+    assert p.returncode == 0 and p.stderr.count("finished earlier, skipped") == 3 and "stability" not in p.stderr
     # An interrupted row (checkpoints up to step 4, no result) resumes where it stopped.
     row = work / "arch" / "bahdanau"
     (row / "result.json").unlink()

@@ -4,18 +4,21 @@ teacher-forced forward, batch against one by one, overfitting, and the toolkit a
 import math
 
 import pytest
-import sacrebleu
 import torch
-from conftest import overfit, tiny_config
+from conftest import (
+    check_baseline_toolkit,
+    check_cached_steps_and_padding,
+    check_grouped_cache,
+    check_overfits,
+    check_serves,
+    tiny_config,
+)
 
 from aiayn.baselines.rnn import AdditiveAttention, MultiplicativeAttention, RecurrentModel, attend
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
-from aiayn.cli import main
 from aiayn.config import ConfigError, ModelConfig, preset
 from aiayn.models import build_model
-from aiayn.search import beam_search
 from aiayn.train import train
-from aiayn.translate import Translator
 
 KINDS = [(cell, att) for cell in ("lstm", "gru") for att in ("additive", "dot", "general", "bahdanau")]
 
@@ -74,23 +77,8 @@ def test_attend_ignores_padding_and_averages_states():
 
 
 @pytest.mark.parametrize("cell,att", KINDS)
-def test_cached_steps_equal_teacher_forced_forward(cell, att):
-    m = rnn(cell, att)
-    src = torch.randint(4, 23, (3, 7))
-    src[1, 4:] = 0  # padding
-    tgt = torch.randint(4, 23, (3, 6))
-    full = m(src, tgt)
-    cache = m.start_decoding(src)
-    steps = torch.stack([m.decode_step(tgt[:, t], cache) for t in range(6)], 1)
-    assert torch.allclose(full, steps, atol=1e-6)
-
-
-def test_padding_does_not_change_the_encoding():
-    m = rnn()
-    src = torch.randint(4, 23, (1, 5))
-    padded = torch.cat([src, torch.zeros(1, 3, dtype=torch.long)], 1)
-    tgt = torch.randint(4, 23, (1, 4))
-    assert torch.allclose(m(src, tgt), m(padded, tgt), atol=1e-6)
+def test_cached_steps_equal_teacher_forced_forward_and_padding_changes_nothing(cell, att):
+    check_cached_steps_and_padding(rnn(cell, att), atol=1e-6)
 
 
 def _lstm_step(cell, x, h, c):
@@ -140,30 +128,12 @@ def test_luong_decoder_is_the_papers_equations():
 
 @pytest.mark.parametrize("att", ["general", "bahdanau"])
 def test_grouped_cache_and_reorder_follow_the_rows(att):
-    m = rnn("lstm", att)
-    src = torch.randint(4, 23, (2, 6))
-    tok = torch.randint(4, 23, (6,))
-    grouped = m.start_decoding(src, group=3)
-    single = m.start_decoding(src.repeat_interleave(3, 0))
-    assert torch.allclose(m.decode_step(tok, grouped), m.decode_step(tok, single), atol=1e-6)
-    rows = torch.tensor([2, 2, 0, 4, 3, 5])  # beams move within their sentence
-    grouped.reorder(rows)
-    single.reorder(rows, rows)
-    tok2 = torch.randint(4, 23, (6,))
-    assert torch.allclose(m.decode_step(tok2, grouped), m.decode_step(tok2, single), atol=1e-6)
-    grouped.reorder(torch.tensor([3, 4, 5]), torch.tensor([1]))  # sentence 0 finished
-    single.reorder(torch.tensor([3, 4, 5]), torch.tensor([3, 4, 5]))
-    assert torch.allclose(m.decode_step(tok2[3:], grouped), m.decode_step(tok2[3:], single), atol=1e-6)
+    check_grouped_cache(rnn("lstm", att))
 
 
 @pytest.mark.parametrize("att", ["additive", "bahdanau"])
 def test_tiny_model_overfits_a_few_pairs(att):
-    m = rnn(att=att, vocab_size=20, d_model=32, N=1).train()
-    loss, src, tgt = overfit(m, 20, 150, 1e-2)
-    assert loss < 0.05
-    assert torch.equal(m.eval()(src, tgt[:, :-1]).argmax(-1), tgt[:, 1:])
-    hyps = beam_search(m, src, beam=4, max_len_b=8)  # the one beam search serves this model too
-    assert [h[0].tokens for h in hyps] == tgt[:, 1:-1].tolist()
+    check_overfits(rnn(att=att, vocab_size=20, d_model=32, N=1), 150)
 
 
 def test_config_names_the_architecture():
@@ -189,39 +159,10 @@ def trained_rnn(toy_prepared, tmp_path_factory):
 
 
 def test_recurrent_model_trains_and_translates_with_the_toolkit(trained_rnn, toy_prepared, tmp_path, capsys):
-    run, ckpt = trained_rnn
-    model, cfg, _, _ = load_checkpoint(ckpt)
+    model, cfg, _, _ = load_checkpoint(trained_rnn[1])
     assert isinstance(model, RecurrentModel) and cfg.model.rnn_attention == "dot"
-    src = (toy_prepared / "valid.en.txt").read_text().splitlines()
-    ref = (toy_prepared / "valid.de.txt").read_text().splitlines()
-    out = tmp_path / "hyp.txt"
-    # fp32: the recurrent model's bf16 batches are not yet equal to one by one (rounding in the
-    # padded, packed encoder); the Transformer's are (tests/test_inference.py)
-    assert main(["translate", "--checkpoint", str(ckpt), "--input", str(toy_prepared / "valid.en.txt"),
-                 "--output", str(out), "--ref", str(toy_prepared / "valid.de.txt"), "--precision", "fp32"]) == 0
-    hyps = out.read_text().splitlines()
-    assert sacrebleu.corpus_bleu(hyps, [ref]).score > 10  # an untrained model scores about 0
-    t = Translator.load(ckpt, precision="fp32")
-    assert t.translate(src) == hyps
-    assert t.translate(src) == [t.translate([s])[0] for s in src]  # batch == one by one
-    assert main(["plot", "attention", "--checkpoint", str(ckpt), "--src", src[0], "-o", str(tmp_path / "att")]) == 0
-    assert (tmp_path / "att" / "cross-layer1.png").exists() and (tmp_path / "att" / "cross-mean.png").exists()
-    assert main(["export", "hf", "--checkpoint", str(ckpt), "-o", str(tmp_path / "hf")]) == 2
-    assert "only the Transformer can be exported" in capsys.readouterr().err
+    check_baseline_toolkit(trained_rnn[1], toy_prepared, tmp_path, capsys, ("cross-layer1", "cross-mean"))
 
 
 def test_recurrent_model_serves_translations_and_its_attention(trained_rnn):
-    from fastapi.testclient import TestClient
-
-    from aiayn.apps.serve import create_app
-
-    t = Translator.load(trained_rnn[1])
-    with TestClient(create_app(t)) as client:
-        r = client.post("/translate", json={"sentences": ["the big dog"]})
-        assert r.status_code == 200 and r.json()["translations"] == t.translate(["the big dog"])
-        r = client.post("/attention", json={"sentence": "the big dog"})
-        assert r.status_code == 200
-        body = r.json()  # the cross-attention: a row per output token, a column per source token
-        w = body["weights"]
-        assert len(w) == len(body["target_tokens"]) and all(len(row) == len(body["source_tokens"]) for row in w)
-        assert all(abs(sum(row) - 1) < 1e-4 for row in w)
+    check_serves(trained_rnn[1])

@@ -4,6 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from conftest import check_attention_body
 from fastapi.testclient import TestClient
 
 from aiayn.apps.serve import Limits, create_app
@@ -60,12 +61,7 @@ def test_malformed_json_and_server_keeps_serving(client):
 
 
 def test_attention_endpoint(client):
-    r = client.post("/attention", json={"sentence": "the big dog"})
-    assert r.status_code == 200
-    body = r.json()
-    w = body["weights"]
-    assert len(w) == len(body["target_tokens"]) and all(len(row) == len(body["source_tokens"]) for row in w)
-    assert all(abs(sum(row) - 1) < 1e-4 for row in w)
+    check_attention_body(client.post("/attention", json={"sentence": "the big dog"}))
     assert client.post("/attention", json={"sentence": "  "}).status_code == 400
     assert client.post("/attention", json={"sentence": "x" * 60}).status_code == 413
     assert client.post("/attention", json={}).status_code == 422

@@ -102,6 +102,11 @@ def test_a_typo_gets_the_closest_key(typed, meant):
         apply_overrides(preset("base"), {typed: "1"})
 
 
+def test_an_ambiguous_typo_gets_both_close_keys():
+    with pytest.raises(ConfigError, match="did you mean 'train.lr_scale' or 'train.peak_lr'"):
+        apply_overrides(preset("base"), {"train.lr": "1"})
+
+
 def test_train_help_lists_every_key():
     out = aiayn_cli("train", "--help").stdout
     for key in ("train.lr_scale = 1.0", "model.d_model = 512", "data.max_tokens = 4096", "decode.beam = 4",

@@ -94,12 +94,12 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
            f"FLOPs the {ref['row']} row spent. Seconds per update are measured apart, on the same batches in "
            "interleaved rounds, so a busy machine cannot bias one model.", "",
            f"Made by `aiayn reproduce --suite {suite}`.", "",
-           "| model | architecture | schedule | params | FLOPs / tok | s / update | valid PPL | PPL at equal compute "
-           "(@ update) | valid BLEU (BP) | paired bootstrap ΔBLEU (p) | test2016 | test2017 |",
+           "| model | architecture | schedule | params | FLOPs / tok | s / update / tgt tok/s (clean) | valid PPL | "
+           "PPL at equal compute (@ update) | valid BLEU (BP) | paired bootstrap ΔBLEU (p) | test2016 | test2017 |",
            "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rs:
         b, pbs = r["bleu"].get("valid", {}), r.get("paired_bs")
-        s_up = f"{tp[r['row']]['s_per_update']:.3f}" if r["row"] in tp else "–"
+        s_up = f"{tp[r['row']]['s_per_update']:.3f} / {tp[r['row']]['tgt_tok_s']:,.0f}" if r["row"] in tp else "–"
         out.append(f"| {r['row']} | {r['change']} | {schedule_words(r)} | {r['params'] / 1e6:.2f}M | "
                    f"{r['flops_per_token'] / 1e6:.1f}M | {s_up} | {r['valid_ppl']:.3f} | {_at_compute(r, ref)} | "
                    f"{b.get('bleu', float('nan')):.2f} ({b.get('bp', 0):.2f}) | "

@@ -266,7 +266,7 @@ def stability(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any]) -> f
 
 def _run_rows(suite: str, rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], only: list[str] | None,
               render_report) -> list[dict]:
-    chosen = [r for r in rows if r.name in only] if only else rows
+    chosen = [r for r in rows if r.name in only or r.group in only] if only else rows
     for row in chosen:
         row_config(row, common)  # every config checked before the first run starts
     out = []
@@ -314,7 +314,8 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
 def _table3(rows: list[Row], stab: list[Row], seeds: int, common: dict[str, Any], ctx: dict[str, Any],
             only: list[str] | None, render_report) -> None:
     """The stability check, then the reference seeds and the rows, then the paired tests."""
-    lr_scale = stability(stab, common, ctx)
+    wanted = not only or any(r.name in only for r in stab + depth_rows(seeds, 1.0, rows))
+    lr_scale = stability(stab, common, ctx) if wanted else None  # only the depth rows need the check
     if lr_scale is not None:
         rows = [r for r in rows if r.name not in DEPTH] + depth_rows(seeds, lr_scale, rows)
     _run_rows("table3", rows, common, ctx, only, render_report)
@@ -372,6 +373,7 @@ def _check_rows(suite: str, rows: list[str] | None, seeds: int) -> None:
     known = {"budget": ["ref"], "table3": [r.name for r in table3_rows(seeds, 0.4) + stability_rows()],
              "arch": [r.name for r in arch_rows()], "rnn-tune": [r.name for r in rnn_tune_rows()],
              "quick": [r.name for rs in q.values() for r in rs]}[suite]
+    known += ["ref"] if suite in ("table3", "quick") else []  # a group: every reference seed
     unknown = [r for r in rows or [] if r not in known]
     if unknown:
         raise ConfigError(f"unknown row(s) {', '.join(unknown)} in suite {suite}; "
