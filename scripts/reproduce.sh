@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The paper's evidence at small scale: bash scripts/reproduce.sh SUITE [aiayn reproduce options]
 #   SUITE: budget (the reference trained long: the update budget), table3 (Table 3 rows), arch
-#   (Transformer vs recurrent models), rnn-tune (the recurrent rate and clipping), table1, quick.
+#   (Transformer vs recurrent and convolutional models), tune (the baselines' settings), table1, quick.
 # Prepares Multi30k EN->DE like the main job, runs the suite (resumable: re-run to continue),
 # and writes docs/reproduction/REPORT.md. Run directories go to $WORK (default runs/reproduce).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SUITE=${1:?usage: bash scripts/reproduce.sh budget|table3|arch|rnn-tune|table1|quick [options]}
+SUITE=${1:?usage: bash scripts/reproduce.sh budget|table3|arch|tune|table1|quick [options]}
 shift
 AIAYN=.venv/bin/aiayn
 DATA=${DATA:-work/multi30k-en-de}

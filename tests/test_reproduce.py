@@ -52,7 +52,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
               "depth-ref-s2", "C-N6"}
     arch = {"transformer", "bahdanau", "luong", "luong-7.6M", "conv"}
     assert set(results) == ({f"table3/{r}" for r in table3} | {f"arch/{r}" for r in arch}
-                            | {"rnn-tune/bahdanau-lr0.001-clip0", "table1/quick"})
+                            | {"tune/bahdanau-lr0.001-clip0", "table1/quick"})
     commit = results["table3/ref-s1"]["machine"]["git"]
     for name, r in results.items():
         if name.startswith("table1"):
@@ -90,7 +90,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     assert set(tp["models"]) == arch and all(m["s_per_update"] > 0 for m in tp["models"].values())
     text = (report / "REPORT.md").read_text()
     for heading in ("## Table 3 at small scale", "### Depth rows at their own rate", "## Table 1",
-                    "## Transformer, recurrent and convolutional models", "## The recurrent rate and clipping",
+                    "## Transformer, recurrent and convolutional models", "## The baselines' rate, clipping and depth",
                     "ΔNLL ± 95 % PI (Holm p)", "paired bootstrap ΔBLEU (p)", "stability-N6-x1: diverged"):
         assert heading in text
     for png in ("table3_curves", "arch_curves", "table1", "bleu_params", "schedule"):

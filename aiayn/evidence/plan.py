@@ -140,7 +140,7 @@ def stability_rows(scales: tuple[float, ...] = (1.0, 0.5, 0.25), base: dict[str,
 
 def arch_rows() -> list[Row]:
     """The three families at one update budget: Table 2's comparison at small scale (the recurrent
-    rate and clipping are the multi30k-rnn preset's, chosen by the rnn-tune suite)."""
+    rate and clipping are the multi30k-rnn preset's, chosen by the tune suite)."""
     luong = {"model.rnn_variant": "luong", "model.rnn_attention": "dot"}
     return [
         Row("transformer", "Transformer (multi30k preset)", group="transformer"),
@@ -156,8 +156,10 @@ def arch_rows() -> list[Row]:
     ]
 
 
-def rnn_tune_rows() -> list[Row]:
-    """The recurrent rate and clipping, chosen on validation NLL: {1e-3, 2e-3} × {none, 1.0}."""
+def tune_rows() -> list[Row]:
+    """The baselines' own settings, chosen on validation NLL: the recurrent peak rate and clipping,
+    {1e-3, 2e-3} × {none, 1.0} per decoder; ConvS2S's rate and depth, {1e-3, 2e-3} × {3, 5} layers
+    (clipping 0.1, Gehring et al.'s)."""
     out = []
     for variant, att in (("bahdanau", "additive"), ("luong", "dot")):
         for lr in (1e-3, 2e-3):
@@ -165,6 +167,10 @@ def rnn_tune_rows() -> list[Row]:
                 out.append(Row(f"{variant}-lr{lr:g}-clip{clip:g}", f"{variant}, peak lr {lr:g}, clip {clip:g}",
                                {"model.rnn_variant": variant, "model.rnn_attention": att, "train.peak_lr": lr,
                                 "train.clip_norm": clip}, preset="multi30k-rnn", group=variant))
+    for lr in (1e-3, 2e-3):
+        for n in (3, 5):
+            out.append(Row(f"conv-lr{lr:g}-N{n}", f"ConvS2S, peak lr {lr:g}, {n} + {n} layers",
+                           {"train.peak_lr": lr, "model.N": n}, preset="multi30k-conv", group="conv"))
     return out
 
 
@@ -196,5 +202,5 @@ def quick_rows() -> dict[str, list[Row]]:
     arch = [Row(r.name, r.change, TINY if r.preset == "multi30k" else
                 {**tiny_rnn, **r.overrides, "model.d_model": 40 if "model.d_model" in r.overrides else 32},
                 r.preset, group=r.group) for r in arch_rows()]
-    tune = [Row(r.name, r.change, {**tiny_rnn, **r.overrides}, r.preset, group=r.group) for r in rnn_tune_rows()[:1]]
-    return {"table3": t3, "arch": arch, "rnn-tune": tune}
+    tune = [Row(r.name, r.change, {**tiny_rnn, **r.overrides}, r.preset, group=r.group) for r in tune_rows()[:1]]
+    return {"table3": t3, "arch": arch, "tune": tune}

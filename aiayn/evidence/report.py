@@ -1,7 +1,7 @@
 """The reproduction report (REPORT.md and its plots), rendered only from the suites' result files.
 
 Sections: the update budget (budget suite), Table 3 (verdicts.py), the architecture families
-(arch and rnn-tune suites) and Table 1. Re-rendering never trains, and no number is typed by hand:
+(arch and tune suites) and Table 1. Re-rendering never trains, and no number is typed by hand:
 every figure, setting and plot parameter is read from results/.
 """
 
@@ -87,7 +87,7 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
     ref = next((r for r in rs if r["row"] == "transformer"), rs[0])
     tp = (throughput or {}).get("models", {})
     title = ("## Transformer, recurrent and convolutional models (Table 2's comparison at small scale)"
-             if suite == "arch" else "## The recurrent rate and clipping, chosen on validation")
+             if suite == "arch" else "## The baselines' rate, clipping and depth, chosen on validation")
     out = [title, "", f"Every model trains {ref['updates']:,} updates on the same batches, checkpoints at the same "
            "spacing, the last 5 averaged, beam 4, α 0.6. Training FLOPs per target token count one forward and "
            "backward step (PyTorch's FlopCounterMode); *at equal compute* reads each model's validation PPL at the "
@@ -105,7 +105,7 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
                    f"{b.get('bleu', float('nan')):.2f} ({b.get('bp', 0):.2f}) | "
                    + (f"{pbs['delta']:+.2f} ({pbs['p']:.3f})" if pbs else "–")
                    + f" | {_test_bleu(r)} | {_test_bleu(r, 'test_2017_flickr')} |")
-    if suite == "rnn-tune":
+    if suite == "tune":
         for variant in sorted({r["group"] for r in rs}):
             best = min((r for r in rs if r["group"] == variant), key=lambda r: r["valid_nll"])
             out += ["", f"Lowest validation NLL for {variant}: **{best['row']}** ({best['valid_nll']:.4f})."]
@@ -167,9 +167,9 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
     planned = planned or {}
     t1_path = report_dir / "results" / "table1" / "table1.json"
     done = {s: f"{len(results.get(s, []))} of {planned[s]}" if s in planned else str(len(results.get(s, [])))
-            for s in ("table3", "arch", "rnn-tune")}
+            for s in ("table3", "arch", "tune")}
     out += [f"Progress: budget {'done' if 'budget' in results else 'not run'}, table3 {done['table3']} rows, "
-            f"arch {done['arch']}, rnn-tune {done['rnn-tune']}, table1 {'done' if t1_path.exists() else 'not run'}. "
+            f"arch {done['arch']}, tune {done['tune']}, table1 {'done' if t1_path.exists() else 'not run'}. "
             "A suite resumes where it stopped when its command is run again.", ""]
     if command and "--render-only" not in command:
         out += [f"Last command: `{command}`", ""]
@@ -177,7 +177,7 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
         out += budget_section(results["budget"], img)
     if "table3" in results:
         out += table3_section(results["table3"], img, _fmt_machine)
-    for suite in ("arch", "rnn-tune"):
+    for suite in ("arch", "tune"):
         if suite in results:
             tp = report_dir / "results" / suite / "throughput" / "throughput.json"
             out += arch_section(results[suite], json.loads(tp.read_text()) if tp.exists() else None, img, suite)

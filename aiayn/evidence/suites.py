@@ -3,7 +3,7 @@
 Suites (their rows are data, plan.py): ``budget`` (the reference trained long, to choose the
 update budget), ``table3`` (Table 3's variations, after a stability check of the deepest row),
 ``arch`` (Transformer, recurrent and convolutional models at one update budget, with their clean
-throughput: Table 2's comparison at small scale), ``rnn-tune`` (the recurrent rate and clipping,
+throughput: Table 2's comparison at small scale), ``tune`` (the baselines' rate, clipping and depth,
 chosen on validation), ``table1`` (per-layer costs, table1.py) and ``quick`` (their machinery at
 toy sizes, for the tests). Every row is a normal run directory (WORK/SUITE/ROW) that writes
 ``result.json`` once trained and evaluated; finished rows are skipped and interrupted ones resume,
@@ -39,9 +39,9 @@ from .plan import (
     diverged,
     protocol,
     quick_rows,
-    rnn_tune_rows,
     stability_rows,
     table3_rows,
+    tune_rows,
 )
 from .stats import paired_bootstrap
 
@@ -50,8 +50,15 @@ log = logging.getLogger("aiayn")
 
 # -- one row: train, average, evaluate -------------------------------------------------------
 def planned(report_dir: Path) -> dict[str, int]:
-    """Rows each suite has, for the report's progress line."""
-    return {"table3": len(table3_rows()), "arch": len(arch_rows()), "rnn-tune": len(rnn_tune_rows())}
+    """Rows each suite has, for the report's progress line: Table 3's include the stability runs
+    made so far, and the depth group's own reference when N=6 diverged."""
+    from .report import load_results
+
+    stab = [r for r in load_results(Path(report_dir) / "results").get("table3", []) if r.get("family") == "stability"]
+    depth_refs = sum(r.family == "depth" and r.group == "ref" for r in table3_rows(5, 1.0)) if any(
+        diverged(r) for r in stab) else 0
+    return {"table3": len(table3_rows()) + len(stab) + depth_refs, "arch": len(arch_rows()),
+            "tune": len(tune_rows())}
 
 
 def row_config(row: Row, common: dict[str, Any]) -> Config:
@@ -249,7 +256,7 @@ def _count_params(model_cfg, data_dir: Path) -> int:
 
 
 # -- the suites ----------------------------------------------------------------------------------
-SUITES = ("budget", "table3", "arch", "rnn-tune", "table1", "quick")
+SUITES = ("budget", "table3", "arch", "tune", "table1", "quick")
 
 
 def stability(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any]) -> float | None:
@@ -303,8 +310,8 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
                   ctx, rows, render_report)
     elif suite == "table3":
         _table3(table3_rows(seeds), stability_rows(), seeds, protocol(steps), ctx, rows, render_report)
-    elif suite in ("arch", "rnn-tune"):
-        _arch(suite, arch_rows() if suite == "arch" else rnn_tune_rows(), protocol(steps), ctx, rows,
+    elif suite in ("arch", "tune"):
+        _arch(suite, arch_rows() if suite == "arch" else tune_rows(), protocol(steps), ctx, rows,
               render_report)
     if suite in ("table1", "quick"):
         _table1(results, suite == "quick", device)
@@ -348,7 +355,7 @@ def _quick(ctx: dict[str, Any], only: list[str] | None, render_report) -> None:
     stab = stability_rows((1.0, 0.02), TINY, lr_scale=40.0)  # diverges at ×1 on purpose, trains at 0.8
     _table3(q["table3"], stab, 2, common, ctx, only, render_report)
     _arch("arch", q["arch"], common, ctx, only, render_report, updates=2, rounds=1)
-    _arch("rnn-tune", q["rnn-tune"], common, ctx, only, render_report)
+    _arch("tune", q["tune"], common, ctx, only, render_report)
 
 
 def _table1(results: Path, quick: bool, device: str | None) -> None:
@@ -371,7 +378,7 @@ def _check_data(data_dir: Path | None) -> None:
 def _check_rows(suite: str, rows: list[str] | None, seeds: int) -> None:
     q = quick_rows()
     known = {"budget": ["ref"], "table3": [r.name for r in table3_rows(seeds, 0.4) + stability_rows()],
-             "arch": [r.name for r in arch_rows()], "rnn-tune": [r.name for r in rnn_tune_rows()],
+             "arch": [r.name for r in arch_rows()], "tune": [r.name for r in tune_rows()],
              "quick": [r.name for rs in q.values() for r in rs]}[suite]
     known += ["ref"] if suite in ("table3", "quick") else []  # a group: every reference seed
     unknown = [r for r in rows or [] if r not in known]
