@@ -262,3 +262,19 @@ def test_recurrent_encoder_flops_formula_matches_a_counted_cell_loop():
 def test_reproduce_command_is_in_the_readme():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "aiayn reproduce --suite quick" in readme and "docs/reproduction/REPORT.md" in readme
+
+
+def test_the_size_matched_baselines_have_the_transformers_parameters():
+    """luong-7.6M and ConvS2S within 3 % of the Transformer's count at the multi30k vocabulary."""
+    from aiayn.evidence.plan import arch_rows
+    from aiayn.models import build_model
+
+    def count(row):
+        cfg = row_config(row, {})
+        cfg.model.vocab_size = 8000
+        with torch.device("meta"):
+            return sum(p.numel() for p in build_model(cfg.model).parameters())
+
+    n = {r.name: count(r) for r in arch_rows()}
+    assert abs(n["luong-7.6M"] / n["transformer"] - 1) < 0.03 and abs(n["conv"] / n["transformer"] - 1) < 0.03
+    assert n["luong"] > 1.5 * n["transformer"]  # the default recurrent model is much larger

@@ -149,7 +149,7 @@ def arch_rows() -> list[Row]:
             group="recurrent"),
         Row("luong", "bi-LSTM encoder, LSTM decoder, global dot attention, input feeding (Luong et al., 2015)",
             luong, preset="multi30k-rnn", group="recurrent"),
-        Row("luong-7.6M", "Luong et al. at the Transformer's size (hidden 360)", {**luong, "model.d_model": 360},
+        Row("luong-7.6M", "Luong et al. at the Transformer's size (hidden 368)", {**luong, "model.d_model": 368},
             preset="multi30k-rnn", group="recurrent"),
         Row("conv", "ConvS2S: GLU convolutions, kernel 3, 5 + 5 layers, multi-step attention (Gehring et al., 2017)",
             preset="multi30k-conv", group="convolutional"),
