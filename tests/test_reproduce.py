@@ -62,6 +62,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
         assert r["config"]["train"]["max_minutes"] == 0 and r["machine"]["git"] == commit  # one commit
         assert set(r["bleu"]) == {"valid", "test"} and r["bleu"]["valid"]["sentences"] == 20
         assert r["flops_per_token"] > 0 and r["params"] > 0 and r["curve"]
+        assert r["data"] == {"dir": toy_prepared.name, "src": "en", "tgt": "de", "train_pairs": 376}
         assert (report / "results" / f"{name}.valid.hyp.gz").exists()
     # the stability check: N=6 diverged at the suite's rate, so the depth rows ran at the rate that trained
     assert "diverged" in diverged(results["table3/stability-N6-x1"])
@@ -91,7 +92,8 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     text = (report / "REPORT.md").read_text()
     for heading in ("## Table 3 at small scale", "### Depth rows at their own rate", "## Table 1",
                     "## Transformer, recurrent and convolutional models", "## The baselines' rate, clipping and depth",
-                    "ΔNLL ± 95 % PI (Holm p)", "paired bootstrap ΔBLEU (p)", "stability-N6-x1: diverged"):
+                    "ΔNLL ± 95 % PI (Holm p)", "paired bootstrap ΔBLEU (p)", "stability-N6-x1: diverged",
+                    "Reference, 3 seeds: NLL", "training pairs"):
         assert heading in text
     for png in ("table3_curves", "arch_curves", "table1", "bleu_params", "schedule"):
         assert (report / "img" / f"{png}.png").stat().st_size > 1000

@@ -16,7 +16,7 @@ from ..files import atomic_write
 from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedule, _plot_table1
 from .plan import converged_at
 from .table1 import quadratic_fit
-from .verdicts import schedule_words, table3_section
+from .verdicts import data_words, schedule_words, table3_section
 
 
 def is_report(folder: Path) -> bool:
@@ -88,7 +88,8 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
     tp = (throughput or {}).get("models", {})
     title = ("## Transformer, recurrent and convolutional models (Table 2's comparison at small scale)"
              if suite == "arch" else "## The baselines' rate, clipping and depth, chosen on validation")
-    out = [title, "", f"Every model trains {ref['updates']:,} updates on the same batches, checkpoints at the same "
+    out = [title, "", f"Every model trains {ref['updates']:,} updates on {data_words(ref)}, the same batches, "
+           "checkpoints at the same "
            "spacing, the last 5 averaged, beam 4, α 0.6. Training FLOPs per target token count one forward and "
            "backward step (PyTorch's FlopCounterMode); *at equal compute* reads each model's validation PPL at the "
            f"FLOPs the {ref['row']} row spent. Seconds per update are measured apart, on the same batches in "

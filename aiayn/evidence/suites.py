@@ -181,8 +181,18 @@ def _train_and_evaluate(row: Row, suite: str, common: dict[str, Any], data_dir: 
         "machine": machine(), "device": dev, "precision": cfg.train.precision,
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_minutes": round((time.time() - start) / 60, 1),
     }
+    result["data"] = _data_words(data_dir)
     result.update(evaluate(run_dir, data_dir, sentences, dev))
     return result
+
+
+def _data_words(data_dir: Path) -> dict[str, Any]:
+    """What a row trained on: the prepared folder's name, its languages and training pairs."""
+    from ..data import load_manifest
+
+    m = load_manifest(Path(data_dir))
+    return {"dir": Path(data_dir).name, "src": m["settings"]["src"], "tgt": m["settings"]["tgt"],
+            "train_pairs": m["splits"]["train"]["pairs"]}
 
 
 def _check_commit(suite_results: Path, run_dir: Path, allow_mixed: bool) -> None:

@@ -9,12 +9,13 @@ larger of the two p-values, an intersection-union test), Holm-corrected over the
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from .figures import _plot_curves, _valid_bleu
 from .plan import BLEU_MARGIN, NLL_MARGIN, diverged
-from .stats import SeedTest, Verdict, holm, judge, seed_test
+from .stats import SeedTest, Verdict, holm, judge, prediction_halfwidth, seed_test
 
 
 @dataclass
@@ -102,6 +103,10 @@ def _summary(verdicts: list[RowVerdict]) -> list[str]:
                        f"{sum(v.reproduced is None for v in vs)}.")
     failed = [v for v in verdicts if v.failed]
     out += [f"- {v.r['row']} ({v.r['change']}) {v.failed}." for v in failed]
+    unpaired = [v.r["row"] for v in verdicts if not v.failed and "paired_bs" not in v.r]
+    if unpaired:
+        out.append(f"- No paired bootstrap for {', '.join(unpaired)} (their hypotheses were not kept): their BLEU "
+                   "cannot be significant.")
     return out
 
 
@@ -115,6 +120,26 @@ def _commits(rs: list[dict]) -> str:
     if len(seen) == 1:
         return f"All rows from commit {seen[0]}."
     return f"**Rows from {len(seen)} commits** ({', '.join(seen)}), mixed with --allow-mixed-commits."
+
+
+def data_words(r: dict) -> str:
+    """The data a result trained on, as recorded (results before it was recorded: Multi30k EN→DE)."""
+    d = r.get("data")
+    if not d:
+        return "Multi30k EN→DE"
+    return f"`{d['dir']}` ({d['src']}→{d['tgt']}, {d['train_pairs']:,} training pairs)"
+
+
+def reference_words(refs: list[dict]) -> str:
+    """The reference seeds' spread: mean, standard deviation and the 95 % prediction half-width."""
+    if len(refs) < 2:
+        return ""
+    parts = []
+    for name, vals, fmt in (("NLL", [r["valid_nll"] for r in refs], ".4f"),
+                            ("BLEU", [_valid_bleu(r) for r in refs], ".2f")):
+        parts.append(f"{name} {statistics.mean(vals):{fmt}} ± {statistics.stdev(vals):{fmt}} (sd), a new run "
+                     f"within ±{prediction_halfwidth(vals):{fmt}} (95 %)")
+    return f"Reference, {len(refs)} seeds: " + "; ".join(parts) + "."
 
 
 def schedule_words(r: dict) -> str:
@@ -140,7 +165,7 @@ def table3_section(rs: list[dict], img: Path, machine_words) -> list[str]:
         return ["## Table 3 at small scale", "", "No reference run has finished yet.", ""]
     r0 = refs[0]
     out = ["## Table 3 at small scale", "",
-           f"Every row trains {r0['updates']:,} updates on Multi30k from the `{r0['preset']}` reference "
+           f"Every row trains {r0['updates']:,} updates on {data_words(r0)} from the `{r0['preset']}` reference "
            f"({schedule_words(r0)}), changing one thing as the paper's row does; the last 5 checkpoints are "
            "averaged (§6.1) and decoded with beam 4, α 0.6. Verdicts use validation only; the primary statistic is "
            "NLL per token (the paper's ΔPPL read as Δln PPL). A row is tested against the 95 % prediction interval "
@@ -166,11 +191,12 @@ def table3_section(rs: list[dict], img: Path, machine_words) -> list[str]:
                     f"reference of their own (N = 3) train at a lower one ({schedule_words((f_refs or f_rows)[0])}); "
                     "they are compared only with that reference.", ""]
         lines, vs = family_table(f_refs, f_rows)
-        out += lines + [""]
+        out += lines + [""] + ([reference_words(f_refs), ""] if len(f_refs) > 1 else [])
         if len(f_refs) < 2:
             out += ["Fewer than two reference seeds: no interval, no verdict yet.", ""]
         verdicts += vs
-    out += _summary(verdicts) + [""]
+    summary = _summary(verdicts)
+    out += summary + [""] if summary else []
     better = [v.r["row"] for v in verdicts if v.p_nll is not None and v.p_nll < 0.05 and v.nll.delta < 0]
     out += [("Rows with a significantly lower validation NLL than their reference (candidates for the preset): "
              + ", ".join(better) + ".") if better else "No row has a significantly lower validation NLL than its "
