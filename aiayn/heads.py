@@ -1,0 +1,150 @@
+"""What the attention heads do, measured (Figures 3-5 beyond pictures; §3.2.2's heads one by one).
+
+- ``HeadGates``: a gate per head on Concat(head_1..head_h) before W^O (§3.2.2): 1 keeps the head,
+  0 removes it; with gradients, the gate's derivative is Michel et al. (2019)'s importance proxy.
+- ``ablation_importance``: validation NLL per token with each head removed, minus the full model's.
+- ``gradient_importance``: E_x |∂L/∂g_h| at g = 1 (Michel et al., 2019, §3.3), one backward pass
+  per batch instead of one validation per head.
+- role statistics on a head's weights (h, T, S), each defined where it is computed: positional
+  (Voita et al., 2019), sink, rare-word (Voita et al., 2019), entropy.
+
+Only the Transformer has heads; the baselines have one attention per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from .attention import MultiHeadAttention
+from .batches import TokenData, collate, make_batches
+from .config import Config
+from .loss import label_smoothed_loss
+from .runs import autocast
+
+SUBLAYERS = ("encoder_self", "decoder_self", "cross")
+
+
+def attention_modules(model: nn.Module) -> dict[str, list[MultiHeadAttention]]:
+    """Every multi-head attention of the Transformer, by sublayer type, bottom layer first."""
+    if not hasattr(model, "encoder") or not isinstance(model.encoder, nn.ModuleList):
+        raise ValueError("only the Transformer has attention heads (model.arch transformer)")
+    return {"encoder_self": [layer.self_attn for layer in model.encoder],
+            "decoder_self": [layer.self_attn for layer in model.decoder],
+            "cross": [layer.cross_attn for layer in model.decoder]}
+
+
+class HeadGates:
+    """One gate per head, (layers, h) per sublayer type, multiplying each head's output before W^O."""
+
+    def __init__(self, model: nn.Module, requires_grad: bool = False):
+        self.modules = attention_modules(model)
+        self.gates = {name: torch.ones(len(ms), ms[0].h, requires_grad=requires_grad)
+                      for name, ms in self.modules.items()}
+
+    @contextmanager
+    def applied(self) -> Iterator[HeadGates]:
+        """While inside, every W^O sees its heads' outputs times their gates."""
+        handles = []
+        for name, ms in self.modules.items():
+            for i, m in enumerate(ms):
+                def gate(mod, args, name=name, i=i, d_v=m.d_v):
+                    g = self.gates[name][i].repeat_interleave(d_v).to(args[0].device, args[0].dtype)
+                    return (args[0] * g,)
+                handles.append(m.w_o.register_forward_pre_hook(gate))
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def _batches(data: TokenData, cfg: Config, limit: int = 0) -> list:
+    out = make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, 0, 0)
+    return [collate(data, idx) for idx in (out[:limit] if limit else out)]
+
+
+def _nll(model: nn.Module, batches: list, cfg: Config, device: torch.device) -> Tensor:
+    """NLL per target token over the batches (a graph when gradients are on)."""
+    total, tokens = 0.0, 0
+    for b in batches:
+        b = b.to(device)
+        with autocast(device, cfg.train.precision):
+            logits = model(b.src, b.tgt_in)
+        nll, _, n = label_smoothed_loss(logits, b.tgt_out, 0.0, cfg.model.pad_id)  # ε = 0: the loss is the NLL
+        total, tokens = total + nll, tokens + n
+    return total / max(tokens, 1)
+
+
+@torch.no_grad()
+def ablation_importance(model: nn.Module, data: TokenData, cfg: Config, device: torch.device,
+                        batches: int = 0) -> tuple[float, dict[str, Tensor]]:
+    """The full model's validation NLL and, per sublayer type, (layers, h) NLL increases when that
+    one head is removed (gate 0)."""
+    model.eval()
+    bs = _batches(data, cfg, batches)
+    gates = HeadGates(model)
+    with gates.applied():
+        base = float(_nll(model, bs, cfg, device))
+        out = {}
+        for name, g in gates.gates.items():
+            delta = torch.zeros_like(g)
+            for i in range(g.size(0)):
+                for j in range(g.size(1)):
+                    g[i, j] = 0.0
+                    delta[i, j] = float(_nll(model, bs, cfg, device)) - base
+                    g[i, j] = 1.0
+            out[name] = delta
+    return base, out
+
+
+def gradient_importance(model: nn.Module, data: TokenData, cfg: Config, device: torch.device,
+                        batches: int = 0) -> dict[str, Tensor]:
+    """Michel et al. (2019): I_h = E_batches |∂L/∂g_h| at every gate 1, L the NLL per token."""
+    model.eval()
+    gates = HeadGates(model, requires_grad=True)
+    total = {name: torch.zeros_like(g) for name, g in gates.gates.items()}
+    bs = _batches(data, cfg, batches)
+    with gates.applied(), torch.enable_grad():
+        for b in bs:
+            grads = torch.autograd.grad(_nll(model, [b], cfg, device), list(gates.gates.values()))
+            for name, gr in zip(gates.gates, grads):
+                total[name] += gr.abs()
+    return {name: t / max(len(bs), 1) for name, t in total.items()}
+
+
+# -- roles: statistics of one sentence's weights w (h, T, S) ------------------------------------
+def positional(w: Tensor, offset: int) -> Tensor:
+    """Mean attention of query i on key i + offset (−1: the previous token, +1: the next), over the
+    queries that have such a key; (h,). Self-attention only (T = S)."""
+    T = w.size(-2)
+    i = torch.arange(max(0, -offset), min(T, T - offset))
+    return w[:, i, i + offset].mean(-1)
+
+
+def sink(w: Tensor, keys: Tensor, sink_ids: set[int]) -> Tensor:
+    """Mean attention mass on sink tokens (EOS, sentence punctuation) per query; (h,)."""
+    on = torch.tensor([int(t) in sink_ids for t in keys], dtype=w.dtype)
+    return (w * on).sum(-1).mean(-1)
+
+
+def rare_word(w: Tensor, keys: Tensor, freq: dict[int, int], skip: set[int] = frozenset()) -> Tensor:
+    """Mean attention on the sentence's least frequent key token (Voita et al., 2019), sinks
+    skipped; (h,)."""
+    candidates = [j for j, t in enumerate(keys.tolist()) if t not in skip]
+    j = min(candidates, key=lambda j: (freq.get(int(keys[j]), 0), j))
+    return w[:, :, j].mean(-1)
+
+
+def entropy(w: Tensor) -> Tensor:
+    """Mean entropy (nats) of each query's attention distribution; (h,). Uniform over S keys: ln S."""
+    p = w.clamp_min(1e-12)
+    return -(w * p.log()).sum(-1).mean(-1)
+
+
+def max_entropy(S: int) -> float:
+    return math.log(S)
