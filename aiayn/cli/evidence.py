@@ -26,7 +26,7 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     report = Path(args.report) if args.report else (work / "quick-report" if args.suite == "quick"
                                                     else Path("docs/reproduction"))
     command = "aiayn " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("aiayn") else ""
-    if args.steps < 1:
+    if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     if args.seeds < 2:
         raise UserError(f"--seeds must be >= 2 (an interval needs two reference runs), got {args.seeds}")
@@ -58,8 +58,8 @@ def add_reproduce(sub) -> None:
     p.add_argument("--report", help="folder for REPORT.md, its plots and results/ (default docs/reproduction; "
                    "quick: WORK/quick-report)")
     p.add_argument("--rows", help="comma-separated row names to run (default: all of the suite)")
-    p.add_argument("--steps", type=int, default=BUDGET_UPDATES,
-                   help=f"updates per row (default {BUDGET_UPDATES}: the budget chosen by the budget suite)")
+    p.add_argument("--steps", type=int, help=f"updates per row (default {BUDGET_UPDATES}: the budget chosen by the "
+                   f"budget suite; budget: {2 * BUDGET_UPDATES})")
     p.add_argument("--seeds", type=int, default=5, help="table3: seeds of each reference (default 5)")
     p.add_argument("--allow-mixed-commits", action="store_true",
                    help="train a row although the suite's results come from another commit")

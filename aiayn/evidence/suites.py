@@ -294,7 +294,7 @@ def _run_rows(suite: str, rows: list[Row], common: dict[str, Any], ctx: dict[str
 
 
 def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, rows: list[str] | None = None,
-              steps: int = BUDGET_UPDATES, seeds: int = 5, device: str | None = None, command: str = "",
+              steps: int | None = None, seeds: int = 5, device: str | None = None, command: str = "",
               allow_mixed: bool = False) -> Path:
     """Run a suite (skipping finished rows, resuming interrupted ones) and render the report."""
     from .report import render
@@ -302,6 +302,7 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
     if suite not in SUITES:
         raise ConfigError(f"unknown suite {suite!r}; choose from: {', '.join(SUITES)}")
     _code_commit()
+    steps = steps or (2 * BUDGET_UPDATES if suite == "budget" else BUDGET_UPDATES)
     report_dir = Path(report_dir)
     results = report_dir / "results"
     if suite != "table1":
