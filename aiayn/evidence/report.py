@@ -58,8 +58,8 @@ def budget_section(rs: list[dict], img: Path) -> list[str]:
     at = converged_at(curve)
     out = ["## The update budget", "",
            f"The `{r['preset']}` reference trained {r['updates']:,} updates ({schedule_words(r)}), validated every "
-           f"{r['common']['train.valid_every']} updates. The budget is the first update at which the validation "
-           "NLL changes by less than 2 % over a further 10 % of updates: "
+           f"{r['common']['train.valid_every']} updates. The budget is the first update from which the validation "
+           "NLL changes by less than 2 % over every further 10 % of updates: "
            + (f"**{at:,} updates** (NLL {dict(curve)[at]:.3f})." if at else "not reached within this run.")
            + " Every suite trains that many updates (`--steps`, default in `aiayn/evidence/plan.py`).", "",
            "Made by `aiayn reproduce --suite budget --steps " f"{r['common']['train.max_steps']}`.", ""]
