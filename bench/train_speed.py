@@ -18,7 +18,9 @@ F.cross_entropy with label smoothing 0.1, Adam, fp32 (as measured for the issue'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import platform
 import resource
 import statistics
@@ -27,46 +29,73 @@ import sys
 import time
 from pathlib import Path
 
-from benchdata import DATA, prepared_data
+from benchdata import DATA, ROOT, prepared_data
 
 SIZES = {"small": dict(d_model=256, d_ff=1024, h=4, N=3), "base": dict(d_model=512, d_ff=2048, h=8, N=6)}
 STEPS = {"small": (5, 25), "base": (3, 8)}  # (warm-up, measured) updates
-SYSTEMS = ["aiayn-bf16", "aiayn-fp32", "hf-fp32"]  # also aiayn-bf16-logits: bf16 output projection
+SYSTEMS = ["aiayn-bf16", "aiayn-fp32", "hf-fp32"]  # suffix -logits16 / -logits32: force the output layer's precision
+# The bf16 rows' output layer as in the preset each size stands for: small is `multi30k` (bf16 logits,
+# bench/fp32_logits.json), base is `base` (fp32 logits, the default).
+FP32_LOGITS = {"small": False, "base": True}
+
+
+def build(system: str, size: str, data_dir: Path, n_batches: int):
+    """(model, optimizer, config, batches) for an aiayn system, as `aiayn train` builds them; the bf16
+    rows keep the fp32-logits setting of the preset the size stands for (FP32_LOGITS)."""
+    import torch
+
+    from aiayn.batches import TokenData, collate, make_batches
+    from aiayn.config import Config
+    from aiayn.model import Transformer
+    from aiayn.optim import make_optimizer
+    from aiayn.tokenizer import Tokenizer
+
+    with contextlib.suppress(ImportError):  # the kernel cache `aiayn train` asks for (runs.setup)
+        from aiayn.linear import kernel_cache
+
+        kernel_cache(16)
+    torch.manual_seed(0)
+    tok = Tokenizer.load(str(Path(data_dir) / "spm.model"))
+    data = TokenData(Path(data_dir), "train")
+    batches = [collate(data, b) for b in make_batches(data.src_lens, data.tgt_lens, 4096, 1, 0)[:n_batches]]
+    cfg = Config()
+    cfg.model.vocab_size, cfg.model.p_drop = len(tok), 0.1
+    for k, v in SIZES[size].items():
+        setattr(cfg.model, k, v)
+    cfg.train.precision = "bf16" if "bf16" in system else "fp32"
+    cfg.model.fp32_logits = FP32_LOGITS[size]
+    if system.endswith("-logits16"):
+        cfg.model.fp32_logits = False
+    elif system.endswith("-logits32"):
+        cfg.model.fp32_logits = True
+    model = Transformer(cfg.model)
+    return model, make_optimizer(model, cfg.train), cfg, batches
 
 
 def worker(system: str, size: str, data_dir: str, threads: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from aiayn.batches import TokenData, collate, make_batches
-    from aiayn.config import Config
-    from aiayn.model import Transformer
-    from aiayn.optim import make_optimizer
-    from aiayn.steps import train_step
-    from aiayn.tokenizer import Tokenizer
-
     torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    tok = Tokenizer.load(str(Path(data_dir) / "spm.model"))
-    data = TokenData(Path(data_dir), "train")
     warm, steps = STEPS[size]
-    batches = [collate(data, b) for b in make_batches(data.src_lens, data.tgt_lens, 4096, 1, 0)[:warm + steps]]
-    dims = SIZES[size]
-    cfg = Config()
-    cfg.model.vocab_size, cfg.model.p_drop = len(tok), 0.1
-    for k, v in dims.items():
-        setattr(cfg.model, k, v)
     if system.startswith("aiayn"):
-        cfg.train.precision = "bf16" if "bf16" in system else "fp32"
-        cfg.model.fp32_logits = system != "aiayn-bf16-logits"  # bf16-logits: the projection in bf16 too
-        model = Transformer(cfg.model)
-        opt = make_optimizer(model, cfg.train)
+        from aiayn.steps import train_step
+
+        model, opt, cfg, batches = build(system.split("@")[0], size, Path(data_dir), warm + steps)
 
         def step(b):
             train_step(model, opt, [(b, 1.0)], b.n_tokens, cfg, 1e-4, 1, torch.device("cpu"))
     else:
         from transformers import MarianConfig, MarianMTModel
 
+        from aiayn.batches import TokenData, collate, make_batches
+        from aiayn.tokenizer import Tokenizer
+
+        torch.manual_seed(0)
+        tok = Tokenizer.load(str(Path(data_dir) / "spm.model"))
+        data = TokenData(Path(data_dir), "train")
+        batches = [collate(data, b) for b in make_batches(data.src_lens, data.tgt_lens, 4096, 1, 0)[:warm + steps]]
+        dims = SIZES[size]
         hf_cfg = MarianConfig(vocab_size=len(tok), decoder_vocab_size=len(tok), d_model=dims["d_model"],
                               encoder_layers=dims["N"], decoder_layers=dims["N"], encoder_attention_heads=dims["h"],
                               decoder_attention_heads=dims["h"], encoder_ffn_dim=dims["d_ff"],
@@ -95,11 +124,26 @@ def worker(system: str, size: str, data_dir: str, threads: int) -> dict:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def code_env(system: str) -> dict:
+    """The environment of a worker: `SYSTEM@COMMIT` imports aiayn from a checkout of COMMIT (a git
+    worktree under work/, made once), so the same run compares the code with an earlier version."""
+    env = dict(os.environ)
+    if "@" in system:
+        commit = system.split("@")[1]
+        tree = ROOT / "work" / f"aiayn-{commit}"
+        if not (tree / "aiayn").is_dir():
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree), commit],
+                           check=True, capture_output=True)
+        env["PYTHONPATH"] = str(tree)
+    return env
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--data", default=str(DATA))
     p.add_argument("--configs", default="small,base")
-    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="SYSTEM@COMMIT runs an earlier version")
+    p.add_argument("--baseline", help="also run aiayn-bf16 as of this commit (e.g. 1ebaef9)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="bench/train_speed.json")
@@ -110,16 +154,19 @@ def main() -> None:
         return
     if Path(args.data).resolve() == DATA:
         prepared_data(DATA)
+    if args.baseline:
+        args.systems += f",aiayn-bf16@{args.baseline}"
     runs: list[dict] = []
     for size in args.configs.split(","):
         for rep in range(args.reps):
             for system in args.systems.split(","):  # alternate: A B C A B C ...
                 out = subprocess.run([sys.executable, __file__, "--worker", system, size, "--data", args.data,
-                                      "--threads", str(args.threads)], capture_output=True, text=True)
+                                      "--threads", str(args.threads)], capture_output=True, text=True,
+                                     env=code_env(system))
                 if out.returncode:
                     sys.exit(f"{system} {size} failed:\n{out.stderr[-2000:]}")
                 r = json.loads(out.stdout.strip().splitlines()[-1])
-                print(f"  rep {rep + 1} {size:<6}{system:<12}{r['tgt_tok_s']:>8.0f} tok/s {r['peak_rss_mb']:>7.0f} MB",
+                print(f"  rep {rep + 1} {size:<6}{system:<22}{r['tgt_tok_s']:>8.0f} tok/s {r['peak_rss_mb']:>7.0f} MB",
                       flush=True)
                 runs.append(r)
     rows = []
@@ -132,10 +179,10 @@ def main() -> None:
             rows.append({"size": size, "system": system, "tgt_tok_s": tok_s,
                          "vs_hf": tok_s / ref if ref else None,
                          "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in mine)})
-    print(f"\n{'size':<7}{'system':<12}{'tok/s':>8}{'x HF':>7}{'peak MB':>9}")
+    print(f"\n{'size':<7}{'system':<22}{'tok/s':>8}{'x HF':>7}{'peak MB':>9}")
     for r in rows:
         ratio = f"{r['vs_hf']:.2f}" if r["vs_hf"] else ""
-        print(f"{r['size']:<7}{r['system']:<12}{r['tgt_tok_s']:>8.0f}{ratio:>7}{r['peak_rss_mb']:>9.0f}")
+        print(f"{r['size']:<7}{r['system']:<22}{r['tgt_tok_s']:>8.0f}{ratio:>7}{r['peak_rss_mb']:>9.0f}")
     import torch
 
     meta = {"torch": torch.__version__, "threads": args.threads, "machine": platform.processor() or platform.machine(),

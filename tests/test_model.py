@@ -237,3 +237,30 @@ def test_fp32_logits_can_be_turned_off_for_speed():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert model(torch.randint(4, 50, (2, 5)), torch.randint(4, 50, (2, 4))).dtype == torch.bfloat16
     assert preset("multi30k").model.fp32_logits is False and preset("base").model.fp32_logits is True
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_cpu_dropout_is_bernoulli_with_its_own_scale(p):
+    """§5.4: each element dropped with probability p (to 1/65536), independently, the rest scaled so
+    that E[output] = input; the mask is the global generator's (a seed replays it)."""
+    from aiayn.model import Dropout
+
+    d = Dropout(p).train()
+    torch.manual_seed(3)
+    x = torch.full((301, 997), 2.0)  # an element count not divisible by 4
+    y = d(x)
+    dropped = y == 0
+    n = dropped.numel()
+    p_eff = round(p * 65536) / 65536
+    assert abs(p_eff - p) <= 1 / 131072
+    # the drop rate within 5 binomial standard deviations of p
+    assert abs(dropped.float().mean().item() - p_eff) < 5 * math.sqrt(p_eff * (1 - p_eff) / n)
+    assert torch.allclose(y[~dropped], torch.tensor(2.0 / (1 - p_eff)))
+    # neighbours (lanes of one 64-bit draw) are independent: P(both dropped) = p²
+    flat = dropped.flatten()[: n - n % 4].view(-1, 4).float()
+    for a, b in [(0, 1), (1, 2), (2, 3), (0, 3)]:
+        both = (flat[:, a] * flat[:, b]).mean().item()
+        assert abs(both - p_eff**2) < 5 * math.sqrt(p_eff**2 * (1 - p_eff**2) / flat.size(0))
+    torch.manual_seed(3)
+    assert torch.equal(d(x), y)
+    assert torch.equal(d.eval()(x), x)
