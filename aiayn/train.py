@@ -14,6 +14,7 @@ from .checkpoint import (
 )
 from .config import Config, load_yaml
 from .files import hold_data, lock_run
+from .linear import cpu_paths, native_bf16
 from .runs import Dist, Run, progress_log, setup, write_provenance
 from .trainer import Trainer
 
@@ -90,6 +91,11 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
         n_params = sum(p.numel() for p in trainer.model.parameters())
         log.info("model: %.2fM parameters, vocabulary %d, device %s, world %d, precision %s",
                  n_params / 1e6, cfg.model.vocab_size, env.device, env.world, cfg.train.precision)
+        if env.device.type == "cpu":
+            log.info("kernels: %s", cpu_paths(cfg.train.precision))
+            if cfg.train.precision == "bf16" and not native_bf16():
+                log.warning("this CPU has no native bf16 (AVX-512 BF16 or AMX): bf16 products are emulated "
+                            "and may be slower than fp32 (--train.precision fp32)")
         return trainer.loop()
     finally:
         if handler is not None:

@@ -146,10 +146,13 @@ def main() -> None:
     p.add_argument("--baseline", help="also run aiayn-bf16 as of this commit (e.g. 1ebaef9)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--measure", type=int, help="measured updates per run (default: 25 small, 8 base)")
     p.add_argument("--out", default="bench/train_speed.json")
     p.add_argument("--worker", nargs=2, metavar=("SYSTEM", "SIZE"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
+        if args.measure:
+            STEPS[args.worker[1]] = (STEPS[args.worker[1]][0], args.measure)
         print(json.dumps(worker(args.worker[0], args.worker[1], args.data, args.threads)))
         return
     if Path(args.data).resolve() == DATA:
@@ -161,7 +164,9 @@ def main() -> None:
         for rep in range(args.reps):
             for system in args.systems.split(","):  # alternate: A B C A B C ...
                 out = subprocess.run([sys.executable, __file__, "--worker", system, size, "--data", args.data,
-                                      "--threads", str(args.threads)], capture_output=True, text=True,
+                                      "--threads", str(args.threads), *(["--measure", str(args.measure)]
+                                                                         if args.measure else [])],
+                                     capture_output=True, text=True,
                                      env=code_env(system))
                 if out.returncode:
                     sys.exit(f"{system} {size} failed:\n{out.stderr[-2000:]}")
