@@ -25,6 +25,7 @@ from .batches import TokenData, collate, make_batches
 from .config import Config
 from .loss import label_smoothed_loss
 from .runs import autocast
+from .tokenizer import BOS
 
 SUBLAYERS = ("encoder_self", "decoder_self", "cross")
 
@@ -63,12 +64,12 @@ class HeadGates:
                 h.remove()
 
 
-def _batches(data: TokenData, cfg: Config, limit: int = 0) -> list:
+def eval_batches(data: TokenData, cfg: Config, limit: int = 0) -> list:
     out = make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, 0, 0)
     return [collate(data, idx) for idx in (out[:limit] if limit else out)]
 
 
-def _nll(model: nn.Module, batches: list, cfg: Config, device: torch.device) -> Tensor:
+def nll_per_token(model: nn.Module, batches: list, cfg: Config, device: torch.device) -> Tensor:
     """NLL per target token over the batches (a graph when gradients are on)."""
     total, tokens = 0.0, 0
     for b in batches:
@@ -86,17 +87,17 @@ def ablation_importance(model: nn.Module, data: TokenData, cfg: Config, device: 
     """The full model's validation NLL and, per sublayer type, (layers, h) NLL increases when that
     one head is removed (gate 0)."""
     model.eval()
-    bs = _batches(data, cfg, batches)
+    bs = eval_batches(data, cfg, batches)
     gates = HeadGates(model)
     with gates.applied():
-        base = float(_nll(model, bs, cfg, device))
+        base = float(nll_per_token(model, bs, cfg, device))
         out = {}
         for name, g in gates.gates.items():
             delta = torch.zeros_like(g)
             for i in range(g.size(0)):
                 for j in range(g.size(1)):
                     g[i, j] = 0.0
-                    delta[i, j] = float(_nll(model, bs, cfg, device)) - base
+                    delta[i, j] = float(nll_per_token(model, bs, cfg, device)) - base
                     g[i, j] = 1.0
             out[name] = delta
     return base, out
@@ -108,10 +109,10 @@ def gradient_importance(model: nn.Module, data: TokenData, cfg: Config, device: 
     model.eval()
     gates = HeadGates(model, requires_grad=True)
     total = {name: torch.zeros_like(g) for name, g in gates.gates.items()}
-    bs = _batches(data, cfg, batches)
+    bs = eval_batches(data, cfg, batches)
     with gates.applied(), torch.enable_grad():
         for b in bs:
-            grads = torch.autograd.grad(_nll(model, [b], cfg, device), list(gates.gates.values()))
+            grads = torch.autograd.grad(nll_per_token(model, [b], cfg, device), list(gates.gates.values()))
             for name, gr in zip(gates.gates, grads):
                 total[name] += gr.abs()
     return {name: t / max(len(bs), 1) for name, t in total.items()}
@@ -148,3 +149,78 @@ def entropy(w: Tensor) -> Tensor:
 
 def max_entropy(S: int) -> float:
     return math.log(S)
+
+
+def alignment_agreement(w: Tensor, others: Tensor) -> Tensor:
+    """Share of queries whose most-attended key is the one the other layers' mean attention picks
+    (cross-attention's agreement on an alignment); w (h, T, S), others (T, S); (h,)."""
+    return (w.argmax(-1) == others.argmax(-1)).float().mean(-1)
+
+
+# -- roles over sentences, and pruning --------------------------------------------------------
+ROLES = {"encoder_self": ("previous", "next", "sink", "rare_word", "entropy"),
+         "decoder_self": ("previous", "sink", "rare_word", "entropy"),
+         "cross": ("sink", "rare_word", "entropy", "agreement")}
+
+
+def _sublayer_roles(name: str, w: Tensor, keys: Tensor, others: Tensor | None, facts: dict) -> dict[str, Tensor]:
+    """Every role statistic of one sublayer's weights w (h, T, S) on one sentence; keys (S,)."""
+    freq = facts["src_freq"] if name != "decoder_self" else facts["tgt_freq"]
+    out = {"sink": sink(w, keys, facts["sinks"]), "entropy": entropy(w),
+           "rare_word": rare_word(w, keys, freq, facts["sinks"] | {BOS})}
+    if name != "cross":
+        out["previous"] = positional(w, -1)
+    if name == "encoder_self":
+        out["next"] = positional(w, 1)
+    if name == "cross" and others is not None:
+        out["agreement"] = alignment_agreement(w, others)
+    return out
+
+
+@torch.no_grad()
+def role_table(model: nn.Module, data: TokenData, facts: dict, sentences: int = 200) -> dict[str, dict[str, Tensor]]:
+    """Mean role statistics per head, (layers, h) per sublayer type and role, over the first
+    `sentences` pairs, one at a time (no padding), teacher-forced on the reference. `facts`:
+    sinks (ids of EOS and sentence punctuation), src_freq and tgt_freq (training counts per id)."""
+    model.eval()
+    sums: dict[str, dict[str, Tensor]] = {}
+    n = min(sentences, len(data))
+    for i in range(n):
+        b = collate(data, [i])
+        _, maps = model.attention_maps(b.src, b.tgt_in)
+        per = {"encoder_self": (maps.encoder_self, b.src[0]), "decoder_self": (maps.decoder_self, b.tgt_in[0]),
+               "cross": (maps.cross, b.src[0])}
+        for name, (layers, keys) in per.items():
+            ws = [layer[0].float() for layer in layers]  # each (h, T, S)
+            for li, w in enumerate(ws):
+                others = None
+                if name == "cross" and len(ws) > 1:
+                    others = torch.stack([x.mean(0) for j, x in enumerate(ws) if j != li]).mean(0)
+                for role, v in _sublayer_roles(name, w, keys, others, facts).items():
+                    table = sums.setdefault(name, {}).setdefault(role, torch.zeros(len(ws), w.size(0)))
+                    table[li] += v
+    return {name: {role: t / max(n, 1) for role, t in roles.items()} for name, roles in sums.items()}
+
+
+def prune_order(scores: dict[str, Tensor]) -> list[tuple[str, int, int]]:
+    """Every head as (sublayer, layer, head), least important first; ties by position."""
+    heads = [(float(t[i, j]), name, i, j) for name, t in scores.items()
+             for i in range(t.size(0)) for j in range(t.size(1))]
+    return [(name, i, j) for _, name, i, j in sorted(heads, key=lambda x: (x[0], SUBLAYERS.index(x[1]), x[2], x[3]))]
+
+
+def pruning_curve(model: nn.Module, order: list[tuple[str, int, int]], evaluate) -> list[dict]:
+    """Remove heads in `order`, skipping any that is the last of its attention module (one head per
+    sublayer stays); after each removal, `evaluate()` (with the gates applied) gives the scores.
+    Returns one row per step: heads removed so far, the head, and the scores."""
+    gates = HeadGates(model)
+    rows = []
+    with gates.applied():
+        rows.append({"removed": 0, "head": None, **evaluate()})
+        for name, i, j in order:
+            g = gates.gates[name][i]
+            if int(g.sum()) <= 1:
+                continue
+            g[j] = 0.0
+            rows.append({"removed": len(rows), "head": [name, i, j], **evaluate()})
+    return rows

@@ -146,24 +146,3 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights and rows"
 
-
-def native_bf16() -> bool:
-    """True if the CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX); without it oneDNN emulates
-    bf16 products and bf16 autocast is no faster than fp32."""
-    cpu = getattr(torch, "cpu", None)
-    checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(bool(check()) for check in checks if check is not None)
-
-
-def cpu_paths(precision: str) -> str:
-    """The CPU's relevant flags and the kernels a CPU training run takes with them, for the log."""
-    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")()
-    words = [f"CPU vector unit {capability}, native bf16 {'yes' if native_bf16() else 'no'}"]
-    if precision == "bf16":
-        words.append("products in bf16 through oneDNN (autocast), attention as explicit products "
-                     "(SDPA's CPU kernel is slower in bf16)")
-    else:
-        words.append(f"fp32 products through {'oneDNN' if onednn_available() else 'MKL (F.linear)'}, "
-                     "attention through SDPA")
-    words.append("dropout masks from 16-bit uniforms, four per 64-bit draw")
-    return "; ".join(words)

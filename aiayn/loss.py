@@ -48,7 +48,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         for s in range(0, logits.size(0), _ROWS):
             p = torch.sub(logits[s:s + _ROWS], lse[s:s + _ROWS, None]).exp_()  # softmax, fp32
             t, w = target[s:s + _ROWS, None], weight[s:s + _ROWS, None]
-            p.scatter_add_(1, t, torch.full(t.shape, -(1.0 - eps), device=p.device))
+            p.scatter_add_(1, t, torch.full(t.shape, -(1.0 - eps), dtype=p.dtype, device=p.device))
             torch.addcmul(w * (-eps / V), p, w, out=grad[s:s + _ROWS])  # (p - q)·g, in one pass
         return grad, None, None, None
 

@@ -24,8 +24,8 @@ from .checkpoint import (
 )
 from .config import Config
 from .files import atomic_write
-from .linear import kernel_cache
-from .translate import pick_device
+from .linear import kernel_cache, onednn_available
+from .translate import native_bf16, pick_device
 
 log = logging.getLogger("aiayn")
 progress_log = logging.getLogger("aiayn.progress")  # periodic loss lines: train.log only (tqdm shows them)
@@ -64,6 +64,21 @@ def setup(device: str | None, threads: int, timeout_minutes: float = 60.0) -> Di
     if rank != 0:
         log.setLevel(logging.WARNING)  # rank 0 speaks for the run
     return Dist(rank, world, dev)
+
+
+def cpu_paths(precision: str) -> str:
+    """The CPU's relevant flags and the kernels a CPU training run takes with them, for the log."""
+    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")()
+    native = native_bf16()
+    words = [f"CPU vector unit {capability}, native bf16 {'yes (' + ', '.join(native) + ')' if native else 'no'}"]
+    if precision == "bf16":
+        words.append("products in bf16 through oneDNN (autocast), attention as explicit products "
+                     "(SDPA's CPU kernel is slower in bf16)")
+    else:
+        words.append(f"fp32 products through {'oneDNN' if onednn_available() else 'MKL (F.linear)'}, "
+                     "attention through SDPA")
+    words.append("dropout masks from 16-bit uniforms, four per 64-bit draw")
+    return "; ".join(words)
 
 
 def autocast(device: torch.device, precision: str):

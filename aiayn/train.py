@@ -14,9 +14,9 @@ from .checkpoint import (
 )
 from .config import Config, load_yaml
 from .files import hold_data, lock_run
-from .linear import cpu_paths, native_bf16
-from .runs import Dist, Run, progress_log, setup, write_provenance
+from .runs import Dist, Run, cpu_paths, progress_log, setup, write_provenance
 from .trainer import Trainer
+from .translate import native_bf16
 
 log = logging.getLogger("aiayn")
 
@@ -38,6 +38,18 @@ def _start_run(run: Run, cfg: Config, data_dir: Path, env: Dist, trainer: Traine
         run.forget_metrics_after(0)  # rows of a process killed before its first checkpoint
         cfg.save_yaml(run.path / "config.yaml")
         write_provenance(run.path / "run.json", data_dir, cfg, env, resume is True, trainer.per_update)
+
+
+def _log_setup(trainer: Trainer, cfg: Config, env: Dist) -> None:
+    """The model's size and where it runs; on a CPU, the kernels its flags lead to."""
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    log.info("model: %.2fM parameters, vocabulary %d, device %s, world %d, precision %s",
+             n_params / 1e6, cfg.model.vocab_size, env.device, env.world, cfg.train.precision)
+    if env.device.type == "cpu":
+        log.info("kernels: %s", cpu_paths(cfg.train.precision))
+        if cfg.train.precision == "bf16" and not native_bf16():
+            log.warning("this CPU has no native bf16 (AVX-512 BF16 or AMX): bf16 products are emulated "
+                        "and may be slower than fp32 (--train.precision fp32)")
 
 
 def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, resume: bool = False,
@@ -88,14 +100,7 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
                 run.forget_metrics_after(trainer.state["step"])
                 cfg.save_yaml(run.path / "config.yaml")
                 write_provenance(run.path / "run.json", Path(data_dir), cfg, env, True, trainer.per_update)
-        n_params = sum(p.numel() for p in trainer.model.parameters())
-        log.info("model: %.2fM parameters, vocabulary %d, device %s, world %d, precision %s",
-                 n_params / 1e6, cfg.model.vocab_size, env.device, env.world, cfg.train.precision)
-        if env.device.type == "cpu":
-            log.info("kernels: %s", cpu_paths(cfg.train.precision))
-            if cfg.train.precision == "bf16" and not native_bf16():
-                log.warning("this CPU has no native bf16 (AVX-512 BF16 or AMX): bf16 products are emulated "
-                            "and may be slower than fp32 (--train.precision fp32)")
+        _log_setup(trainer, cfg, env)
         return trainer.loop()
     finally:
         if handler is not None:

@@ -32,6 +32,11 @@ def cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
+def native_bf16(flags: set[str] | None = None) -> list[str]:
+    """The flags by which this CPU (or `flags`) computes bf16 products natively; empty: emulated."""
+    return sorted((cpu_flags() if flags is None else flags) & _NATIVE_BF16)
+
+
 def resolve_precision(precision: str, device: torch.device, flags: set[str] | None = None) -> tuple[str, str]:
     """The precision that runs, and why. `auto` is bf16 where the processor computes bf16
     natively — a CUDA GPU with bf16 (Ampere or later), a CPU with AVX-512 BF16 or AMX — and fp32
@@ -46,7 +51,7 @@ def resolve_precision(precision: str, device: torch.device, flags: set[str] | No
         if torch.cuda.is_bf16_supported():
             return "bf16", "auto: this GPU computes bf16 natively"
         return "fp32", "auto: this GPU has no native bf16"
-    native = sorted((cpu_flags() if flags is None else flags) & _NATIVE_BF16)
+    native = native_bf16(flags)
     if native:
         return "bf16", f"auto: the CPU computes bf16 natively ({', '.join(native)})"
     return "fp32", "auto: the CPU has no native bf16 (AVX-512 BF16 or AMX)"

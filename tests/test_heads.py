@@ -59,7 +59,8 @@ def valid(toy_prepared):
 
 
 def test_ablation_importance_is_the_nll_of_the_model_without_the_head(valid):
-    from aiayn.heads import _batches, _nll
+    from aiayn.heads import eval_batches as _batches
+    from aiayn.heads import nll_per_token as _nll
 
     model, cfg = tiny_model()
     base, delta = ablation_importance(model, valid, cfg, torch.device("cpu"))
@@ -74,7 +75,8 @@ def test_ablation_importance_is_the_nll_of_the_model_without_the_head(valid):
 
 def test_gradient_importance_is_the_gates_derivative(valid):
     """|∂L/∂g| at g = 1 against central finite differences, on a one-batch set."""
-    from aiayn.heads import _batches, _nll
+    from aiayn.heads import eval_batches as _batches
+    from aiayn.heads import nll_per_token as _nll
 
     model, cfg = tiny_model()
     model.double()
@@ -109,3 +111,111 @@ def test_roles_on_hand_built_patterns():
     assert sink(w, keys, {3}).tolist() == pytest.approx([0.0, 0.2, 1.0])
     freq = {7: 50, 9: 2, 8: 40, 11: 30, 3: 1000}
     assert rare_word(w, keys, freq, skip={3}).tolist() == pytest.approx([0.2, 0.2, 0.0])  # token 9 at key 1
+
+
+def test_alignment_agreement_and_prune_order_by_hand():
+    from aiayn.heads import alignment_agreement, prune_order
+
+    w = torch.zeros(2, 3, 4)
+    w[0, [0, 1, 2], [1, 2, 3]] = 1.0  # head 1 picks keys 1, 2, 3
+    w[1, :, 0] = 1.0  # head 2 always key 0
+    others = torch.zeros(3, 4)
+    others[[0, 1, 2], [1, 2, 0]] = 1.0
+    assert alignment_agreement(w, others).tolist() == pytest.approx([2 / 3, 1 / 3])
+    scores = {"encoder_self": torch.tensor([[0.3, 0.1]]), "decoder_self": torch.tensor([[0.2, 0.0]]),
+              "cross": torch.tensor([[0.1, 0.5]])}
+    assert prune_order(scores) == [("decoder_self", 0, 1), ("encoder_self", 0, 1), ("cross", 0, 0),
+                                   ("decoder_self", 0, 0), ("encoder_self", 0, 0), ("cross", 0, 1)]
+
+
+def test_pruning_keeps_a_head_per_sublayer_and_leaves_the_others_alone():
+    """Every step removes one head, never the last of its attention; the heads still kept send
+    W^O exactly what they sent in the full model (removing a head changes only its own input
+    columns of that layer; later layers see a different input, so compare the first layer)."""
+    from aiayn.heads import prune_order, pruning_curve
+
+    model, _ = tiny_model()
+    src, tgt = torch.randint(4, 60, (2, 7)), torch.randint(4, 60, (2, 5))
+    mods = attention_modules(model)
+    seen = []
+    hook = mods["encoder_self"][0].w_o.register_forward_pre_hook(lambda m, a: seen.append(a[0].detach().clone()))
+    with torch.no_grad():
+        model(src, tgt)
+    full = seen.pop()
+    gates_seen = []
+
+    def evaluate():
+        with torch.no_grad():
+            model(src, tgt)
+        gates_seen.append(seen.pop())
+        return {"nll": 0.0, "bleu": 0.0}
+
+    order = prune_order({n: torch.rand(len(ms), ms[0].h) for n, ms in mods.items()})
+    curve = pruning_curve(model, order, evaluate)
+    hook.remove()
+    assert len(curve) == 1 + 3 * 2 * (4 - 1)  # down to one head per attention of each layer
+    removed = {tuple(r["head"]) for r in curve[1:]}
+    assert len(removed) == len(curve) - 1
+    for name, ms in mods.items():
+        for i, m in enumerate(ms):
+            assert sum((name, i, j) not in removed for j in range(m.h)) == 1
+    d_v = mods["encoder_self"][0].d_v
+    gone = set()
+    for r, x in zip(curve, gates_seen):
+        if r["head"] and r["head"][:2] == ["encoder_self", 0]:
+            gone.add(r["head"][2])
+        for j in range(4):
+            cols = slice(j * d_v, (j + 1) * d_v)
+            # the hook sees W^O's input before the gate: every head's own output, unchanged
+            assert torch.equal(x[..., cols], full[..., cols])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_gated_model_translates_as_the_hand_pruned_one(toy_prepared, precision):
+    """Beam search through Translator (bf16: its converted copy) sees the gates."""
+    from aiayn.tokenizer import Tokenizer
+    from aiayn.translate import Translator
+
+    model, cfg = tiny_model(60)
+    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
+    lines = (toy_prepared / "valid.en.txt").read_text().splitlines()[:6]
+    gates = HeadGates(model)
+    t = Translator(model, tok, cfg.decode, precision=precision)
+    with gates.applied():
+        gates.gates["cross"][1, :3] = 0.0
+        gates.gates["decoder_self"][0, 2] = 0.0
+        t.model = model
+        gated = t.translate(lines, beam=4)
+    by_hand = zeroed(zeroed(zeroed(zeroed(model, "cross", 1, 0), "cross", 1, 1), "cross", 1, 2), "decoder_self", 0, 2)
+    assert gated == Translator(by_hand, tok, cfg.decode, precision=precision).translate(lines, beam=4)
+    t.model = model  # the hooks are gone: the full model again
+    full = Translator(model, tok, cfg.decode, precision=precision).translate(lines, beam=4)
+    assert t.translate(lines, beam=4) == full != gated
+
+
+def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys):
+    import json
+
+    import aiayn
+    from aiayn.checkpoint import list_checkpoints
+    from aiayn.cli import main
+
+    run = tmp_path / "run"
+    aiayn.train(tiny_config(max_steps=30, lr_scale=0.5), str(toy_prepared), str(run))
+    ckpt = list_checkpoints(run)[-1]
+    out = tmp_path / "heads"
+    args = ["heads", "--checkpoint", str(ckpt), "--data", str(toy_prepared), "-o", str(out),
+            "--sentences", "5", "--bleu-sentences", "6"]
+    assert main(args) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["heads.json", "importance.png", "pruning.png", "roles.png"]
+    r = json.loads((out / "heads.json").read_text())
+    # the full model's NLL by two paths: the ablation's baseline and the pruning curve's first point
+    assert r["pruning"]["importance"][0]["nll"] == pytest.approx(r["valid_nll"], rel=1e-6)
+    assert len(r["pruning"]["random"]) == len(r["pruning"]["importance"]) == 1 + 3 * 2 * 3
+    assert "heads removable at <= 0.5 BLEU" in capsys.readouterr().out
+    assert main(args) == 0  # its own earlier output is replaced
+    foreign = tmp_path / "other"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert main([*args[:-5], str(foreign), *args[-4:]]) != 0
+    assert (foreign / "notes.txt").read_text() == "mine"

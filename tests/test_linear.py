@@ -2,8 +2,6 @@
 rounding), and the cases that must fall back to `F.linear` exactly; `Int8Linear` against exact
 integer arithmetic and the rounding bound."""
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -167,19 +165,15 @@ def test_int8_linear_rows_do_not_depend_on_their_batch():
         assert torch.equal(together[i], q(x[i:i + 1])[0])
 
 
-def test_native_bf16_agrees_with_the_kernel_flags():
-    """The bf16 fact the log reports is the processor's own flag (Linux names it in /proc/cpuinfo)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        pytest.skip("no /proc/cpuinfo")
-    flags = set(cpuinfo.read_text().split())
-    assert linear.native_bf16() == bool(flags & {"avx512_bf16", "amx_tile"})
-
 
 def test_the_log_names_the_kernels_a_run_takes(monkeypatch):
-    monkeypatch.setattr(linear, "native_bf16", lambda: False)
-    assert "native bf16 no" in linear.cpu_paths("bf16") and "bf16 through oneDNN" in linear.cpu_paths("bf16")
-    monkeypatch.setattr(linear, "onednn_available", lambda: False)
-    assert "fp32 products through MKL" in linear.cpu_paths("fp32")
-    monkeypatch.setattr(linear, "onednn_available", lambda: True)
-    assert "fp32 products through oneDNN" in linear.cpu_paths("fp32")
+    from aiayn import runs
+
+    monkeypatch.setattr(runs, "native_bf16", lambda: [])
+    assert "native bf16 no" in runs.cpu_paths("bf16") and "bf16 through oneDNN" in runs.cpu_paths("bf16")
+    monkeypatch.setattr(runs, "native_bf16", lambda: ["avx512_bf16"])
+    assert "native bf16 yes (avx512_bf16)" in runs.cpu_paths("bf16")
+    monkeypatch.setattr(runs, "onednn_available", lambda: False)
+    assert "fp32 products through MKL" in runs.cpu_paths("fp32")
+    monkeypatch.setattr(runs, "onednn_available", lambda: True)
+    assert "fp32 products through oneDNN" in runs.cpu_paths("fp32")

@@ -24,7 +24,8 @@ log = logging.getLogger("aiayn")
 VERBS = {
     "params": training.add_params, "prepare": prepare.add_prepare, "train": training.add_train,
     "average": training.add_average, "translate": decoding.add_translate, "tune": decoding.add_tune,
-    "score": decoding.add_score, "parse": decoding.add_parse, "plot": apps.add_plot, "serve": apps.add_serve,
+    "score": decoding.add_score, "parse": decoding.add_parse, "plot": apps.add_plot, "heads": apps.add_heads,
+    "serve": apps.add_serve,
     "export": apps.add_export, "config": training.add_config, "reproduce": evidence.add_reproduce,
 }
 

@@ -47,6 +47,31 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
     print(f"wrote {len(files)} files to {args.output}")
 
 
+def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
+    """What the attention heads do: importance, roles, pruning (validation split only)."""
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    from ..apps.heads import is_heads_output, measure, write
+
+    for name in ("sentences", "bleu_sentences"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    check_output_folder(args.output, is_heads_output)  # before minutes of measuring
+    if not Path(args.checkpoint).is_file():
+        raise UserError(f"--checkpoint {args.checkpoint}: no such file")
+    try:
+        result = measure(Path(args.checkpoint), Path(args.data), args.sentences, args.bleu_sentences, args.seed)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    out = write(result, Path(args.output))
+    r = result["removable_at_0.5_bleu"]
+    print(f"full model: valid NLL {result['valid_nll']:.4f}, BLEU {result['pruning']['importance'][0]['bleu']:.2f} "
+          f"({result['bleu_sentences']} sentences); heads removable at <= 0.5 BLEU: {r['importance']} by importance, "
+          f"{r['random']} at random; rank correlation of ablation and gradient importance "
+          f"{result['spearman_ablation_gradient']:.2f}")
+    print(f"wrote {out}")
+
+
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     """HTTP API (FastAPI) and a page to try the model."""
     if extra:
@@ -100,6 +125,18 @@ def add_plot(sub) -> None:
     p.add_argument("--tgt", help="force this target (teacher forcing); default: the model's translation")
     p.add_argument("-o", "--output", required=True, help="folder (attention) or .png file (curves)")
     p.set_defaults(func=cmd_plot)
+
+
+def add_heads(sub) -> None:
+    """`aiayn heads` and its flags."""
+    p = sub.add_parser("heads", help="what the attention heads do: importance, roles, pruning (validation)")
+    p.add_argument("--checkpoint", required=True, help="model file (.safetensors)")
+    p.add_argument("--data", required=True, help="prepared data folder (its validation split is used)")
+    p.add_argument("--sentences", type=int, default=200, help="validation sentences for the role statistics")
+    p.add_argument("--bleu-sentences", type=int, default=100, help="validation sentences for BLEU while pruning")
+    p.add_argument("--seed", type=int, default=1, help="the random pruning order (the control)")
+    p.add_argument("-o", "--output", required=True, help="folder for heads.json and pictures")
+    p.set_defaults(func=cmd_heads)
 
 
 def add_serve(sub) -> None:
