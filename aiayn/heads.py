@@ -25,7 +25,7 @@ from .batches import TokenData, collate, make_batches
 from .config import Config
 from .loss import label_smoothed_loss
 from .runs import autocast
-from .tokenizer import BOS
+from .tokenizer import BOS, EOS, UNK
 
 SUBLAYERS = ("encoder_self", "decoder_self", "cross")
 
@@ -224,3 +224,62 @@ def pruning_curve(model: nn.Module, order: list[tuple[str, int, int]], evaluate)
             g[j] = 0.0
             rows.append({"removed": len(rows), "head": [name, i, j], **evaluate()})
     return rows
+
+
+# -- the syntactic role: encoder self-attention against dependency arcs ---------------------------
+_PTB_TEXT = {"-LRB-": "(", "-RRB-": ")", "-LCB-": "{", "-RCB-": "}", "``": '"', "''": '"'}
+
+
+def word_attention(w: Tensor, spans: list[tuple[int, int]]) -> Tensor:
+    """Subword attention w (h, T, S) to word attention (h, n, n): the mean over a word's query
+    pieces of the sum over each word's key pieces (Clark et al., 2019)."""
+    rows = torch.stack([w[:, a:b].mean(1) for a, b in spans], 1)  # (h, n, S)
+    return torch.stack([rows[:, :, a:b].sum(-1) for a, b in spans], -1)
+
+
+def dependency_hits(attn: Tensor, heads: list[int], skip: set[int]) -> tuple[Tensor, int]:
+    """Per attention head, the dependents (root and `skip` left out) whose most-attended other word
+    is their syntactic head; and how many dependents were scored. attn (h, n, n)."""
+    n = attn.size(-1)
+    a = attn.clone()
+    a[:, torch.arange(n), torch.arange(n)] = -1.0  # a word attending to itself names no arc
+    deps = [d for d, g in enumerate(heads) if g >= 0 and d not in skip]
+    if not deps:
+        return torch.zeros(attn.size(0)), 0
+    pred = a.argmax(-1)[:, deps]
+    return (pred == torch.tensor([heads[d] for d in deps])).float().sum(-1), len(deps)
+
+
+@torch.no_grad()
+def syntactic_agreement(model: nn.Module, tokenizer, trees: list, max_subwords: int = 120) -> dict:
+    """Encoder self-attention (English source) against dependency arcs from head rules (deps.py):
+    per (layer, head), the share of dependents whose most-attended other word is their syntactic
+    head; beside it the best fixed-offset guess (always the word k positions away) on the same arcs.
+    Punctuation dependents are not scored; words are encoded one by one, so spans are exact."""
+    from .deps import PUNCT_TAGS, dependencies
+
+    model.eval()
+    hits, total, offsets = None, 0, {}
+    for tree in trees:
+        tagged, heads = tree.tagged(), dependencies(tree)
+        spans, ids = [], []
+        for word, _ in tagged:
+            pieces = tokenizer.encode([_PTB_TEXT.get(word, word)])[0] or [UNK]
+            spans.append((len(ids), len(ids) + len(pieces)))
+            ids += pieces
+        if len(ids) + 1 > max_subwords:
+            continue
+        _, _, maps = model.encode(torch.tensor([ids + [EOS]]), need_weights=True)
+        skip = {i for i, (_, tag) in enumerate(tagged) if tag in PUNCT_TAGS}
+        per_layer = [dependency_hits(word_attention(w[0].float(), spans), heads, skip) for w in maps]
+        layer_hits = torch.stack([k for k, _ in per_layer])
+        hits = layer_hits if hits is None else hits + layer_hits
+        total += per_layer[0][1]
+        for d, g in enumerate(heads):
+            if g >= 0 and d not in skip:
+                offsets[g - d] = offsets.get(g - d, 0) + 1
+    if not total:
+        raise ValueError("no tree fits: every sentence is longer than the model's subword limit")
+    best = max(offsets, key=offsets.get)
+    return {"accuracy": hits / total, "arcs": total, "sentences": len(trees),
+            "baseline_offset": best, "baseline_accuracy": offsets[best] / total}

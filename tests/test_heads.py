@@ -193,6 +193,26 @@ def test_a_gated_model_translates_as_the_hand_pruned_one(toy_prepared, precision
     assert t.translate(lines, beam=4) == full != gated
 
 
+def test_word_attention_and_dependency_hits_by_hand():
+    from aiayn.heads import dependency_hits, word_attention
+
+    # 3 words over 5 pieces: word 0 = pieces 0-1, word 1 = piece 2, word 2 = pieces 3-4
+    spans = [(0, 2), (2, 3), (3, 5)]
+    w = torch.zeros(1, 5, 5)
+    w[0, 0, 3], w[0, 0, 4] = 0.5, 0.5  # piece 0 -> word 2 (both its pieces)
+    w[0, 1, 2] = 1.0  # piece 1 -> word 1
+    w[0, 2, 0] = 1.0  # word 1 -> word 0
+    w[0, 3:, 2] = 1.0  # word 2 -> word 1
+    a = word_attention(w, spans)
+    assert a[0].tolist() == [[0.0, 0.5, 0.5], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+    # arcs: word 0 -> 2 (tied with word 1: argmax takes the first, word 1, a miss), 1 -> 0 (hit), 2 root
+    hits, n = dependency_hits(a, [2, 0, -1], skip=set())
+    assert (hits.tolist(), n) == ([1.0], 2)
+    # self-attention names no arc: a word attending only to itself predicts some other word
+    hits, n = dependency_hits(torch.eye(3)[None], [1, -1, 1], skip={2})
+    assert n == 1 and hits.tolist() == [1.0]  # word 0's best other word is word 1 (ties to the first)
+
+
 def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys):
     import json
 
@@ -204,7 +224,12 @@ def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys):
     aiayn.train(tiny_config(max_steps=30, lr_scale=0.5), str(toy_prepared), str(run))
     ckpt = list_checkpoints(run)[-1]
     out = tmp_path / "heads"
-    args = ["heads", "--checkpoint", str(ckpt), "--data", str(toy_prepared), "-o", str(out),
+    bank = tmp_path / "bank"
+    bank.mkdir()
+    (bank / "wsj_0160.mrg").write_text(
+        "( (S (NP-SBJ (DT A) (NN man)) (VP (VBZ rides) (NP (DT a) (NN bike))) (. .)) )\n"
+        "( (S (NP-SBJ (NNS Dogs)) (VP (VBP run) (PP (IN in) (NP (DT the) (NN park)))) (. .)) )\n")
+    args = ["heads", "--checkpoint", str(ckpt), "--data", str(toy_prepared), "--treebank", str(bank), "-o", str(out),
             "--sentences", "5", "--bleu-sentences", "6"]
     assert main(args) == 0
     assert sorted(p.name for p in out.iterdir()) == ["heads.json", "importance.png", "pruning.png", "roles.png"]
@@ -212,7 +237,14 @@ def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys):
     # the full model's NLL by two paths: the ablation's baseline and the pruning curve's first point
     assert r["pruning"]["importance"][0]["nll"] == pytest.approx(r["valid_nll"], rel=1e-6)
     assert len(r["pruning"]["random"]) == len(r["pruning"]["importance"]) == 1 + 3 * 2 * 3
-    assert "heads removable at <= 0.5 BLEU" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "heads removable at <= 0.5 BLEU" in printed and "syntactic role" in printed
+    # arcs by hand (head - dependent): A->man +1, man->rides +1, a->bike +1, bike->rides -2; Dogs->run +1,
+    # in->run -1, the->park +1, park->in -2; roots and the two full stops are not scored
+    syn = r["syntactic"]
+    assert (syn["arcs"], syn["baseline_offset"], syn["baseline_accuracy"]) == (8, 1, 5 / 8)
+    assert len(r["roles"]["encoder_self"]["syntactic"]) == 2  # layers of the tiny model
+
     assert main(args) == 0  # its own earlier output is replaced
     foreign = tmp_path / "other"
     foreign.mkdir()

@@ -35,6 +35,7 @@ from ..heads import (  # noqa: E402
     prune_order,
     pruning_curve,
     role_table,
+    syntactic_agreement,
 )
 from ..tokenizer import EOS, Tokenizer  # noqa: E402
 from ..translate import Translator  # noqa: E402
@@ -82,8 +83,31 @@ def _removable(curve: list[dict], cost: float = 0.5) -> int:
     return curve[-1]["removed"]
 
 
+def dev_trees(treebank: Path, limit: int) -> list:
+    """The first `limit` cleaned trees of the treebank's development files (parse.SPLITS["valid"])."""
+    import re
+
+    from ..parse import SPLITS, clean, read_treebank
+
+    lo, hi = SPLITS["valid"]
+    trees = [c for name, ts in read_treebank(treebank).items()
+             if (m := re.search(r"(\d+)", name)) and lo <= int(m.group(1)) <= hi
+             for c in (clean(t) for t in ts) if c is not None]
+    if not trees:
+        raise ValueError(f"{treebank}: no trees in the development files {lo:04d}-{hi:04d}")
+    return trees[:limit]
+
+
+def _syntactic(model, tokenizer: Tokenizer, cfg, settings: dict, treebank: Path, sentences: int) -> dict:
+    if settings["src"] != "en":
+        raise ValueError(f"--treebank: the trees are English and this model's source is {settings['src']!r}")
+    log.info("syntactic role: encoder self-attention against dependency arcs of %s", treebank)
+    s = syntactic_agreement(model, tokenizer, dev_trees(treebank, sentences), cfg.data.max_len)
+    return {**s, "accuracy": s["accuracy"].tolist(), "treebank": str(treebank)}
+
+
 def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentences: int = 100,
-            seed: int = 1) -> dict:
+            seed: int = 1, treebank: Path | None = None) -> dict:
     """Every measurement of `aiayn heads`, as plain data."""
     model, cfg, tokenizer, _ = load_checkpoint(checkpoint)
     model.eval()
@@ -100,6 +124,9 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
     g = torch.cat([grad[n].flatten() for n in SUBLAYERS]).numpy()
     log.info("roles over %d validation sentences", sentences)
     roles = role_table(model, valid, _facts(data_dir, tokenizer), sentences)
+    syntactic = _syntactic(model, tokenizer, cfg, settings, treebank, sentences) if treebank else None
+    if syntactic:
+        roles["encoder_self"]["syntactic"] = torch.tensor(syntactic["accuracy"])
     evaluate = _evaluator(model, tokenizer, cfg, valid, src, ref)
     order = prune_order(ablation)
     shuffled = order[:]
@@ -111,7 +138,7 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
             "bleu_sentences": len(src), "role_sentences": min(sentences, len(valid)), "seed": seed,
             "ablation": as_list(ablation), "gradient": as_list(grad),
             "spearman_ablation_gradient": float(spearmanr(a, g).statistic),
-            "roles": {n: as_list(r) for n, r in roles.items()}, "pruning": curves,
+            "roles": {n: as_list(r) for n, r in roles.items()}, "syntactic": syntactic, "pruning": curves,
             "removable_at_0.5_bleu": {k: _removable(c) for k, c in curves.items()}}
 
 

@@ -60,8 +60,9 @@ def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
     if not Path(args.checkpoint).is_file():
         raise UserError(f"--checkpoint {args.checkpoint}: no such file")
     try:
-        result = measure(Path(args.checkpoint), Path(args.data), args.sentences, args.bleu_sentences, args.seed)
-    except ValueError as e:
+        result = measure(Path(args.checkpoint), Path(args.data), args.sentences, args.bleu_sentences, args.seed,
+                         Path(args.treebank) if args.treebank else None)
+    except (ValueError, OSError) as e:
         raise UserError(str(e)) from None
     out = write(result, Path(args.output))
     r = result["removable_at_0.5_bleu"]
@@ -69,6 +70,11 @@ def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
           f"({result['bleu_sentences']} sentences); heads removable at <= 0.5 BLEU: {r['importance']} by importance, "
           f"{r['random']} at random; rank correlation of ablation and gradient importance "
           f"{result['spearman_ablation_gradient']:.2f}")
+    if result["syntactic"]:
+        s = result["syntactic"]
+        best = max(max(row) for row in s["accuracy"])
+        print(f"syntactic role: the best encoder head finds the head word of {best:.1%} of {s['arcs']} dependents; "
+              f"the best fixed offset ({s['baseline_offset']:+d}) {s['baseline_accuracy']:.1%}")
     print(f"wrote {out}")
 
 
@@ -135,6 +141,8 @@ def add_heads(sub) -> None:
     p.add_argument("--sentences", type=int, default=200, help="validation sentences for the role statistics")
     p.add_argument("--bleu-sentences", type=int, default=100, help="validation sentences for BLEU while pruning")
     p.add_argument("--seed", type=int, default=1, help="the random pruning order (the control)")
+    p.add_argument("--treebank", help="Penn Treebank .mrg folder or NLTK's treebank.zip: the encoder's syntactic "
+                                      "role against dependency arcs of its development trees (English sources)")
     p.add_argument("-o", "--output", required=True, help="folder for heads.json and pictures")
     p.set_defaults(func=cmd_heads)
 
