@@ -209,6 +209,16 @@ def prune_order(scores: dict[str, Tensor]) -> list[tuple[str, int, int]]:
     return [(name, i, j) for _, name, i, j in sorted(heads, key=lambda x: (x[0], SUBLAYERS.index(x[1]), x[2], x[3]))]
 
 
+@torch.no_grad()
+def prune(model: nn.Module, heads: list[tuple[str, int, int]]) -> nn.Module:
+    """Remove heads for good: zero their input columns of W^O (what a gate of 0 does), in place."""
+    mods = attention_modules(model)
+    for name, i, j in heads:
+        m = mods[name][i]
+        m.w_o.weight[:, j * m.d_v:(j + 1) * m.d_v] = 0.0
+    return model
+
+
 def pruning_curve(model: nn.Module, order: list[tuple[str, int, int]], evaluate) -> list[dict]:
     """Remove heads in `order`, skipping any that is the last of its attention module (one head per
     sublayer stays); after each removal, `evaluate()` (with the gates applied) gives the scores.

@@ -232,8 +232,20 @@ def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys):
     args = ["heads", "--checkpoint", str(ckpt), "--data", str(toy_prepared), "--treebank", str(bank), "-o", str(out),
             "--sentences", "5", "--bleu-sentences", "6"]
     assert main(args) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["heads.json", "importance.png", "pruning.png", "roles.png"]
+    assert sorted(p.name for p in out.iterdir()) == ["heads.json", "importance.png", "pruned.safetensors",
+                                                     "pruning.png", "roles.png"]
     r = json.loads((out / "heads.json").read_text())
+    # the pruned checkpoint (weights zeroed by hand) scores what the gated model scored at that step
+    from aiayn.checkpoint import load_checkpoint
+    from aiayn.heads import eval_batches, nll_per_token
+
+    pruned, cfg, _, _ = load_checkpoint(out / "pruned.safetensors")
+    k = r["removable_at_0.5_bleu"]["importance"]
+    assert len(r["pruned_heads"]) == k
+    with torch.no_grad():
+        nll = float(nll_per_token(pruned.eval(), eval_batches(TokenData(toy_prepared, "valid"), cfg), cfg,
+                                  torch.device("cpu")))
+    assert nll == pytest.approx(r["pruning"]["importance"][k]["nll"], rel=1e-4)
     # the full model's NLL by two paths: the ablation's baseline and the pruning curve's first point
     assert r["pruning"]["importance"][0]["nll"] == pytest.approx(r["valid_nll"], rel=1e-6)
     assert len(r["pruning"]["random"]) == len(r["pruning"]["importance"]) == 1 + 3 * 2 * 3

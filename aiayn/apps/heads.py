@@ -32,6 +32,7 @@ from ..heads import (  # noqa: E402
     eval_batches,
     gradient_importance,
     nll_per_token,
+    prune,
     prune_order,
     pruning_curve,
     role_table,
@@ -41,7 +42,7 @@ from ..tokenizer import EOS, Tokenizer  # noqa: E402
 from ..translate import Translator  # noqa: E402
 
 log = logging.getLogger("aiayn")
-FILES = ("heads.json", "importance.png", "roles.png", "pruning.png")
+FILES = ("heads.json", "importance.png", "roles.png", "pruning.png", "pruned.safetensors")
 _PUNCT = set(".,!?;:")
 
 
@@ -134,12 +135,14 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
     log.info("pruning curves (%d heads), by importance and at random", len(order))
     curves = {"importance": pruning_curve(model, order, evaluate), "random": pruning_curve(model, shuffled, evaluate)}
     as_list = lambda d: {k: v.tolist() for k, v in d.items()}  # noqa: E731
+    removable = {k: _removable(c) for k, c in curves.items()}
     return {"checkpoint": str(checkpoint), "data": str(data_dir), "valid_nll": base,
             "bleu_sentences": len(src), "role_sentences": min(sentences, len(valid)), "seed": seed,
             "ablation": as_list(ablation), "gradient": as_list(grad),
             "spearman_ablation_gradient": float(spearmanr(a, g).statistic),
             "roles": {n: as_list(r) for n, r in roles.items()}, "syntactic": syntactic, "pruning": curves,
-            "removable_at_0.5_bleu": {k: _removable(c) for k, c in curves.items()}}
+            "removable_at_0.5_bleu": removable,
+            "pruned_heads": [r["head"] for r in curves["importance"][1:removable["importance"] + 1]]}
 
 
 def _importance_figure(result: dict, path: Path) -> None:
@@ -196,9 +199,20 @@ def _pruning_figure(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _save_pruned(result: dict, path: Path) -> None:
+    """The checkpoint without the heads that go at <= 0.5 BLEU (importance order), W^O columns zeroed."""
+    from ..checkpoint import model_tensors, save_weights
+
+    model, cfg, tokenizer, step = load_checkpoint(Path(result["checkpoint"]))
+    prune(model, [tuple(h) for h in result["pruned_heads"]])
+    save_weights(path, model_tensors(model), cfg, tokenizer, step, {"pruned_heads": result["pruned_heads"]})
+
+
 def write(result: dict, out: Path) -> Path:
-    """heads.json and the three pictures, replacing an earlier `aiayn heads` folder whole."""
+    """heads.json, the three pictures and the pruned checkpoint, replacing an earlier `aiayn heads`
+    folder whole."""
     with new_folder(out, is_heads_output) as tmp:
+        _save_pruned(result, tmp / "pruned.safetensors")
         atomic_write(tmp / "heads.json", json.dumps(result, indent=1).encode())
         _importance_figure(result, tmp / "importance.png")
         _roles_figure(result, tmp / "roles.png")
