@@ -289,3 +289,30 @@ def test_the_size_matched_baselines_have_the_transformers_parameters():
     n = {r.name: count(r) for r in arch_rows()}
     assert abs(n["luong-7.6M"] / n["transformer"] - 1) < 0.03 and abs(n["conv"] / n["transformer"] - 1) < 0.03
     assert n["luong"] > 1.5 * n["transformer"]  # the default recurrent model is much larger
+
+
+def test_the_heads_section_reads_its_numbers_from_the_result(tmp_path):
+    """A hand-made `aiayn heads` result: the section names the most important head, the pruning
+    counts, the strongest role and the syntactic score with its baseline, as the file holds them."""
+    import json
+
+    from aiayn.evidence.report import render
+
+    t = [[0.01, 0.2], [0.05, 0.03]]
+    curve = [{"removed": 0, "nll": 1.5, "bleu": 40.0}, {"removed": 1, "nll": 1.6, "bleu": 39.9},
+             {"removed": 2, "nll": 2.5, "bleu": 20.0}]
+    r = {"name": "toy", "about": "a toy model", "checkpoint": "x.safetensors", "valid_nll": 1.5, "bleu_sentences": 50,
+         "role_sentences": 20, "ablation": {"encoder_self": t, "decoder_self": t, "cross": [[0.3, 0.1], [0.0, 0.0]]},
+         "spearman_ablation_gradient": 0.8, "removable_at_0.5_bleu": {"importance": 1, "random": 0},
+         "pruning": {"importance": curve, "random": curve},
+         "roles": {"encoder_self": {"previous": [[0.1, 0.7], [0.2, 0.3]]}, "cross": {"sink": [[0.2, 0.1], [0.4, 0.1]]}},
+         "syntactic": {"accuracy": [[0.1, 0.25], [0.5, 0.2]], "arcs": 1234, "baseline_offset": 1,
+                       "baseline_accuracy": 0.3}}
+    (tmp_path / "results" / "heads").mkdir(parents=True)
+    (tmp_path / "results" / "heads" / "toy.json").write_text(json.dumps(r))
+    text = render(tmp_path).read_text()
+    assert "### toy" in text
+    assert "1 of 12 heads go at a cost of at most 0.5 BLEU when removed least important first, 0 in a random" in text
+    assert "cross L1 H1 (+0.300 nats)" in text and "encoder_self L1 H2 (+0.200 nats)" in text
+    assert "encoder_self L1 H2 attends to the previous token (0.70)" in text and "cross L2 H1 rests on" in text
+    assert "(L2 H1) does so for 50.0% of 1,234 arcs" in text and "the word +1 away gets 30.0%" in text

@@ -155,6 +155,54 @@ def table1_section(t1: dict, img: Path) -> list[str]:
     return out
 
 
+def _where(t: list[list[float]], best=max) -> tuple[float, str]:
+    """The extreme value of a (layers, h) table and where it is, as 'L2 H3'."""
+    v, i, j = best((v, i, j) for i, row in enumerate(t) for j, v in enumerate(row))
+    return v, f"L{i + 1} H{j + 1}"
+
+
+def heads_section(rs: list[dict], img: Path) -> list[str]:
+    """Figures 3-5, measured: `aiayn heads` results (results/heads/NAME.json, pictures beside in img/)."""
+    out = ["## Figures 3-5, measured: what the heads do", "",
+           "The paper shows attention maps and reads syntax and anaphora into some heads (§6, Figures 3-5). "
+           "`aiayn heads` measures instead, on the validation split only: each head's importance (validation NLL "
+           "with the head removed; Michel et al.'s gradient proxy beside it), role statistics per head, and the "
+           "pruning curve (heads removed least important first; a random order as the control).", ""]
+    for r in rs:
+        name = r.get("name", Path(r["checkpoint"]).stem)
+        full = r["pruning"]["importance"][0]
+        k, kr = r["removable_at_0.5_bleu"]["importance"], r["removable_at_0.5_bleu"]["random"]
+        n_heads = sum(len(t) * len(t[0]) for t in r["ablation"].values())
+        out += [f"### {name}", "", f"{r.get('about', r['checkpoint'])}. Validation NLL {r['valid_nll']:.4f}, "
+                f"beam-4 BLEU {full['bleu']:.2f} on the first {r['bleu_sentences']} validation sentences.", "",
+                f"- **Pruning**: {k} of {n_heads} heads go at a cost of at most 0.5 BLEU when removed least important "
+                f"first, {kr} in a random order; with one head left per attention (the curve's end) NLL is "
+                f"{r['pruning']['importance'][-1]['nll']:.2f} and BLEU {r['pruning']['importance'][-1]['bleu']:.1f}. "
+                f"BLEU on {r['bleu_sentences']} sentences moves by about a point between neighbouring steps, so "
+                "read the NLL curve for the trend.",
+                f"- **Importance**: the rank correlation of ablation and gradient importance is "
+                f"{r['spearman_ablation_gradient']:.2f} (Spearman, {n_heads} heads). Most important: "
+                + ", ".join(f"{sub} {_where(t)[1]} (+{_where(t)[0]:.3f} nats)" for sub, t in r["ablation"].items())
+                + "."]
+        roles = r["roles"]
+        found = [("encoder_self", "previous", "attends to the previous token"),
+                 ("encoder_self", "next", "attends to the next token"), ("cross", "sink", "rests on EOS/punctuation"),
+                 ("encoder_self", "rare_word", "attends to the rarest word")]
+        out += ["- **Roles** (mean attention share over "
+                f"{r['role_sentences']} sentences; the strongest head of each): "
+                + "; ".join(f"{sub} {_where(roles[sub][role])[1]} {words} ({_where(roles[sub][role])[0]:.2f})"
+                            for sub, role, words in found if role in roles.get(sub, {})) + "."]
+        syn = r.get("syntactic")
+        if syn:
+            v, at = _where(syn["accuracy"])
+            out += [f"- **Syntax**: the encoder head that best finds each word's dependency head ({at}) does so for "
+                    f"{v:.1%} of {syn['arcs']:,} arcs of the Penn Treebank sample's development trees (head rules); "
+                    f"always guessing the word {syn['baseline_offset']:+d} away gets {syn['baseline_accuracy']:.1%}."]
+        out += [""] + [f"![{name} {kind}](img/heads-{name}-{kind}.png)" for kind in ("importance", "pruning", "roles")
+                       if (img / f"heads-{name}-{kind}.png").exists()] + [""]
+    return out
+
+
 def render(report_dir: Path, command: str = "", planned: dict[str, int] | None = None) -> Path:
     """Write REPORT.md and img/*.png in report_dir from report_dir/results/*/*.json; `planned`: the
     number of rows each suite has (passed in by the suites, which this module does not import)."""
@@ -183,6 +231,8 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
         if suite in results:
             tp = report_dir / "results" / suite / "throughput" / "throughput.json"
             out += arch_section(results[suite], json.loads(tp.read_text()) if tp.exists() else None, img, suite)
+    if "heads" in results:
+        out += heads_section(results["heads"], img)
     t1_files = sorted((report_dir / "results" / "table1").glob("*.json")) if (report_dir / "results").exists() else []
     if t1_files:
         out += table1_section(json.loads(t1_files[0].read_text()), img)
