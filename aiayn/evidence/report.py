@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,13 @@ def _where(t: list[list[float]], best=max) -> tuple[float, str]:
     return v, f"L{i + 1} H{j + 1}"
 
 
-def heads_section(rs: list[dict], img: Path) -> list[str]:
+def _step_noise(r: dict) -> float:
+    """Median |ΔBLEU| between neighbouring steps of the first ten of the importance-order curve."""
+    c = [row["bleu"] for row in r["pruning"]["importance"][:11]]
+    return statistics.median(abs(a - b) for a, b in zip(c, c[1:])) if len(c) > 1 else 0.0
+
+
+def heads_section(rs: list[dict]) -> list[str]:
     """Figures 3-5, measured: `aiayn heads` results (results/heads/NAME.json, pictures beside in img/)."""
     out = ["## Figures 3-5, measured: what the heads do", "",
            "The paper shows attention maps and reads syntax and anaphora into some heads (§6, Figures 3-5). "
@@ -178,8 +185,8 @@ def heads_section(rs: list[dict], img: Path) -> list[str]:
                 f"- **Pruning**: {k} of {n_heads} heads go at a cost of at most 0.5 BLEU when removed least important "
                 f"first, {kr} in a random order; with one head left per attention (the curve's end) NLL is "
                 f"{r['pruning']['importance'][-1]['nll']:.2f} and BLEU {r['pruning']['importance'][-1]['bleu']:.1f}. "
-                f"BLEU on {r['bleu_sentences']} sentences moves by about a point between neighbouring steps, so "
-                "read the NLL curve for the trend.",
+                f"BLEU on {r['bleu_sentences']} sentences moves by {_step_noise(r):.2f} (median) between "
+                "neighbouring steps of the first ten, so read the NLL curve for the trend.",
                 f"- **Importance**: the rank correlation of ablation and gradient importance is "
                 f"{r['spearman_ablation_gradient']:.2f} (Spearman, {n_heads} heads). Most important: "
                 + ", ".join(f"{sub} {_where(t)[1]} (+{_where(t)[0]:.3f} nats)" for sub, t in r["ablation"].items())
@@ -198,8 +205,9 @@ def heads_section(rs: list[dict], img: Path) -> list[str]:
             out += [f"- **Syntax**: the encoder head that best finds each word's dependency head ({at}) does so for "
                     f"{v:.1%} of {syn['arcs']:,} arcs of the Penn Treebank sample's development trees (head rules); "
                     f"always guessing the word {syn['baseline_offset']:+d} away gets {syn['baseline_accuracy']:.1%}."]
-        out += [""] + [f"![{name} {kind}](img/heads-{name}-{kind}.png)" for kind in ("importance", "pruning", "roles")
-                       if (img / f"heads-{name}-{kind}.png").exists()] + [""]
+        # the pictures are `aiayn heads`'s own (importance.png, ...), copied beside the report's as img/heads-NAME-*.png
+        out += [""] + [f"![{name} {kind}](img/heads-{name}-{kind}.png)" for kind in ("importance", "pruning", "roles")]
+        out += [""]
     return out
 
 
@@ -232,7 +240,7 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
             tp = report_dir / "results" / suite / "throughput" / "throughput.json"
             out += arch_section(results[suite], json.loads(tp.read_text()) if tp.exists() else None, img, suite)
     if "heads" in results:
-        out += heads_section(results["heads"], img)
+        out += heads_section(results["heads"])
     t1_files = sorted((report_dir / "results" / "table1").glob("*.json")) if (report_dir / "results").exists() else []
     if t1_files:
         out += table1_section(json.loads(t1_files[0].read_text()), img)
