@@ -231,6 +231,14 @@ def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys):
         "( (S (NP-SBJ (NNS Dogs)) (VP (VBP run) (PP (IN in) (NP (DT the) (NN park)))) (. .)) )\n")
     args = ["heads", "--checkpoint", str(ckpt), "--data", str(toy_prepared), "--treebank", str(bank), "-o", str(out),
             "--sentences", "5", "--bleu-sentences", "6"]
+    # bad input: named, and refused before any measuring (nothing written)
+    bad = {"--checkpoint": (str(tmp_path / "none.safetensors"), "no such file"),
+           "--data": (str(tmp_path), "manifest.json"), "--treebank": (str(tmp_path / "nobank.zip"), "nobank.zip")}
+    for flag, (value, words) in bad.items():
+        argv = [value if i and args[i - 1] == flag else a for i, a in enumerate(args)]
+        assert main(argv) != 0
+        assert words in capsys.readouterr().err and not out.exists()
+    assert main([*args[:-1], "0"]) != 0 and "--bleu-sentences must be at least 1" in capsys.readouterr().err
     assert main(args) == 0
     assert sorted(p.name for p in out.iterdir()) == ["heads.json", "importance.png", "pruned.safetensors",
                                                      "pruning.png", "roles.png"]

@@ -260,3 +260,15 @@ def test_a_run_from_before_tokens_per_update_resumes_with_its_update_freq(toy_pr
     last = json.loads((run / "run.json").read_text())["sessions"][-1]
     assert last["tokens_per_update"] == 0 and last["batches_per_update"] == 1
     assert list_checkpoints(run)[-1].name == "step-00000005.safetensors"
+
+
+def test_bf16_without_native_bf16_is_named_in_the_log(toy_prepared, tmp_path, monkeypatch):
+    """The log's kernels line reads the CPU's flags; without AVX-512 BF16 or AMX, bf16 training warns."""
+    import importlib
+
+    for module in ("aiayn.train", "aiayn.runs"):  # aiayn.train is also the name of the function
+        monkeypatch.setattr(importlib.import_module(module), "native_bf16", lambda: [])
+    train(tiny_config(max_steps=2, precision="bf16"), toy_prepared, tmp_path / "run")
+    text = (tmp_path / "run/train.log").read_text()
+    assert "native bf16 no; products in bf16 through oneDNN" in text
+    assert "WARNING this CPU has no native bf16" in text

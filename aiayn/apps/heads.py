@@ -99,11 +99,18 @@ def dev_trees(treebank: Path, limit: int) -> list:
     return trees[:limit]
 
 
-def _syntactic(model, tokenizer: Tokenizer, cfg, settings: dict, treebank: Path, sentences: int) -> dict:
+def _trees(settings: dict, treebank: Path | None, sentences: int) -> list | None:
+    """The development trees, read (and refused) before minutes of measuring."""
+    if treebank is None:
+        return None
     if settings["src"] != "en":
         raise ValueError(f"--treebank: the trees are English and this model's source is {settings['src']!r}")
+    return dev_trees(treebank, sentences)
+
+
+def _syntactic(model, tokenizer: Tokenizer, cfg, trees: list, treebank: Path) -> dict:
     log.info("syntactic role: encoder self-attention against dependency arcs of %s", treebank)
-    s = syntactic_agreement(model, tokenizer, dev_trees(treebank, sentences), cfg.data.max_len)
+    s = syntactic_agreement(model, tokenizer, trees, cfg.data.max_len)
     return {**s, "accuracy": s["accuracy"].tolist(), "treebank": str(treebank)}
 
 
@@ -113,6 +120,7 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
     model, cfg, tokenizer, _ = load_checkpoint(checkpoint)
     model.eval()
     settings = load_manifest(data_dir)["settings"]
+    trees = _trees(settings, treebank, sentences)
     valid = TokenData(data_dir, "valid")
     src = (data_dir / f"valid.{settings['src']}.txt").read_text().splitlines()[:bleu_sentences]
     ref = (data_dir / f"valid.{settings['tgt']}.txt").read_text().splitlines()[:bleu_sentences]
@@ -125,7 +133,7 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
     g = torch.cat([grad[n].flatten() for n in SUBLAYERS]).numpy()
     log.info("roles over %d validation sentences", sentences)
     roles = role_table(model, valid, _facts(data_dir, tokenizer), sentences)
-    syntactic = _syntactic(model, tokenizer, cfg, settings, treebank, sentences) if treebank else None
+    syntactic = _syntactic(model, tokenizer, cfg, trees, treebank) if trees is not None else None
     if syntactic:
         roles["encoder_self"]["syntactic"] = torch.tensor(syntactic["accuracy"])
     evaluate = _evaluator(model, tokenizer, cfg, valid, src, ref)
