@@ -55,7 +55,7 @@ def _facts(data_dir: Path, tokenizer: Tokenizer) -> dict:
     """Sinks (EOS and sentence punctuation) and the training counts of every id, per side."""
     train = TokenData(data_dir, "train")
     pieces = tokenizer.id_to_piece(list(range(len(tokenizer))))
-    sinks = {EOS} | {i for i, p in enumerate(pieces) if p.replace("\u2581", "") in _PUNCT and p.strip("\u2581")}
+    sinks = {EOS} | {i for i, p in enumerate(pieces) if p.replace("\u2581", "") in _PUNCT}
     count = lambda tok: dict(enumerate(np.bincount(np.asarray(tok), minlength=len(tokenizer)).tolist()))  # noqa: E731
     return {"sinks": sinks, "src_freq": count(train.src_tok), "tgt_freq": count(train.tgt_tok)}
 
