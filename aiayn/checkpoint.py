@@ -77,6 +77,18 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return tensors, meta
 
 
+def read_task(path: Path) -> dict[str, str]:
+    """What the model was trained for, from the metadata alone: {"task": "parse", "linearization": ...}
+    for a §6.3 parser, {"task": "translate"} when its data named no task."""
+    try:
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        extra = json.loads((header.get("__metadata__") or {}).get("extra", "{}"))
+    except (OSError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path}: unreadable metadata ({e})") from None
+    return {"task": "translate", **{k: str(v) for k, v in extra.items() if k in ("task", "linearization")}}
+
+
 def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Config, Tokenizer, int]:
     """Rebuild the model (the architecture its config names), config and tokenizer from one
     `.safetensors` file."""

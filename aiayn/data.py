@@ -244,6 +244,7 @@ def prepare(
     splits: dict[str, tuple[str | Path, str | Path]], out: str | Path, src_lang: str, tgt_lang: str,
     vocab_size: int = 37000, max_len: int = 256, strict: bool = False, seed: int = 1,
     symbols: tuple[str, ...] = (), dedup: bool = True, max_ratio: float = 3.0, carry: Path | None = None,
+    task: dict[str, str] | None = None,
 ) -> dict:
     """Validate, learn the joint vocabulary on train, and cache every split, in bounded memory.
 
@@ -267,6 +268,7 @@ def prepare(
                 "max_len": max_len, "strict": strict, "seed": seed, "dedup": dedup, "max_ratio": max_ratio}
     if symbols:  # (absent otherwise, so earlier manifests still match)
         settings["symbols"] = sorted(symbols)
+    settings.update(task or {})  # e.g. {"task": "parse", "linearization": "words"}; checkpoints carry it
 
     def recorded(p: Path) -> str:  # a carried file is recorded where it will be
         return str(out / p.relative_to(carry)) if carry and p.is_relative_to(carry) else str(p)

@@ -17,9 +17,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from torch import nn
-
 LEAF = "XX"  # the placeholder for a part-of-speech tag and its word
 PUNCT = {",", ":", "``", "''", "."}  # COLLINS.prm DELETE_LABEL (punctuation tags)
 EQ_LABELS = {"PRT": "ADVP"}  # COLLINS.prm EQ_LABEL ADVP PRT
@@ -151,11 +148,17 @@ def clean(tree: Tree) -> Tree | None:
 
 
 # -- linearization ---------------------------------------------------------------------------------
-def linearize(tree: Tree) -> str:
-    """Vinyals & Kaiser et al. (2015): `(S (NP XX XX )NP ... )S`, words and tags as XX."""
+LINEARIZATIONS = ("words", "xx")  # ours (the default: copy-friendly) and the paper's (§6.3, Vinyals et al.)
+
+
+def linearize(tree: Tree, words: bool = False) -> str:
+    """Vinyals & Kaiser et al. (2015): `(S (NP XX XX )NP ... )S`, words and tags as XX; with `words`,
+    each XX is the word itself (`(S (NP The dog )NP ... )S`): every leaf can copy its source word,
+    and the decoder's input says which word it has reached."""
     if tree.is_preterminal:
-        return LEAF
-    return f"({tree.label} {' '.join(linearize(c) for c in tree.children if isinstance(c, Tree))} ){tree.label}"
+        return tree.children[0] if words else LEAF  # type: ignore[return-value]
+    inner = " ".join(linearize(c, words) for c in tree.children if isinstance(c, Tree))
+    return f"({tree.label} {inner} ){tree.label}"
 
 
 def delinearize(symbols: str, words: list[str], tags: list[str] | None = None) -> Tree:
@@ -281,9 +284,11 @@ def evalb(gold: list[Tree], test: list[Tree], labeled: bool = True) -> Score:
 SPLITS = {"train": (1, 159), "valid": (160, 179), "test": (180, 199)}  # by file: the data README's split
 
 
-def write_splits(treebank: Path, out: Path) -> dict[str, tuple[Path, Path]]:
-    """Clean every tree and write, per split, the words (source), the linearized trees (target) and
-    the cleaned gold trees (`{split}.gold.mrg`) into out/raw/."""
+def write_splits(treebank: Path, out: Path, linearization: str = "words") -> dict[str, tuple[Path, Path]]:
+    """Clean every tree and write, per split, the words (source), the linearized trees (target;
+    `linearization` words or xx, see `linearize`) and the cleaned gold trees (`{split}.gold.mrg`)."""
+    if linearization not in LINEARIZATIONS:
+        raise TreeError(f"linearization must be one of {', '.join(LINEARIZATIONS)}, got {linearization!r}")
     by_file = read_treebank(treebank)
     raw = Path(out) / "raw"
     raw.mkdir(parents=True, exist_ok=True)
@@ -299,7 +304,7 @@ def write_splits(treebank: Path, out: Path) -> dict[str, tuple[Path, Path]]:
                 if c is None:
                     continue
                 words.append(" ".join(c.words()))
-                targets.append(linearize(c))
+                targets.append(linearize(c, linearization == "words"))
                 gold.append(str(c))
         if not words:
             raise TreeError(f"{treebank}: no trees for the {split} split (files {lo:04d}-{hi:04d})")
@@ -310,53 +315,18 @@ def write_splits(treebank: Path, out: Path) -> dict[str, tuple[Path, Path]]:
     return files
 
 
-def trees_from_output(lines: list[str], sources: list[str]) -> list[Tree]:
-    """Repair each decoded line into a tree over its source sentence's words."""
-    return [delinearize(hyp, src.split()) for hyp, src in zip(lines, sources)]
+def is_bracket(symbol: str) -> bool:
+    """`(NP` or `)NP`: a labelled bracket of the linearization (a bare `(` or `)` is not)."""
+    return len(symbol) > 1 and symbol[0] in "()"
 
 
-# -- decoding with the right number of leaves ---------------------------------------------------------
-class LeafCounting(nn.Module):
-    """Search's `IncrementalDecoder` around a parser: every output gets exactly as many XX leaves
-    as its source has words. Until a row has them all, EOS is not allowed; after that, XX is not.
-    A source word is a subword that starts a word (SentencePiece's ▁); the counts follow the rows
-    through `reorder`, so the one beam search serves unchanged."""
-
-    def __init__(self, model: nn.Module, tokenizer):
-        super().__init__()
-        self.model, self.cfg = model, model.cfg
-        pieces = tokenizer.id_to_piece(list(range(len(tokenizer))))
-        self.register_buffer("starts_word", torch.tensor([p.startswith("▁") for p in pieces]),
-                             persistent=False)
-        self.starts_word[:4] = False  # pad, unk, bos, eos
-        self.leaf = tokenizer.encode([LEAF])[0]
-        if len(self.leaf) != 1:
-            raise TreeError(f"the vocabulary does not hold {LEAF!r} as one subword: not a parsing model")
-        self.leaf = self.leaf[0]
-
-    def start_decoding(self, src, group: int = 1):
-        return _LeafState(self.model.start_decoding(src, group),
-                           self.starts_word.to(src.device)[src].sum(1).repeat_interleave(group),
-                           torch.zeros(src.size(0) * group, dtype=torch.long, device=src.device), group)
-
-    def decode_step(self, tokens, state):
-        from .tokenizer import EOS
-
-        state.have += (tokens == self.leaf).long()
-        logits = self.model.decode_step(tokens, state.inner).clone()
-        done = state.have >= state.need
-        logits[done, self.leaf] = float("-inf")
-        logits[~done, EOS] = float("-inf")
-        return logits
-
-
-@dataclass
-class _LeafState:
-    inner: object
-    need: torch.Tensor  # (R,) words of each row's source
-    have: torch.Tensor  # (R,) leaves output so far
-    group: int
-
-    def reorder(self, rows, sources=None) -> None:
-        self.inner.reorder(rows, sources)
-        self.need, self.have = self.need.index_select(0, rows), self.have.index_select(0, rows)
+def symbols_from_pieces(pieces: list[str]) -> str:
+    """A decoded subword sequence as delinearize reads it: brackets kept, and each subword that
+    starts a word (SentencePiece's ▁) one XX leaf, whichever linearization the model writes."""
+    out = []
+    for p in pieces:
+        if p.startswith("\u2581") and len(p) > 1:
+            out.append(p[1:] if is_bracket(p[1:]) else LEAF)
+        elif p == "\u2581":
+            out.append(LEAF)
+    return " ".join(out)

@@ -90,6 +90,7 @@ class Trainer:
             self.fwd_model = nn.parallel.DistributedDataParallel(
                 self.fwd_model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
         settings = self.manifest["settings"]
+        self.task = {k: settings[k] for k in ("task", "linearization") if k in settings}  # §6.3 models say so
         k = cfg.train.valid_bleu_sentences
         self.v_src = (self.data_dir / f"valid.{settings['src']}.txt").read_text().splitlines()[:k]
         self.v_ref = (self.data_dir / f"valid.{settings['tgt']}.txt").read_text().splitlines()[:k]
@@ -268,11 +269,13 @@ class Trainer:
         state, run = self.state, self.run
         name = f"step-{state['step']:08d}"
         tensors = model_tensors(self.model)
-        save_weights(run.ckpt_dir / f"{name}.safetensors", tensors, self.cfg, self.tokenizer, state["step"])
+        save_weights(run.ckpt_dir / f"{name}.safetensors", tensors, self.cfg, self.tokenizer, state["step"],
+                     self.task)
         save_state(run.ckpt_dir / f"{name}.state.pt",
                    {"optimizer": self.optimizer.state_dict(), "progress": dict(state), "rng": rngs})
         if best:
-            save_weights(run.ckpt_dir / "best.safetensors", tensors, self.cfg, self.tokenizer, state["step"])
+            save_weights(run.ckpt_dir / "best.safetensors", tensors, self.cfg, self.tokenizer, state["step"],
+                         self.task)
         for old in list_checkpoints(run.path)[:-self.cfg.train.keep_last]:
             old.unlink(missing_ok=True)
             old.with_name(old.name.replace(".safetensors", ".state.pt")).unlink(missing_ok=True)
@@ -282,7 +285,7 @@ class Trainer:
         """best.safetensors alone (rank 0; weights are the same on every rank)."""
         if self.env.is_main:
             save_weights(self.run.ckpt_dir / "best.safetensors", model_tensors(self.model), self.cfg,
-                         self.tokenizer, self.state["step"])
+                         self.tokenizer, self.state["step"], self.task)
             log.info("saved best.safetensors (step %d)", self.state["step"])
 
     # -- the stop decision -------------------------------------------------------------------

@@ -8,21 +8,27 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
+from aiayn.checkpoint import read_weights
 from aiayn.parse import (
     LEAF,
-    LeafCounting,
     TreeError,
     brackets,
     clean,
     delinearize,
     evalb,
+    is_bracket,
     linearize,
     read_treebank,
     read_trees,
     right_branching,
+    symbols_from_pieces,
 )
+from aiayn.tokenizer import BOS, EOS
 from aiayn.translate import Translator
+from aiayn.treesearch import Parser, TreeSearch
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/ptb-sample/treebank.zip"
 
@@ -67,6 +73,10 @@ def test_round_trip_on_every_tree_of_the_sample():
                 continue
             tags = [tag for tag, _ in c.tagged()]
             assert str(delinearize(linearize(c), c.words(), tags)) == str(c)
+            with_words = linearize(c, words=True).split()  # the words in order, where the XX were
+            assert [x for x in with_words if not is_bracket(x)] == c.words()
+            pieces = ["\u2581" + x for x in with_words]  # one subword per word: symbols_from_pieces's view
+            assert str(delinearize(symbols_from_pieces(pieces), c.words(), tags)) == str(c)
             n += 1
     assert n == 3914
 
@@ -158,12 +168,28 @@ def test_prepare_train_parse_score_end_to_end(tmp_path):
               "--data.max_tokens", "600", "--train.lr_scale", "2")
     assert p.returncode == 0, p.stderr[-1500:]
     ckpt = sorted((run / "checkpoints").glob("step-*.safetensors"))[-1]
-    # The search itself gives one XX leaf per input word (before any repair).
+    # The target's leaves are the source's own subwords (what lets each leaf copy its word).
     t = Translator.load(ckpt)
-    t.model = LeafCounting(t.model, t.tokenizer).eval()
-    words = (prep / "test.words.txt").read_text().splitlines() + ["a b c d e f g h i j k l"]
-    for line, out in zip(words, t.translate(words)):
-        assert out.split().count(LEAF) == len(line.split()), (line, out)
+    for src, tgt in zip((prep / "raw/train.words").read_text().splitlines(),
+                        (prep / "raw/train.parse").read_text().splitlines()):
+        pieces = t.tokenizer.id_to_piece(t.tokenizer.encode([tgt])[0])
+        assert [p for p in pieces if not is_bracket(p.lstrip("\u2581"))] == t.tokenizer.id_to_piece(
+            t.tokenizer.encode([src])[0])
+    # The search itself writes trees over exactly the input's words (before any repair).
+    parser = Parser.load(ckpt)
+    words = (prep / "test.words.txt").read_text().splitlines() + ["a b c d e f g h i j k l", "unseen zebra words"]
+    hyps = parser.translator.translate_ids(parser.translator.encode_sources(words))
+    for line, h in zip(words, hyps):
+        pieces = parser.translator.tokenizer.id_to_piece(h[0].tokens)
+        assert _valid(pieces, parser.translator.tokenizer.id_to_piece(parser.translator.tokenizer.encode([line])[0]))
+    assert [tree.words() for tree in parser.parse(words)] == [line.split() for line in words]
+    # A translation model is refused by its metadata, in one line.
+    meta_free = tmp_path / "translation.safetensors"
+    tensors, meta = read_weights(ckpt)
+    save_file(tensors, meta_free, {**meta, "extra": "{}"})
+    p = aiayn("parse", "--checkpoint", meta_free, "-i", prep / "test.words.txt")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "not a parsing model (its metadata names the task 'translate')" in p.stderr
     p = aiayn("parse", "--checkpoint", ckpt, "-i", prep / "test.words.txt", "-o", tmp_path / "hyp.mrg")
     assert p.returncode == 0, p.stderr[-1500:]
     gold = read_trees((prep / "test.gold.mrg").read_text())
@@ -176,3 +202,100 @@ def test_prepare_train_parse_score_end_to_end(tmp_path):
     (tb / "wsj_0003.mrg").write_text("(S (NN a)\n( (S (NN b)) )\n")
     p = aiayn("prepare", "--task", "parse", "--treebank", tb, "-o", tmp_path / "prep2")
     assert p.returncode == 2 and "wsj_0003.mrg: tree 1" in p.stderr and "Traceback" not in p.stderr
+
+
+# -- search that can only write trees --------------------------------------------------------------
+PIECES = ["<pad>", "<unk>", "<s>", "</s>", "\u2581(S", "\u2581)S", "\u2581(NP", "\u2581)NP", "\u2581XX", "\u2581a", "c",
+          "\u2581b", "\u2581(VP"]  # (VP has no closing symbol: it must never be opened
+
+
+class _Tok:
+    def __len__(self):
+        return len(PIECES)
+
+    def id_to_piece(self, ids):
+        return [PIECES[i] for i in ids]
+
+    def encode(self, lines):
+        return [[PIECES.index("\u2581" + w) for w in line.split()] for line in lines]
+
+
+class _Flat(torch.nn.Module):
+    """Any token is as likely as any other: what search may write is the constraint's alone."""
+
+    cfg = None
+
+    class State:
+        def reorder(self, rows, sources=None):
+            pass
+
+    def start_decoding(self, src, group=1):
+        return self.State()
+
+    def decode_step(self, tokens, state):
+        return torch.zeros(tokens.numel(), len(PIECES))
+
+
+def _valid(seq: list[str], leaves: list[str]) -> bool:
+    """Brute-force truth: one well-nested tree, labels matched, every constituent holding a leaf,
+    exactly `leaves` in order, no bracket inside a word (between a piece and its continuation)."""
+    stack, out, filled = [], [], []
+    for i, p in enumerate(seq):
+        if p.startswith("\u2581(") or p.startswith("\u2581)"):
+            if i + 1 < len(seq) and not seq[i + 1].startswith("\u2581"):
+                return False  # a continuation piece right after a bracket
+            if p[1] == "(":
+                if not stack and out:
+                    return False  # a second top-level constituent
+                stack.append(p[2:])
+                filled.append(False)
+            elif not stack or stack.pop() != p[2:] or not filled.pop():
+                return False
+        else:
+            if not stack:
+                return False
+            out.append(p)
+            filled = [True] * len(filled)
+    return not stack and out == leaves
+
+
+def _reachable(search: TreeSearch, src: list[int], limit: int) -> set[tuple[str, ...]]:
+    """Every complete output (EOS-terminated, at most `limit` tokens before it) the masks allow."""
+    done, todo = set(), [[]]
+    while todo:
+        prefix = todo.pop()
+        state = search.start_decoding(torch.tensor([src + [EOS]]))
+        mask = None
+        for tok in [BOS] + prefix:
+            mask = torch.isfinite(search.decode_step(torch.tensor([tok]), state))[0]
+        for tok in mask.nonzero().squeeze(1).tolist():
+            if tok == EOS:
+                done.add(tuple(PIECES[i] for i in prefix))
+            elif len(prefix) < limit:
+                todo.append(prefix + [tok])
+    return done
+
+
+@pytest.mark.parametrize("words,src,leaves,limit", [
+    (True, ["\u2581a", "c", "\u2581b"], ["\u2581a", "c", "\u2581b"], 7),  # a word of two pieces, then one of one
+    (False, ["\u2581a", "c", "\u2581b"], ["\u2581XX", "\u2581XX"], 7),  # the paper's XX: one leaf per word
+    (True, ["\u2581b"], ["\u2581b"], 7),
+])
+def test_tree_search_allows_exactly_the_valid_trees_brute_force(words, src, leaves, limit):
+    search = TreeSearch(_Flat(), _Tok(), words)
+    allowed = _reachable(search, [PIECES.index(p) for p in src], limit)
+    alphabet = [p for p in PIECES[4:] if p not in ("\u2581XX",) or not words]
+    truth = set()
+    for n in range(limit + 1):
+        for seq in __import__("itertools").product(alphabet, repeat=n):
+            if _valid(list(seq), leaves):
+                truth.add(seq)
+    assert allowed == truth and len(truth) > 5
+
+
+def test_tree_search_refuses_a_vocabulary_without_brackets():
+    class Plain(_Tok):
+        def id_to_piece(self, ids):
+            return ["\u2581w" if i > 3 else "<x>" for i in ids]
+    with pytest.raises(TreeError, match="no bracket symbols"):
+        TreeSearch(_Flat(), Plain(), True)

@@ -146,27 +146,27 @@ def cmd_parse(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.3: sentences (words separated by spaces) in, one well-formed tree per line out."""
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-    from ..parse import LeafCounting, TreeError, trees_from_output
-    from ..translate import Translator
+    from ..parse import TreeError
+    from ..treesearch import Parser
 
+    decode = {k: v for k, v in (("beam", args.beam), ("alpha", args.alpha)) if v is not None}
     try:
-        translator = Translator.load(args.checkpoint, device=args.device)
-        if not args.free:  # one XX leaf per input word, enforced during the search
-            translator.model = LeafCounting(translator.model, translator.tokenizer).eval()
+        parser = Parser.load(args.checkpoint, device=args.device, free=args.free, **decode)
     except (ConfigError, TreeError) as e:
         raise UserError(str(e)) from None
     lines = _read_input(args.input)
     if args.output:
         check_output_file(args.output)
     start = time.perf_counter()
-    trees = trees_from_output(translator.translate(lines, progress=sys.stderr.isatty()), lines)
-    out = "".join(f"{t}\n" if line.split() else "\n" for t, line in zip(trees, lines))
+    trees = parser.parse(lines, progress=sys.stderr.isatty())
+    out = "".join(f"{t}\n" if t is not None else "\n" for t in trees)
     if args.output:
         atomic_write(Path(args.output), out.encode())
     else:
         sys.stdout.write(out)
+    d = parser.translator.decode_cfg
     log.info("parsed %d sentences in %.1fs (beam %d, alpha %g)", len(lines), time.perf_counter() - start,
-             translator.decode_cfg.beam, translator.decode_cfg.alpha)
+             d.beam, d.alpha)
 
 
 def add_translate(sub) -> None:
@@ -225,5 +225,7 @@ def add_parse(sub) -> None:
     p.add_argument("-o", "--output", help="trees, one per line (default: standard output)")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
     p.add_argument("--free", action="store_true",
-                   help="do not make the search output one leaf per input word (repair alone fixes the tree)")
+                   help="search without the tree constraint (repair alone makes the output a tree over the words)")
+    p.add_argument("--beam", type=int, help="beam size (default: the checkpoint's decode.beam)")
+    p.add_argument("--alpha", type=float, help="length penalty alpha (default: the checkpoint's decode.alpha)")
     p.set_defaults(func=cmd_parse)

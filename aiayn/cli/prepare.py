@@ -23,7 +23,7 @@ log = logging.getLogger("aiayn")
 def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
     """§6.3: the treebank's splits as words -> linearized trees, prepared like a corpus."""
     from ..data import is_prepared, prepare
-    from ..parse import TreeError, write_splits
+    from ..parse import TreeError, is_bracket, write_splits
 
     if not args.treebank:
         raise UserError("prepare --task parse needs --treebank PATH (a folder of .mrg files or treebank.zip)")
@@ -31,13 +31,14 @@ def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".trees", dir=out.parent) as tmp:
         try:
-            files = write_splits(Path(args.treebank), Path(tmp))
+            files = write_splits(Path(args.treebank), Path(tmp), args.linearization)
         except TreeError as e:
             raise UserError(str(e)) from None
-        symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if x != "XX"}
+        symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if is_bracket(x)}
         manifest = prepare(files, out, "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
                            cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols),
-                           dedup=False, max_ratio=0.0, carry=Path(tmp))  # trees outgrow their sentences
+                           dedup=False, max_ratio=0.0, carry=Path(tmp),  # trees outgrow their sentences
+                           task={"task": "parse", "linearization": args.linearization})
     print(json.dumps(manifest["splits"], indent=1))
 
 
@@ -114,6 +115,9 @@ def add_prepare(sub) -> None:
     p.add_argument("--task", choices=["translate", "parse"], default="translate",
                    help="parse: words -> linearized trees from --treebank (§6.3)")
     p.add_argument("--treebank", help="--task parse: a folder of .mrg files or NLTK's treebank.zip")
+    p.add_argument("--linearization", choices=["words", "xx"], default="words",
+                   help="--task parse: trees with the words as leaves (default; each leaf copies its word) or "
+                        "with XX placeholders as §6.3 and Vinyals et al. (xx)")
     p.add_argument("--src", help="source language suffix, e.g. en")
     p.add_argument("--tgt", help="target language suffix, e.g. de")
     p.add_argument("--train", help="train split name/prefix, or SRC_FILE,TGT_FILE")
