@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from .attention import MultiHeadAttention
 from .config import ModelConfig
 from .linear import Linear
+from .pointer import PointerState, gather, next_positions
 
 
 def sinusoidal_positions(n: int, d: int) -> Tensor:
@@ -198,6 +199,7 @@ class DecoderCache:
     src_mask: Tensor  # (B, 1, 1, S)
     group: int = 1
     step: int = 0
+    pointer: PointerState | None = None  # model.pointer_input (pointer.py)
 
     def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
         """Keep decoder rows `rows` (indices into the current rows), e.g. the surviving beams.
@@ -215,6 +217,8 @@ class DecoderCache:
                 c.cross_k, c.cross_v = c.cross_k.index_select(0, sources), c.cross_v.index_select(0, sources)
         if sources is not None:
             self.src_mask = self.src_mask.index_select(0, sources)
+        if self.pointer is not None:
+            self.pointer.reorder(rows)
 
 
 class DecoderLayer(nn.Module):
@@ -291,6 +295,8 @@ class Transformer(nn.Module):
         self.emb_dropout = Dropout(cfg.p_drop)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.N))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec))
+        if cfg.pointer_input:  # §6.3 option: the next source word's state joins each decoder input
+            self.pointer_proj = nn.Linear(d, d, bias=False)
         self.enc_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.dec_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.reset_parameters()
@@ -338,9 +344,10 @@ class Transformer(nn.Module):
     # -- decoder ---------------------------------------------------------------------------
     def _decode(
         self, tgt: Tensor, cross: list[tuple[Tensor, Tensor]], src_mask: Tensor,
-        cache: DecoderCache | None, need_weights: bool,
+        cache: DecoderCache | None, need_weights: bool, extra: Tensor | None = None,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         x = self._embed(tgt, self.tgt_embed, "tgt", cache.step if cache else 0)
+        x = x if extra is None else x + extra
         w_self, w_cross = [], []
         for i, layer in enumerate(self.decoder):
             k, v = cross[i]
@@ -358,13 +365,20 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits: src (B, S), tgt_in (B, T) -> (B, T, V)."""
         memory, mask, _ = self.encode(src)
-        logits, _, _ = self._decode(tgt_in, self.cross_kv(memory), mask, None, False)
+        extra = self._pointed(src, memory, tgt_in)
+        logits, _, _ = self._decode(tgt_in, self.cross_kv(memory), mask, None, False, extra)
         return logits
+
+    def _pointed(self, src: Tensor, memory: Tensor, tgt_in: Tensor) -> Tensor | None:
+        if not self.cfg.pointer_input:
+            return None
+        return self.pointer_proj(gather(memory, next_positions(src, tgt_in)))
 
     def attention_maps(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionMaps]:
         """Logits and every attention map, through the explicit attention path."""
         memory, mask, w_enc = self.encode(src, need_weights=True)
-        logits, w_self, w_cross = self._decode(tgt_in, self.cross_kv(memory), mask, None, True)
+        logits, w_self, w_cross = self._decode(tgt_in, self.cross_kv(memory), mask, None, True,
+                                               self._pointed(src, memory, tgt_in))
         return logits, AttentionMaps(w_enc, w_self, w_cross)
 
     # -- incremental decoding ----------------------------------------------------------------
@@ -373,11 +387,13 @@ class Transformer(nn.Module):
         rows b·group .. b·group + group - 1 translate source b (the beams of beam search)."""
         memory, mask, _ = self.encode(src)
         layers = [LayerCache(k, v) for k, v in self.cross_kv(memory)]
-        return DecoderCache(layers, mask, group)
+        ptr = PointerState.start(self.pointer_proj(memory), src, group) if self.cfg.pointer_input else None
+        return DecoderCache(layers, mask, group, pointer=ptr)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Feed the next token of each row, tokens (B,) -> next-token logits (B, V)."""
         cross = [(c.cross_k, c.cross_v) for c in cache.layers]
-        logits, _, _ = self._decode(tokens[:, None], cross, cache.src_mask, cache, False)
+        extra = cache.pointer.step(tokens) if cache.pointer is not None else None
+        logits, _, _ = self._decode(tokens[:, None], cross, cache.src_mask, cache, False, extra)
         cache.step += 1
         return logits[:, -1]

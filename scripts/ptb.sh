@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # §6.3 on the Penn Treebank sample (NLTK's 3,914 WSJ trees), end to end on this machine:
-#   prepare (words -> linearized trees, split by file: 0001-0159 / 0160-0179 / 0180-0199)
-#   -> train the `parse` preset for 30 minutes -> average the last 5 checkpoints
-#   -> parse the test split (beam 21, alpha 0.3, max length input + 300) -> EVALB F1,
-#   and the right-branching baseline on the same split for scale.
+#   prepare (words -> linearized trees with the words as leaves; split by file: 0001-0159 / 0160-0179 /
+#   0180-0199) -> train the `parse` preset (60 minutes) -> average the last 5 checkpoints
+#   -> parse the validation and test splits with the tree-constrained search (the preset's beam and alpha)
+#   and without it (--free) -> EVALB F1, beside two baselines on the same split: right-branching and a
+#   treebank PCFG read off the training trees (given the gold tags).
 # Treebank: $TREEBANK, else ../shared/data/ptb-sample/treebank.zip, else NLTK's public copy.
 # Extra arguments are config overrides for training, e.g. --train.max_minutes 10.
 # Re-running continues an unfinished run (aiayn train --resume).
@@ -29,8 +30,16 @@ else
   $AIAYN train --data "$DATA" --run-dir "$RUN" --preset parse "$@"
 fi
 $AIAYN average --run-dir "$RUN" --last 5 -o "$RUN/averaged.safetensors"
-$AIAYN parse --checkpoint "$RUN/averaged.safetensors" -i "$DATA/test.words.txt" -o "$RUN/test.parsed.mrg"
-echo "== PTB sample test split (wsj_0180-0199), averaged last 5 checkpoints, beam 21, alpha 0.3 =="
-$AIAYN score --parse --hyp "$RUN/test.parsed.mrg" --ref "$DATA/test.gold.mrg"
-echo "== right-branching baseline, same split =="
+for split in valid test; do
+  $AIAYN parse --checkpoint "$RUN/averaged.safetensors" -i "$DATA/$split.words.txt" -o "$RUN/$split.parsed.mrg"
+  $AIAYN parse --free --checkpoint "$RUN/averaged.safetensors" -i "$DATA/$split.words.txt" -o "$RUN/$split.free.mrg"
+done
+for split in valid test; do
+  echo "== PTB sample $split split, averaged last 5 checkpoints, tree-constrained search =="
+  $AIAYN score --parse --hyp "$RUN/$split.parsed.mrg" --ref "$DATA/$split.gold.mrg"
+  echo "== same model, free search (aiayn parse --free), repaired =="
+  $AIAYN score --parse --hyp "$RUN/$split.free.mrg" --ref "$DATA/$split.gold.mrg"
+done
+echo "== baselines on the test split: right-branching; treebank PCFG from the training trees (gold tags) =="
 $AIAYN score --parse --right-branching --ref "$DATA/test.gold.mrg"
+$AIAYN score --parse --pcfg "$DATA/train.gold.mrg" --ref "$DATA/test.gold.mrg"

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from aiayn.baselines.pcfg import pcfg_parses
 from aiayn.checkpoint import read_weights
 from aiayn.parse import (
     LEAF,
@@ -197,6 +198,9 @@ def test_prepare_train_parse_score_end_to_end(tmp_path):
     assert [h.words() for h in hyps] == [g.words() for g in gold]  # well-formed, words preserved
     p = aiayn("score", "--parse", "--hyp", tmp_path / "hyp.mrg", "--ref", prep / "test.gold.mrg")
     assert p.returncode == 0 and p.stdout.startswith(f"F1 {evalb(gold, hyps).f1:.2f}")
+    p = aiayn("score", "--parse", "--pcfg", prep / "train.gold.mrg", "--ref", prep / "test.gold.mrg")
+    expected = evalb(gold, pcfg_parses(read_trees((prep / "train.gold.mrg").read_text()), gold)[0])
+    assert p.returncode == 0 and p.stdout.startswith(f"F1 {expected.f1:.2f}") and expected.f1 > 50
     p = aiayn("score", "--parse", "--right-branching", "--ref", prep / "test.gold.mrg")
     assert p.returncode == 0 and "unlabeled: F1" in p.stdout
     (tb / "wsj_0003.mrg").write_text("(S (NN a)\n( (S (NN b)) )\n")

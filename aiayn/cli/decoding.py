@@ -115,19 +115,21 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
     EVALB-style labeled bracketing F1 of trees (§6.3)."""
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-    if args.parse or args.right_branching:
+    if args.parse or args.right_branching or args.pcfg:
         from ..parse import TreeError, evalb, read_trees, right_branching
 
         try:
             gold = read_trees("\n".join(_read_input(args.ref)), args.ref)
             if args.right_branching:
                 test = [right_branching(g.words()) for g in gold]
+            elif args.pcfg:
+                test = _pcfg(args.pcfg, gold)
             elif args.hyp:
                 test = read_trees("\n".join(_read_input(args.hyp)), args.hyp)
             else:
                 raise UserError("score --parse needs --hyp TREES (or --right-branching for the baseline)")
             print(evalb(gold, test))
-            if args.right_branching:
+            if args.right_branching or args.pcfg:
                 print(f"unlabeled: {evalb(gold, test, labeled=False)}")
         except TreeError as e:
             raise UserError(str(e)) from None
@@ -140,6 +142,17 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
         from ..score import paper_score
 
         print(paper_score(hyps, refs, args.lang))
+
+
+def _pcfg(train_file: str, gold: list) -> list:
+    """The treebank-PCFG baseline's trees for `gold`'s sentences (given their gold tags)."""
+    from ..baselines.pcfg import pcfg_parses
+    from ..parse import read_trees
+
+    test, failed = pcfg_parses(read_trees("\n".join(_read_input(train_file)), train_file), gold)
+    log.info("PCFG from %s: %d of %d sentences outside the grammar (parsed right-branching)", train_file, failed,
+             len(gold))
+    return test
 
 
 def cmd_parse(args: argparse.Namespace, extra: list[str]) -> None:
@@ -210,6 +223,9 @@ def add_score(sub) -> None:
     p.add_argument("--parse", action="store_true", help="score trees: labeled bracketing F1, EVALB COLLINS.prm")
     p.add_argument("--right-branching", action="store_true",
                    help="with --parse: score the right-branching baseline built from --ref's words")
+    p.add_argument("--pcfg", metavar="TRAIN_TREES",
+                   help="with --parse: score a treebank PCFG read off TRAIN_TREES (e.g. train.gold.mrg), parsing "
+                        "--ref's sentences from their gold part-of-speech tags")
     p.add_argument("--paper", action="store_true",
                    help="also the paper's tokenized BLEU (Moses tokenizer, compound splitting, multi-bleu, as "
                         "tensor2tensor's get_ende_bleu); not comparable to sacreBLEU")

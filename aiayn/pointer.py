@@ -1,0 +1,58 @@
+"""§6.3 option (ours; off by default): the decoder knows which source word comes next.
+
+For parsers whose trees hold the words as leaves (``parse.linearize(words=True)``), every decoder
+input also carries the encoder's state of the next source subword still to be written (the EOS
+position once all are placed), through one learned projection. A written token is a leaf when
+it is that next subword, so the pointer moves exactly as the tree's leaves are written, in
+training (teacher forcing) as in search. The model then decides only the brackets around words
+it already knows, as a transition-based parser does with its buffer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .tokenizer import BOS, EOS, PAD
+
+
+def _last(src: Tensor) -> Tensor:
+    """(B,) index of each source's last real position (its EOS)."""
+    return ((src != PAD).sum(1) - 1).clamp(min=0)
+
+
+def next_positions(src: Tensor, tgt_in: Tensor) -> Tensor:
+    """(B, T): for each decoder input, the source position of the next subword to write."""
+    token = (tgt_in != BOS) & (tgt_in != PAD) & (tgt_in != EOS)
+    leaf = (tgt_in.unsqueeze(2) == src.unsqueeze(1)).any(2) & token  # brackets never occur in a source
+    return torch.minimum(leaf.long().cumsum(1), _last(src).unsqueeze(1))
+
+
+def gather(states: Tensor, pos: Tensor) -> Tensor:
+    """states (B, S, d), pos (B, T) -> (B, T, d)."""
+    return states.gather(1, pos.unsqueeze(2).expand(-1, -1, states.size(2)))
+
+
+@dataclass
+class PointerState:
+    """Per decoder row: the projected encoder states, the source and the next position."""
+
+    states: Tensor  # (R, S, d)
+    src: Tensor  # (R, S)
+    pos: Tensor  # (R,)
+
+    @classmethod
+    def start(cls, states: Tensor, src: Tensor, group: int) -> PointerState:
+        return cls(states.repeat_interleave(group, 0), src.repeat_interleave(group, 0),
+                   torch.zeros(src.size(0) * group, dtype=torch.long, device=src.device))
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """Move past `tokens` where they are the next subword; (R, 1, d) states of the next one."""
+        rows = torch.arange(tokens.numel(), device=tokens.device)
+        self.pos = torch.minimum(self.pos + (tokens == self.src[rows, self.pos]).long(), _last(self.src))
+        return self.states[rows, self.pos].unsqueeze(1)
+
+    def reorder(self, rows: Tensor) -> None:
+        self.states, self.src, self.pos = (t.index_select(0, rows) for t in (self.states, self.src, self.pos))
