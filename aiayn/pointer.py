@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .tokenizer import BOS, EOS, PAD
+from .tokenizer import PAD
 
 
 def _last(src: Tensor) -> Tensor:
@@ -23,11 +23,21 @@ def _last(src: Tensor) -> Tensor:
     return ((src != PAD).sum(1) - 1).clamp(min=0)
 
 
+def _advance(pos: Tensor, tokens: Tensor, src: Tensor, last: Tensor) -> Tensor:
+    """Past the next subword where `tokens` is it (a bracket never is: brackets occur in no source)."""
+    rows = torch.arange(tokens.numel(), device=tokens.device)
+    return torch.minimum(pos + (tokens == src[rows, pos]).long(), last)
+
+
 def next_positions(src: Tensor, tgt_in: Tensor) -> Tensor:
     """(B, T): for each decoder input, the source position of the next subword to write."""
-    token = (tgt_in != BOS) & (tgt_in != PAD) & (tgt_in != EOS)
-    leaf = (tgt_in.unsqueeze(2) == src.unsqueeze(1)).any(2) & token  # brackets never occur in a source
-    return torch.minimum(leaf.long().cumsum(1), _last(src).unsqueeze(1))
+    last = _last(src)
+    pos = torch.zeros(src.size(0), dtype=torch.long, device=src.device)
+    out = []
+    for t in range(tgt_in.size(1)):
+        pos = _advance(pos, tgt_in[:, t], src, last)
+        out.append(pos)
+    return torch.stack(out, 1)
 
 
 def gather(states: Tensor, pos: Tensor) -> Tensor:
@@ -50,9 +60,8 @@ class PointerState:
 
     def step(self, tokens: Tensor) -> Tensor:
         """Move past `tokens` where they are the next subword; (R, 1, d) states of the next one."""
-        rows = torch.arange(tokens.numel(), device=tokens.device)
-        self.pos = torch.minimum(self.pos + (tokens == self.src[rows, self.pos]).long(), _last(self.src))
-        return self.states[rows, self.pos].unsqueeze(1)
+        self.pos = _advance(self.pos, tokens, self.src, _last(self.src))
+        return self.states[torch.arange(tokens.numel(), device=tokens.device), self.pos].unsqueeze(1)
 
     def reorder(self, rows: Tensor) -> None:
         self.states, self.src, self.pos = (t.index_select(0, rows) for t in (self.states, self.src, self.pos))

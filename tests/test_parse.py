@@ -303,3 +303,35 @@ def test_tree_search_refuses_a_vocabulary_without_brackets():
             return ["\u2581w" if i > 3 else "<x>" for i in ids]
     with pytest.raises(TreeError, match="no bracket symbols"):
         TreeSearch(_Flat(), Plain(), True)
+
+
+# -- the pointer input (model.pointer_input) ----------------------------------------------------------
+def test_pointer_follows_the_leaves_by_hand():
+    from aiayn.pointer import next_positions
+
+    a, b, c, op, cl = 10, 11, 12, 5, 6  # source words a b c (then EOS); brackets op/cl
+    src = torch.tensor([[a, b, c, EOS], [a, EOS, 0, 0]])
+    tgt_in = torch.tensor([[BOS, op, a, b, cl, c, cl], [BOS, op, a, cl, 0, 0, 0]])
+    # input t has placed the leaves among tgt_in[:t+1]: the next word is at that count, EOS once all are
+    assert next_positions(src, tgt_in).tolist() == [[0, 0, 1, 2, 2, 3, 3], [0, 0, 1, 1, 1, 1, 1]]
+    # a word out of turn is not a leaf: the pointer waits for the next one
+    assert next_positions(src[:1], torch.tensor([[BOS, b, a, c]])).tolist() == [[0, 0, 1, 1]]
+
+
+def test_pointer_model_steps_equal_teacher_forcing_and_group_like_copies():
+    from conftest import check_cached_steps_and_padding, check_grouped_cache
+
+    from aiayn.config import ConfigError, ModelConfig
+    from aiayn.model import Transformer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=23, d_model=16, d_ff=32, h=2, N=2, p_drop=0.0, pointer_input=True)
+    m = Transformer(cfg).eval()
+    check_cached_steps_and_padding(m)
+    check_grouped_cache(m)
+    src, tgt = torch.randint(4, 23, (2, 5)), torch.randint(4, 23, (2, 4))
+    plain = m(src, tgt)
+    torch.nn.init.zeros_(m.pointer_proj.weight)
+    assert not torch.allclose(plain, m(src, tgt))  # the pointer reaches the logits
+    with pytest.raises(ConfigError, match="pointer_input is a Transformer option"):
+        ModelConfig(arch="rnn", pointer_input=True).validate()
