@@ -24,8 +24,9 @@ from .model import Transformer
 from .models import build_model
 from .train import train
 from .translate import Translation, Translator
+from .treesearch import Parser
 from .version import __version__
 
-__all__ = ["__version__", "Config", "ConfigError", "DataConfig", "DecodeConfig", "ModelConfig", "RecurrentModel",
-           "TrainConfig", "Transformer", "Translation", "Translator", "apply_overrides", "build_model", "load_yaml",
-           "preset", "prepare", "train"]
+__all__ = ["__version__", "Config", "ConfigError", "DataConfig", "DecodeConfig", "ModelConfig", "Parser",
+           "RecurrentModel", "TrainConfig", "Transformer", "Translation", "Translator", "apply_overrides",
+           "build_model", "load_yaml", "preset", "prepare", "train"]
