@@ -76,3 +76,42 @@ class MultiHeadAttention(nn.Module):
         out, weights = attention(q, k, v, mask, causal, p, need_weights)  # (B, h, T, d_v)
         B, _, T, _ = out.shape
         return self.w_o(out.transpose(1, 2).reshape(B, T, self.h * self.d_v)), weights
+
+    @torch.no_grad()
+    def keep_heads(self, heads: list[int]) -> None:
+        """Keep only `heads` (decoding): their rows of W^Q, W^K, W^V and columns of W^O, nothing else."""
+        def block(d: int) -> Tensor:
+            return torch.cat([torch.arange(i * d, (i + 1) * d) for i in heads])
+
+        for lin, d in ((self.w_q, self.d_k), (self.w_k, self.d_k), (self.w_v, self.d_v)):
+            idx = block(d)
+            lin.weight = nn.Parameter(lin.weight[idx].clone(), requires_grad=False)
+            if lin.bias is not None:
+                lin.bias = nn.Parameter(lin.bias[idx].clone(), requires_grad=False)
+            lin.out_features = idx.numel()
+        idx = block(self.d_v)
+        self.w_o.weight = nn.Parameter(self.w_o.weight[:, idx].clone(), requires_grad=False)
+        self.w_o.in_features, self.h = idx.numel(), len(heads)
+
+
+def live_heads(m: MultiHeadAttention) -> list[int]:
+    """The heads whose W^O columns are not all zero (`aiayn heads` zeroes those it prunes)."""
+    w = m.w_o.weight.detach().view(m.w_o.weight.size(0), m.h, m.d_v)
+    return [i for i in range(m.h) if bool(w[:, i].any())]
+
+
+def without_dead_heads(model: nn.Module) -> tuple[nn.Module, int]:
+    """A copy of `model` whose attention sublayers compute only their live heads, and how many
+    heads went; the model itself when none is dead. The same function: a head whose W^O columns
+    are zero adds nothing to the sublayer's output, so decoding can skip its products."""
+    import copy
+
+    dead = sum(m.h - len(live_heads(m)) for m in model.modules()
+               if isinstance(m, MultiHeadAttention) and live_heads(m))
+    if not dead:
+        return model, 0
+    model = copy.deepcopy(model)
+    for m in model.modules():
+        if isinstance(m, MultiHeadAttention) and 0 < len(live_heads(m)) < m.h:
+            m.keep_heads(live_heads(m))
+    return model, dead

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .attention import without_dead_heads
 from .config import ConfigError, DecodeConfig
 from .linear import kernel_cache
 from .search import Hypothesis, beam_search, greedy_search
@@ -153,7 +154,10 @@ class Translator:
         # What the search runs: bf16 and int8 decode with a converted copy of the model (a wrapper
         # set here, such as parse.LeafCounting, is converted with what it wraps).
         self._model = model
-        self.search_model = {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(model)
+        slim, dead = without_dead_heads(model)  # heads pruned by `aiayn heads` cost nothing here
+        if dead:
+            log.info("decoding without the %d attention heads whose W^O columns are zero (pruned)", dead)
+        self.search_model = {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(slim)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None, precision: str = "auto",

@@ -16,6 +16,7 @@ from aiayn.heads import (
     entropy,
     gradient_importance,
     positional,
+    prune,
     rare_word,
     sink,
 )
@@ -191,6 +192,30 @@ def test_a_gated_model_translates_as_the_hand_pruned_one(toy_prepared, precision
     t.model = model  # the hooks are gone: the full model again
     full = Translator(model, tok, cfg.decode, precision=precision).translate(lines, beam=4)
     assert t.translate(lines, beam=4) == full != gated
+
+
+def test_pruned_heads_are_skipped_at_decode_time(toy_prepared):
+    """Translator slices out the heads whose W^O columns are zero: fewer heads computed, the same
+    logits as the zeroed model, the same translations."""
+    from aiayn.attention import MultiHeadAttention, without_dead_heads
+    from aiayn.tokenizer import Tokenizer
+    from aiayn.translate import Translator
+
+    model, cfg = tiny_model(60)
+    zeroed_model = prune(copy.deepcopy(model), [("cross", 1, 0), ("cross", 1, 2), ("encoder_self", 0, 3)])
+    slim, dead = without_dead_heads(zeroed_model)
+    assert dead == 3 and without_dead_heads(model) == (model, 0)
+    heads = [m.h for m in slim.modules() if isinstance(m, MultiHeadAttention)]
+    assert sum(heads) == sum(m.h for m in model.modules() if isinstance(m, MultiHeadAttention)) - 3
+    src, tgt = torch.randint(4, 60, (3, 7)), torch.randint(4, 60, (3, 5))
+    assert torch.allclose(slim(src, tgt), zeroed_model(src, tgt), atol=1e-5)
+    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
+    lines = (toy_prepared / "valid.en.txt").read_text().splitlines()[:6]
+    t = Translator(zeroed_model, tok, cfg.decode, precision="fp32")
+    assert t.search_model is not zeroed_model and t.model is zeroed_model  # maps keep every head
+    unsliced = Translator(model, tok, cfg.decode, precision="fp32")
+    unsliced.search_model = zeroed_model
+    assert t.translate(lines, beam=4) == unsliced.translate(lines, beam=4)
 
 
 def test_word_attention_and_dependency_hits_by_hand():
