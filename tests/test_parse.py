@@ -179,7 +179,7 @@ def test_prepare_train_parse_score_end_to_end(tmp_path):
     # The search itself writes trees over exactly the input's words (before any repair).
     parser = Parser.load(ckpt)
     words = (prep / "test.words.txt").read_text().splitlines() + ["a b c d e f g h i j k l", "unseen zebra words"]
-    hyps = parser.translator.translate_ids(parser.translator.encode_sources(words))
+    hyps = parser.translator.translate_ids(parser.translator.encode_sources(words), beam=21)  # more beams than moves
     for line, h in zip(words, hyps):
         pieces = parser.translator.tokenizer.id_to_piece(h[0].tokens)
         assert _valid(pieces, parser.translator.tokenizer.id_to_piece(parser.translator.tokenizer.encode([line])[0]))
