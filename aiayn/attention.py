@@ -106,12 +106,13 @@ def without_dead_heads(model: nn.Module) -> tuple[nn.Module, int]:
     are zero adds nothing to the sublayer's output, so decoding can skip its products."""
     import copy
 
-    dead = sum(m.h - len(live_heads(m)) for m in model.modules()
-               if isinstance(m, MultiHeadAttention) and live_heads(m))
+    live = {name: live_heads(m) for name, m in model.named_modules() if isinstance(m, MultiHeadAttention)}
+    dead = sum(model.get_submodule(name).h - len(heads) for name, heads in live.items() if heads)
     if not dead:
         return model, 0
     model = copy.deepcopy(model)
-    for m in model.modules():
-        if isinstance(m, MultiHeadAttention) and 0 < len(live_heads(m)) < m.h:
-            m.keep_heads(live_heads(m))
+    for name, heads in live.items():
+        m = model.get_submodule(name)
+        if 0 < len(heads) < m.h:
+            m.keep_heads(heads)
     return model, dead

@@ -325,8 +325,6 @@ def symbols_from_pieces(pieces: list[str]) -> str:
     starts a word (SentencePiece's ▁) one XX leaf, whichever linearization the model writes."""
     out = []
     for p in pieces:
-        if p.startswith("\u2581") and len(p) > 1:
+        if p.startswith("\u2581"):
             out.append(p[1:] if is_bracket(p[1:]) else LEAF)
-        elif p == "\u2581":
-            out.append(LEAF)
     return " ".join(out)

@@ -52,16 +52,19 @@ class PointerState:
     states: Tensor  # (R, S, d)
     src: Tensor  # (R, S)
     pos: Tensor  # (R,)
+    last: Tensor  # (R,) each row's EOS position
 
     @classmethod
     def start(cls, states: Tensor, src: Tensor, group: int) -> PointerState:
-        return cls(states.repeat_interleave(group, 0), src.repeat_interleave(group, 0),
-                   torch.zeros(src.size(0) * group, dtype=torch.long, device=src.device))
+        src = src.repeat_interleave(group, 0)
+        return cls(states.repeat_interleave(group, 0), src,
+                   torch.zeros(src.size(0), dtype=torch.long, device=src.device), _last(src))
 
     def step(self, tokens: Tensor) -> Tensor:
         """Move past `tokens` where they are the next subword; (R, 1, d) states of the next one."""
-        self.pos = _advance(self.pos, tokens, self.src, _last(self.src))
+        self.pos = _advance(self.pos, tokens, self.src, self.last)
         return self.states[torch.arange(tokens.numel(), device=tokens.device), self.pos].unsqueeze(1)
 
     def reorder(self, rows: Tensor) -> None:
-        self.states, self.src, self.pos = (t.index_select(0, rows) for t in (self.states, self.src, self.pos))
+        self.states, self.src, self.pos, self.last = (
+            t.index_select(0, rows) for t in (self.states, self.src, self.pos, self.last))

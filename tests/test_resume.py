@@ -287,3 +287,29 @@ def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(
     assert one_process > 3 * 2  # the validation is longer than the collective limit, twice over
     assert shared["valid_loss"] == pytest.approx(alone["valid_loss"], rel=1e-6)
     assert shared["valid_bleu"] == pytest.approx(alone["valid_bleu"], abs=1e-9)
+
+
+def test_a_pointer_parser_resumes_bit_identically_after_sigkill(tmp_path):
+    """§6.3's parser (words as leaves, model.pointer_input): SIGKILL, resume in a new process, the
+    same final tensors and the parse task in the metadata as an uninterrupted run."""
+    from test_parse import tiny_treebank
+
+    (tmp_path / "tb").mkdir()
+    prep = tmp_path / "prep"
+    subprocess.run(aiayn("prepare", "--task", "parse", "--treebank", str(tiny_treebank(tmp_path / "tb")), "-o",
+                         str(prep), "--preset", "parse", "--data.vocab_size", "60"), check=True, capture_output=True,
+                   timeout=180)
+    extra = ("--preset", "parse", *TINY, "--train.max_minutes", "0")
+    subprocess.run(start_training(prep, tmp_path / "straight", extra), check=True, capture_output=True, timeout=180)
+    run = tmp_path / "run"
+    proc = subprocess.Popen(start_training(prep, run, extra), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (run / "checkpoints/step-00000015.state.pt").exists():
+        assert proc.poll() is None and time.time() < deadline, "training ended before the kill"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert "resumed from step-000000" in resume(run).stderr
+    (got, meta), (want, _) = final_bytes(run), final_bytes(tmp_path / "straight")
+    assert got == want and "pointer_proj.weight" in got
+    assert json.loads(meta["extra"]) == {"task": "parse", "linearization": "words"}
