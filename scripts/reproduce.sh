@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SUITE=${1:?usage: bash scripts/reproduce.sh budget|table3|arch|tune|table1|quick [options]}
 shift
-AIAYN=.venv/bin/aiayn
+AIAYN=${AIAYN:-.venv/bin/aiayn}  # e.g. "python -m aiayn" from a worktree
 DATA=${DATA:-work/multi30k-en-de}
 WORK=${WORK:-runs/reproduce}
 if [ -z "${AIAYN_MULTI30K:-}" ] && [ -d ../shared/data/multi30k ]; then

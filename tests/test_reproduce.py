@@ -5,6 +5,7 @@ import gzip
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -12,14 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from scipy import stats as scipy_stats
 from torch.utils.flop_counter import FlopCounterMode
 
 from aiayn.attention import attention
 from aiayn.baselines.rnn import LSTMCell
 from aiayn.config import preset
 from aiayn.evidence.plan import BUDGET_UPDATES, converged_at, diverged, protocol, table3_rows
+from aiayn.evidence.rows import row_config
 from aiayn.evidence.stats import paired_bootstrap
-from aiayn.evidence.suites import row_config
 from aiayn.evidence.table1 import (
     RestrictedSelfAttention,
     _recurrent_encoder_flops,
@@ -51,8 +53,23 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     table3 = {"ref-s1", "ref-s2", "ref-s3", "A-h1", "E", "stability-N6-x1", "stability-N6-x0.02", "depth-ref-s1",
               "depth-ref-s2", "C-N6"}
     arch = {"transformer", "bahdanau", "luong", "luong-7.6M", "conv"}
-    assert set(results) == ({f"table3/{r}" for r in table3} | {f"arch/{r}" for r in arch}
-                            | {"tune/bahdanau-lr0.001-clip0", "table1/quick"})
+    best_rnn = min(("bahdanau", "luong", "luong-7.6M"), key=lambda r: results[f"arch/{r}"]["valid_nll"])
+    seeds = {"transformer-s2", f"{best_rnn}-s2", "conv-s2"}  # seed 2 of the Transformer and each family's best
+    extra = {n for n, r in results.items() if n.startswith("table3/") and r["of"] != r["row"]}
+    assert set(results) - extra == ({f"table3/{r}" for r in table3} | {f"arch/{r}" for r in arch | seeds}
+                                    | {"tune/bahdanau-lr0.001-clip0", "table1/quick"})
+    # Table 3's seed rule, by hand: a row's NLL change between 1 and 2.5 half-widths of its family's 95 %
+    # prediction interval (t quantile from scipy) gets a seed-2 run; the quick suite allows one
+    near = set()
+    for name in ("A-h1", "E", "C-N6"):
+        r = results[f"table3/{name}"]
+        ref = [x["valid_nll"] for x in results.values() if x.get("group") == "ref" and x["family"] == r["family"]]
+        half = scipy_stats.t.ppf(0.975, len(ref) - 1) * statistics.stdev(ref) * (1 + 1 / len(ref)) ** 0.5
+        if 1 <= abs(r["valid_nll"] - statistics.mean(ref)) / half <= 2.5 and not diverged(r):
+            near.add(f"table3/{name}-s2")
+    assert extra <= near and len(extra) == min(1, len(near))
+    for name in extra:
+        assert results[name]["seed"] == 2 and results[name]["paired_bs"]["baseline"].endswith("ref-s2")
     commit = results["table3/ref-s1"]["machine"]["git"]
     for name, r in results.items():
         if name.startswith("table1"):
@@ -83,6 +100,8 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     pbs = results["table3/A-h1"]["paired_bs"]
     assert pbs["baseline"] == "ref-s1" and results["table3/C-N6"]["paired_bs"]["baseline"] == "depth-ref-s1"
     assert results["arch/luong"]["paired_bs"]["baseline"] == "transformer"
+    assert results["arch/conv-s2"]["paired_bs"]["baseline"] == "transformer-s2"  # the same seed
+    assert results["arch/conv-s2"]["of"] == "conv" and results["arch/conv-s2"]["seed"] == 2
     hyps = {n: gzip.decompress((report / "results" / "table3" / f"{n}.valid.hyp.gz").read_bytes()).decode()
             .splitlines() for n in ("A-h1", "ref-s1")}
     refs = (toy_prepared / "valid.de.txt").read_text().splitlines()
@@ -93,7 +112,8 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     for heading in ("## Table 3 at small scale", "### Depth rows at their own rate", "## Table 1",
                     "## Transformer, recurrent and convolutional models", "## The baselines' rate, clipping and depth",
                     "ΔNLL ± 95 % PI (Holm p)", "paired bootstrap ΔBLEU (p)", "stability-N6-x1: diverged",
-                    "Reference, 3 seeds: NLL", "training pairs"):
+                    "Reference, 3 seeds: NLL", "training pairs", "PPL at equal time", "Over seeds",
+                    "- **conv**, 2 seeds", "Load average (1, 5, 15 min)"):
         assert heading in text
     for png in ("table3_curves", "arch_curves", "table1", "bleu_params", "schedule"):
         assert (report / "img" / f"{png}.png").stat().st_size > 1000
@@ -104,7 +124,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     # A second run skips every finished row: nothing is trained again.
     before = {f: f.read_bytes() for f in work.glob("*/*/result.json")}
     p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report)
-    assert p.returncode == 0 and p.stderr.count("finished earlier, skipped") == 16
+    assert p.returncode == 0 and p.stderr.count("finished earlier, skipped") == len(before) == len(results) - 1
     assert {f: f.read_bytes() for f in work.glob("*/*/result.json")} == before
     # --rows takes a group: `--rows ref` is every reference seed, and needs no stability check
     p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report, "--rows", "ref")
@@ -213,6 +233,24 @@ def test_table3_verdicts_from_results_by_hand():
     assert v.nll.delta == pytest.approx(0.10) and v.p_nll < 0.01  # t = 5.77 on 4 df
     assert v.v_nll.word == "same direction, significant (worse)" and v.v_nll.reproduced
     assert v.v_bleu.reproduced  # −5.2 BLEU, beyond the seed interval and the paired bootstrap's
+    # the same row with a second seed: tested by its mean, the pooled two-sample t test (scipy's)
+    row2 = {**row, "row": "C-N1-s2", "of": "C-N1", "seed": 2, "valid_nll": 2.04, "paired_bs": {"delta": -4, "p": 0.2}}
+    (v2,) = analyse(refs, [{**row, "seed": 1}, row2])
+    assert v2.nll.delta == pytest.approx(0.07) and v2.nll.m == 2 and len(v2.runs) == 2
+    assert v2.nll.p == pytest.approx(scipy_stats.ttest_ind([2.10, 2.04], nll).pvalue)
+    assert v2.p_bleu >= 0.2  # every seed's paired bootstrap must show it: the largest p counts
+
+
+def test_second_seed_rule_at_the_interval_bounds():
+    from aiayn.evidence.plan import needs_second_seed
+    from aiayn.evidence.stats import prediction_halfwidth
+
+    ref = [2.00, 2.02, 1.98, 2.01, 1.99]
+    h = prediction_halfwidth(ref)
+    assert [needs_second_seed(2.0 + k * h, ref) for k in (0.9, 1.01, 2.0, 2.49, 2.6)] == [
+        False, True, True, True, False]
+    assert needs_second_seed(2.0 - 1.5 * h, ref)  # either direction
+    assert not needs_second_seed([2.0 + 1.5 * h, 2.0 + 1.4 * h], ref)  # already has two seeds
 
 
 def test_restricted_attention_equals_masked_full_attention():
@@ -316,3 +354,14 @@ def test_the_heads_section_reads_its_numbers_from_the_result(tmp_path):
     assert "cross L1 H1 (+0.300 nats)" in text and "encoder_self L1 H2 (+0.200 nats)" in text
     assert "encoder_self L1 H2 attends to the previous token (0.70)" in text and "cross L2 H1 rests on" in text
     assert "(L2 H1) does so for 50.0% of 1,234 arcs" in text and "the word +1 away gets 30.0%" in text
+
+
+def test_equal_time_reads_the_slower_model_at_its_share_of_the_updates():
+    """A model twice as slow per update is read at half the reference's updates (a validation point)."""
+    from aiayn.evidence.report import _at_compute
+
+    ref = {"row": "transformer", "updates": 1000, "flops_per_token": 1.0, "curve": [[500, 9.0], [1000, 5.0]]}
+    slow = {"row": "luong", "updates": 1000, "flops_per_token": 4.0, "curve": [[250, 30.0], [500, 12.5], [1000, 8.0]]}
+    assert _at_compute(slow, ref, {"transformer": 0.5, "luong": 1.0}) == "12.50 @ 500"
+    assert _at_compute(slow, ref) == "30.00 @ 250"  # four times the FLOPs per token: a quarter of the updates
+    assert _at_compute(slow, ref, {"transformer": 0.5}) == "–"  # its time was not measured

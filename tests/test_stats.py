@@ -88,3 +88,15 @@ def test_paired_bootstrap_matches_sacrebleus_command_line(tmp_path):
     assert ours["delta"] == pytest.approx(cli_sys["BLEU"]["score"] - cli_base["BLEU"]["score"], abs=1e-3)
     with pytest.raises(ValueError, match="aligned"):
         paired_bootstrap(base[:-1], system, refs)
+
+
+def test_seed_test_of_several_runs_is_the_pooled_two_sample_t_test():
+    from scipy import stats as scipy_stats
+
+    ref, xs = [10.0, 11.0, 12.0, 10.5, 11.5], [12.4, 13.1]
+    t = seed_test(xs, ref)
+    assert t.p == pytest.approx(scipy_stats.ttest_ind(xs, ref, equal_var=True).pvalue, rel=1e-9)
+    assert (t.delta, t.n, t.m) == (pytest.approx(12.75 - 11.0), 5, 2)
+    lo, hi = scipy_stats.ttest_ind(xs, ref, equal_var=True).confidence_interval(0.90)
+    assert t.ci90 == (pytest.approx(lo), pytest.approx(hi))
+    assert seed_test([11.7], ref) == seed_test(11.7, ref)  # one run in a list: the prediction test

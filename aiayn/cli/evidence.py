@@ -28,6 +28,8 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     command = "aiayn " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("aiayn") else ""
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
+    if args.extra_seeds < 0:
+        raise UserError(f"--extra-seeds must be >= 0, got {args.extra_seeds}")
     if args.seeds < 2:
         raise UserError(f"--seeds must be >= 2 (an interval needs two reference runs), got {args.seeds}")
     check_output_folder(report, is_report, "--report")
@@ -38,7 +40,7 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     else:
         rows = [r for r in args.rows.split(",") if r] if args.rows else None
         out = reproduce(args.suite, Path(args.data) if args.data else None, work, report, rows, args.steps,
-                        args.seeds, args.device, command, args.allow_mixed_commits)
+                        args.seeds, args.device, command, args.allow_mixed_commits, args.extra_seeds)
     print(f"wrote {out}")
 
 
@@ -57,10 +59,15 @@ def add_reproduce(sub) -> None:
     p.add_argument("--work", default="runs/reproduce", help="folder for the run directories (default runs/reproduce)")
     p.add_argument("--report", help="folder for REPORT.md, its plots and results/ (default docs/reproduction; "
                    "quick: WORK/quick-report)")
-    p.add_argument("--rows", help="comma-separated row names to run (default: all of the suite)")
+    p.add_argument("--rows", help="comma-separated row names to run (default: all of the suite); table3's "
+                   "`second-seeds` and arch's `seeds` name the runs added from the results")
     p.add_argument("--steps", type=int, help=f"updates per row (default {BUDGET_UPDATES}: the budget chosen by the "
                    f"budget suite; budget: {2 * BUDGET_UPDATES})")
     p.add_argument("--seeds", type=int, default=5, help="table3: seeds of each reference (default 5)")
+    p.add_argument("--extra-seeds", type=int, default=8,
+                   help="table3: at most this many seed-2 runs of rows whose NLL change lies between 1 and 2.5 "
+                   "interval half-widths (default 8); arch always adds seeds 2 and 3 of the Transformer and of "
+                   "each family's best")
     p.add_argument("--allow-mixed-commits", action="store_true",
                    help="train a row although the suite's results come from another commit")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")

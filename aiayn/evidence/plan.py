@@ -79,6 +79,25 @@ class Row:
     paper: PaperRow | None = None
     group: str = ""  # Table 3's row letter, "ref", or an architecture family
     family: str = "main"
+    of: str = ""  # the row this one repeats with another seed (repeat()); "" for a row's first run
+
+
+def repeat(row: Row, seed: int) -> Row:
+    """The same row with another seed, named NAME-sSEED; the report pools it with `row`."""
+    return Row(f"{row.name}-s{seed}", row.change, row.overrides, row.preset, seed, row.paper, row.group,
+               row.family, of=row.name)
+
+
+def needs_second_seed(row: float | list[float], reference: list[float], low: float = 1.0,
+                      high: float = 2.5) -> bool:
+    """Table 3's seed rule: a row run once whose NLL change lands between `low` and `high` half-widths
+    of the reference's 95 % prediction interval (near the line, where a second seed can decide)."""
+    from .stats import seed_test
+
+    if not isinstance(row, (int, float)) and len(row) != 1:
+        return False
+    t = seed_test(row, reference)
+    return t is not None and t.pi95 > 0 and low <= abs(t.delta) / t.pi95 <= high
 
 
 _P = PaperRow

@@ -69,10 +69,16 @@ def budget_section(rs: list[dict], img: Path) -> list[str]:
     return out + ["![budget](img/budget.png)", ""]
 
 
-def _at_compute(r: dict, ref: dict) -> str:
-    """Validation PPL of r at the training FLOPs the reference spent (same batches: FLOPs per token
-    × updates), read from r's curve; '–' when that lies beyond r's run."""
-    target = ref["updates"] * ref["flops_per_token"] / r["flops_per_token"]
+def _at_compute(r: dict, ref: dict, cost: dict[str, float] | None = None) -> str:
+    """Validation PPL of r at the compute the reference spent, read from r's curve: by default
+    training FLOPs (same batches: FLOPs per token × updates); with `cost` (row → measured seconds per
+    update), training time. '–' when that lies beyond r's run or the cost is unknown."""
+    if cost is None:
+        target = ref["updates"] * ref["flops_per_token"] / r["flops_per_token"]
+    elif r["row"] in cost and ref["row"] in cost:
+        target = ref["updates"] * cost[ref["row"]] / cost[r["row"]]
+    else:
+        return "–"
     curve = [(c[0], c[1]) for c in r.get("curve", [])]
     if curve and target < curve[0][0]:
         return f"– (at update {target:,.1f}, before the first validation)"
@@ -81,6 +87,31 @@ def _at_compute(r: dict, ref: dict) -> str:
             return f"{math.exp(math.log(p0) + (math.log(p1) - math.log(p0)) * (target - s0) / (s1 - s0)):.2f}" \
                    f" @ {target:,.0f}"
     return f"– (needs {target:,.0f})"
+
+
+def _seed_lines(rs: list[dict]) -> list[str]:
+    """Models run with several seeds: mean ± sd of validation NLL and BLEU, and the difference from
+    the Transformer's seeds (pooled two-sample t test, stats.seed_test)."""
+    from .stats import seed_test
+    from .verdicts import with_repeats
+
+    groups = {g[0]["row"]: g for g in with_repeats(rs)}
+    base = groups.get("transformer", [])
+    out = []
+    for name, g in groups.items():
+        if len(g) < 2:
+            continue
+        nll, bleu = [r["valid_nll"] for r in g], [r["bleu"]["valid"]["bleu"] for r in g]
+        line = (f"- **{name}**, {len(g)} seeds: valid NLL {statistics.mean(nll):.4f} ± {statistics.stdev(nll):.4f}, "
+                f"valid BLEU {statistics.mean(bleu):.2f} ± {statistics.stdev(bleu):.2f} (mean ± sd)")
+        if name != "transformer" and len(base) > 1:
+            t = seed_test(nll, [r["valid_nll"] for r in base])
+            tb = seed_test(bleu, [r["bleu"]["valid"]["bleu"] for r in base])
+            line += (f"; against the Transformer's {len(base)}: ΔNLL {t.delta:+.4f} ± {t.pi95:.4f} (p {t.p:.3f}), "
+                     f"ΔBLEU {tb.delta:+.2f} ± {tb.pi95:.2f} (p {tb.p:.3f})")
+        out.append(line + ".")
+    return ["", "Over seeds (± the 95 % interval of the difference under no change; p two-sided):", ""] + out \
+        if out else []
 
 
 def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str = "arch") -> list[str]:
@@ -93,18 +124,22 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
     out = [title, "", f"Every model trains {ref['updates']:,} updates on {data_words(ref)}, the same batches, "
            "checkpoints at the same "
            "spacing, the last 5 averaged, beam 4, α 0.6. Training FLOPs per target token count one forward and "
-           "backward step (PyTorch's FlopCounterMode); *at equal compute* reads each model's validation PPL at the "
-           f"FLOPs the {ref['row']} row spent. Seconds per update are measured apart, on the same batches in "
-           "interleaved rounds, so a busy machine cannot bias one model.", "",
+           "backward step (PyTorch's FlopCounterMode); *at equal FLOPs* reads each model's validation PPL at the "
+           f"FLOPs the {ref['row']} row spent, *at equal time* at its training seconds (clean seconds per update × "
+           "updates). Seconds per update are measured apart, on the same batches in interleaved rounds, so a busy "
+           "machine cannot bias one model.", "",
            f"Made by `aiayn reproduce --suite {suite}`.", "",
            "| model | architecture | schedule | params | FLOPs / tok | s / update / tgt tok/s (clean) | valid PPL | "
-           "PPL at equal compute (@ update) | valid BLEU (BP) | paired bootstrap ΔBLEU (p) | test2016 | test2017 |",
-           "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+           "PPL at equal FLOPs (@ update) | PPL at equal time (@ update) | valid BLEU (BP) | "
+           "paired bootstrap ΔBLEU (p) | test2016 | test2017 |", "|---|---|---|" + "--:|" * 10]
+    secs = {name: m["s_per_update"] for name, m in tp.items()}
+    secs.update({r["row"]: secs[r["of"]] for r in rs if r.get("of") in secs})  # seeds: the same model
     for r in rs:
         b, pbs = r["bleu"].get("valid", {}), r.get("paired_bs")
         s_up = f"{tp[r['row']]['s_per_update']:.3f} / {tp[r['row']]['tgt_tok_s']:,.0f}" if r["row"] in tp else "–"
         out.append(f"| {r['row']} | {r['change']} | {schedule_words(r)} | {r['params'] / 1e6:.2f}M | "
                    f"{r['flops_per_token'] / 1e6:.1f}M | {s_up} | {r['valid_ppl']:.3f} | {_at_compute(r, ref)} | "
+                   f"{_at_compute(r, ref, secs)} | "
                    f"{b.get('bleu', float('nan')):.2f} ({b.get('bp', 0):.2f}) | "
                    + (f"{pbs['delta']:+.2f} ({pbs['p']:.3f})" if pbs else "–")
                    + f" | {_test_bleu(r)} | {_test_bleu(r, 'test_2017_flickr')} |")
@@ -112,6 +147,7 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
         for variant in sorted({r["group"] for r in rs}):
             best = min((r for r in rs if r["group"] == variant), key=lambda r: r["valid_nll"])
             out += ["", f"Lowest validation NLL for {variant}: **{best['row']}** ({best['valid_nll']:.4f})."]
+    out += _seed_lines(rs)
     if throughput:
         out += ["", f"Throughput: {throughput['updates']} updates × {throughput['rounds']} rounds, "
                 f"{throughput['tgt_tokens_per_update']:.0f} target tokens per update, {throughput['precision']}."]
@@ -150,7 +186,12 @@ def table1_section(t1: dict, img: Path) -> list[str]:
             "different complexity; the attention core alone (when measured) shows the n² term. The fused SDPA "
             "kernel's memory grows linearly because it never stores the n×n weights (a property of the kernel), "
             "while its time keeps the n² term."]
-    out += ["", f"Machine: {t1['machine'].get('gpu') or t1['machine'].get('cpu')} ({t1['device']}).", "",
+    load = t1.get("load_average")
+    seen = (f" Load average (1, 5, 15 min) when the measurement started: {', '.join(f'{x:.2f}' for x in load['start'])}"
+            f"; when it ended: {', '.join(f'{x:.2f}' for x in load['end'])} (this machine has "
+            f"{t1['machine'].get('threads', '?')} threads; a load near or above that means other work shared it)."
+            if load else " The load average was not recorded.")
+    out += ["", f"Machine: {t1['machine'].get('gpu') or t1['machine'].get('cpu')} ({t1['device']}).{seen}", "",
             "![Table 1 costs](img/table1.png)", ""]
     _plot_table1(t1, img / "table1.png")
     return out

@@ -23,11 +23,12 @@ from scipy import stats as _scipy
 class SeedTest:
     """One run against the reference seeds: the difference, its p-value and intervals."""
 
-    delta: float  # row − mean of the reference seeds
-    p: float  # two-sided, t with n − 1 degrees of freedom
-    pi95: float  # half-width of the 95 % prediction interval of one new reference run
+    delta: float  # mean of the row's seeds − mean of the reference seeds
+    p: float  # two-sided, t with n + m − 2 degrees of freedom
+    pi95: float  # half-width of the 95 % interval of delta under no change (one run: prediction interval)
     ci90: tuple[float, float]  # 90 % interval of the difference (for equivalence, TOST at 5 %)
-    n: int
+    n: int  # reference seeds
+    m: int = 1  # the row's seeds
 
 
 def t_quantile(q: float, df: int) -> float:
@@ -43,20 +44,25 @@ def prediction_halfwidth(values: Sequence[float], level: float = 0.95) -> float:
     return t_quantile((1 + level) / 2, n - 1) * statistics.stdev(values) * math.sqrt(1 + 1 / n)
 
 
-def seed_test(x: float, reference: Sequence[float]) -> SeedTest | None:
-    """Test one run x against the reference seeds; None with fewer than two seeds."""
-    n = len(reference)
-    if n < 2:
+def seed_test(x: float | Sequence[float], reference: Sequence[float]) -> SeedTest | None:
+    """Test a row's run(s) x against the reference seeds; None with fewer than two seeds. One run:
+    the prediction test of the module docstring. m ≥ 2 runs (seeds of the same row): the pooled
+    two-sample t test, mean(x) − mean(ref) over s_p·√(1/m + 1/n) with n + m − 2 degrees of freedom,
+    which is the one-run test when m = 1."""
+    xs = [float(x)] if isinstance(x, (int, float)) else [float(v) for v in x]
+    n, m = len(reference), len(xs)
+    if n < 2 or m < 1:
         return None
-    mean, s = statistics.mean(reference), statistics.stdev(reference)
-    scale = s * math.sqrt(1 + 1 / n)
-    delta = x - mean
+    df = n + m - 2
+    ss = (n - 1) * statistics.variance(reference) + ((m - 1) * statistics.variance(xs) if m > 1 else 0.0)
+    scale = math.sqrt(ss / df) * math.sqrt(1 / m + 1 / n)
+    delta = statistics.mean(xs) - statistics.mean(reference)
     if scale == 0:
         p = 1.0 if delta == 0 else 0.0
     else:
-        p = float(2 * _scipy.t.sf(abs(delta) / scale, n - 1))
-    h90 = t_quantile(0.95, n - 1) * scale
-    return SeedTest(delta, p, prediction_halfwidth(reference), (delta - h90, delta + h90), n)
+        p = float(2 * _scipy.t.sf(abs(delta) / scale, df))
+    h90 = t_quantile(0.95, df) * scale
+    return SeedTest(delta, p, t_quantile(0.975, df) * scale, (delta - h90, delta + h90), n, m)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

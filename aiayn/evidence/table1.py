@@ -11,6 +11,7 @@ maximum path length between positions 0 and n - 1.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -163,7 +164,8 @@ def measure_table1(ns: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     layers = make_layers(d, device=dev)
     fit_from = fit_from or ns[-3]  # the asymptotic end: the last three lengths
     out: dict = {"d": d, "batch": batch, "ns": list(ns), "repeats": repeats, "fit_from": fit_from,
-                 "device": str(dev), "machine": machine(), "layers": {}}
+                 "device": str(dev), "machine": machine(), "layers": {},
+                 "load_average": {"start": list(os.getloadavg())}}  # timings need an otherwise idle machine
     for name, fn in layers.items():
         times, mems = [], []
         for n in ns:
@@ -191,6 +193,7 @@ def measure_table1(ns: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
             "sequential": [sequential_steps(name, n) for n in ns],
             "path_length": [path_length(name, n) for n in ns],
         }
+    out["load_average"]["end"] = list(os.getloadavg())
     return out
 
 

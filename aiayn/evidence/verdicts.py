@@ -30,6 +30,20 @@ class RowVerdict:
     v_nll: Verdict | None = None
     v_bleu: Verdict | None = None
     failed: str | None = None
+    runs: list[dict] | None = None  # every seed of the row (r is the first)
+
+
+def with_repeats(rows: list[dict]) -> list[list[dict]]:
+    """Each row's runs: its first seed and its repeats (results whose `of` names it), by seed."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r.get("of") or r["row"], []).append(r)
+    return [sorted(rs, key=lambda r: r.get("seed", 1)) for rs in out.values()]
+
+
+def _paired_p(runs: list[dict]) -> float:
+    """The paired bootstrap's p over a row's seeds: the largest (every seed must show the change)."""
+    return max(r.get("paired_bs", {}).get("p", 1.0) for r in runs)
 
 
 def _paper_deltas(p: dict) -> tuple[float, float]:
@@ -39,12 +53,13 @@ def _paper_deltas(p: dict) -> tuple[float, float]:
 def analyse(refs: list[dict], rows: list[dict]) -> list[RowVerdict]:
     """Seed tests of every row, Holm's correction over the non-diverged rows, then the verdicts."""
     ref_nll, ref_bleu = [r["valid_nll"] for r in refs], [_valid_bleu(r) for r in refs]
-    out = [RowVerdict(r, seed_test(r["valid_nll"], ref_nll), seed_test(_valid_bleu(r), ref_bleu),
-                      failed=diverged(r)) for r in rows]
+    out = [RowVerdict(rs[0], seed_test([r["valid_nll"] for r in rs], ref_nll),
+                      seed_test([_valid_bleu(r) for r in rs], ref_bleu),
+                      failed=next((f for f in map(diverged, rs) if f), None), runs=rs) for rs in with_repeats(rows)]
     tested = [v for v in out if not v.failed and v.nll is not None]
     for v, p in zip(tested, holm([v.nll.p for v in tested])):
         v.p_nll = p
-    bleu_p = [max(v.bleu.p, v.r.get("paired_bs", {}).get("p", 1.0)) for v in tested]
+    bleu_p = [max(v.bleu.p, _paired_p(v.runs)) for v in tested]
     for v, p in zip(tested, holm(bleu_p)):
         v.p_bleu = p
     for v in out:
@@ -64,18 +79,21 @@ def _cell_test(t: SeedTest | None, p: float | None, fmt: str) -> str:
 
 
 def _row_line(v: RowVerdict) -> str:
-    r, p = v.r, v.r.get("paper")
-    b = r["bleu"].get("valid", {})
+    r, p, runs = v.r, v.r.get("paper"), v.runs or [v.r]
+    bleu = statistics.mean(x["bleu"].get("valid", {}).get("bleu", float("nan")) for x in runs)
+    bp = statistics.mean(x["bleu"].get("valid", {}).get("bp", 0) for x in runs)
     paper = "–"
     if p:
         d_nll, d_bleu = _paper_deltas(p)
         paper = f"{p['label']}: {d_nll:+.3f} / {d_bleu:+.1f}"
-    pbs = r.get("paired_bs")
-    pbs_cell = f"{pbs['delta']:+.2f} (p {pbs['p']:.3f})" if pbs else "–"
+    pbs = [x["paired_bs"] for x in runs if "paired_bs" in x]
+    pbs_cell = ", ".join(f"{b['delta']:+.2f} (p {b['p']:.3f})" for b in pbs) or "–"
     verdicts = (("diverged: no verdict",) * 2 if v.failed else
                 tuple(x.word if x else "–" for x in (v.v_nll, v.v_bleu)))
-    return (f"| {r['row']} | {r['change']} | {r['params'] / 1e6:.2f}M | {r['valid_nll']:.4f} | "
-            f"{_cell_test(v.nll, v.p_nll, '+.4f')} | {b.get('bleu', float('nan')):.2f} ({b.get('bp', 0):.2f}) | "
+    name = r["row"] + (f" ({len(runs)} seeds, mean)" if len(runs) > 1 else "")
+    nll = statistics.mean(x["valid_nll"] for x in runs)
+    return (f"| {name} | {r['change']} | {r['params'] / 1e6:.2f}M | {nll:.4f} | "
+            f"{_cell_test(v.nll, v.p_nll, '+.4f')} | {bleu:.2f} ({bp:.2f}) | "
             f"{_cell_test(v.bleu, v.p_bleu, '+.2f')} | {pbs_cell} | {paper} | {verdicts[0]} | {verdicts[1]} |")
 
 
@@ -103,7 +121,7 @@ def _summary(verdicts: list[RowVerdict]) -> list[str]:
                        f"{sum(v.reproduced is None for v in vs)}.")
     failed = [v for v in verdicts if v.failed]
     out += [f"- {v.r['row']} ({v.r['change']}) {v.failed}." for v in failed]
-    unpaired = [v.r["row"] for v in verdicts if not v.failed and "paired_bs" not in v.r]
+    unpaired = [v.r["row"] for v in verdicts if not v.failed and any("paired_bs" not in r for r in v.runs or [v.r])]
     if unpaired:
         out.append(f"- No paired bootstrap for {', '.join(unpaired)} (their hypotheses were not kept): their BLEU "
                    "cannot be significant.")
@@ -169,8 +187,10 @@ def table3_section(rs: list[dict], img: Path, machine_words) -> list[str]:
            f"({schedule_words(r0)}), changing one thing as the paper's row does; the last 5 checkpoints are "
            "averaged (§6.1) and decoded with beam 4, α 0.6. Verdicts use validation only; the primary statistic is "
            "NLL per token (the paper's ΔPPL read as Δln PPL). A row is tested against the 95 % prediction interval "
-           "of one new reference run (t with n−1 degrees of freedom over the reference seeds); BLEU additionally "
-           "needs sacreBLEU's paired bootstrap (1,000 resamples) against the seed-matched reference; p-values are "
+           "of one new reference run (t with n−1 degrees of freedom over the reference seeds). A row whose NLL change "
+           "lands between 1 and 2.5 interval half-widths gets a second seed, and a row of m seeds is tested by its "
+           "mean (pooled two-sample t, n+m−2 degrees of freedom). BLEU additionally needs sacreBLEU's paired "
+           "bootstrap (1,000 resamples) against the seed-matched reference, for every seed; p-values are "
            f"Holm-corrected over the table's rows. A paper row with |ΔBLEU| < {BLEU_MARGIN} or |ΔNLL| < "
            f"{NLL_MARGIN} claims no change, reproduced only when our 90 % interval lies inside ±{BLEU_MARGIN} BLEU "
            f"or ±{NLL_MARGIN} nats. BP is the brevity penalty.", "",

@@ -1,0 +1,230 @@
+"""One row of a suite: train (or resume, or skip) it, average its last checkpoints, evaluate it,
+write its result file and hypotheses; the paired bootstrap of finished rows against their baselines.
+A suite's rows come from one commit (`_check_commit`)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import sacrebleu
+import torch
+
+from ..checkpoint import list_checkpoints, load_checkpoint, write_averaged
+from ..config import Config, ConfigError, apply_overrides, preset
+from ..files import atomic_write
+from .machine import _code_commit, machine
+from .plan import Row
+from .stats import paired_bootstrap
+
+log = logging.getLogger("aiayn")
+
+
+def row_config(row: Row, common: dict[str, Any]) -> Config:
+    cfg = preset(row.preset)
+    apply_overrides(cfg, {**common, **row.overrides})
+    cfg.train.seed = row.seed
+    return cfg.validate()
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "cpu") -> dict[str, Any]:
+    """§6.1: average the last checkpoints (at most 5), then validation perplexity and beam-4 BLEU on
+    the validation set and every prepared test set (sentences > 0: only the first ones)."""
+    from ..batches import TokenData
+    from ..data import load_manifest
+    from ..steps import validate
+    from ..translate import Translator
+
+    run_dir, data_dir = Path(run_dir), Path(data_dir)
+    ckpts = list_checkpoints(run_dir)
+    if not ckpts:
+        raise ConfigError(f"{run_dir}: no checkpoints to evaluate")
+    averaged = run_dir / "averaged.safetensors"
+    chosen = ckpts[-5:]
+    write_averaged(chosen, averaged)
+    model, cfg, tokenizer, step = load_checkpoint(averaged, device)
+    cfg.train.precision = "fp32"  # the same numbers whatever the processor
+    out: dict[str, Any] = {"averaged": len(chosen), "step": step}
+    out.update(validate(model, TokenData(data_dir, "valid"), cfg, torch.device(device)))
+    from .table1 import flops_per_token
+
+    out["flops_per_token"] = flops_per_token(model, TokenData(data_dir, "valid"), cfg)
+    settings = load_manifest(data_dir)["settings"]
+    translator = Translator(model, tokenizer, cfg.decode, precision="fp32")
+    bleu: dict[str, dict[str, Any]] = {}
+    metric = sacrebleu.BLEU()
+    splits = ["valid"] + [s for s in load_manifest(data_dir)["splits"] if s not in ("train", "valid")]
+    for split in splits:
+        src_path, ref_path = data_dir / f"{split}.{settings['src']}.txt", data_dir / f"{split}.{settings['tgt']}.txt"
+        if not (src_path.exists() and ref_path.exists()):
+            continue
+        src, ref = src_path.read_text().splitlines(), ref_path.read_text().splitlines()
+        if sentences:
+            src, ref = src[:sentences], ref[:sentences]
+        start = time.perf_counter()
+        hyps = translator.translate(src)
+        score = metric.corpus_score(hyps, [ref])
+        bleu[split] = {"bleu": round(score.score, 2), "bp": round(score.bp, 3), "sentences": len(src),
+                       "seconds": round(time.perf_counter() - start, 1)}
+        (run_dir / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps))
+    out["bleu"] = bleu
+    out["signature"] = str(metric.get_signature())
+    out["decode"] = {"beam": cfg.decode.beam, "alpha": cfg.decode.alpha, "max_len_b": cfg.decode.max_len_b}
+    return out
+
+
+def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: Path, results: Path,
+            sentences: int = 0, device: str | None = None, allow_mixed: bool = False) -> dict[str, Any]:
+    """Train (or resume, or skip) one row and write its result.json, hypotheses beside it; returns the result."""
+    run_dir = Path(work) / suite / row.name
+    result_path = run_dir / "result.json"
+    copy = Path(results) / suite / f"{row.name}.json"
+    if not run_dir.exists() and _same_row(copy, row, common):  # the run folder went, its result stayed
+        log.info("%s/%s: result already in %s, skipped", suite, row.name, copy)
+        return json.loads(copy.read_text())
+    if result_path.exists():
+        log.info("%s/%s: finished earlier, skipped", suite, row.name)
+        result = json.loads(result_path.read_text())
+    else:
+        _check_commit(Path(results) / suite, run_dir, allow_mixed)
+        result = _train_and_evaluate(row, suite, common, data_dir, run_dir, sentences, device)
+        atomic_write(result_path, json.dumps(result, indent=1).encode())
+        log.info("%s/%s: valid NLL %.4f, valid BLEU %.2f", suite, row.name, result["valid_nll"],
+                 result["bleu"].get("valid", {}).get("bleu", float("nan")))
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(result_path, copy)
+    for hyp in sorted(run_dir.glob("*.hyp")):  # the hypotheses, so that anyone can re-score
+        atomic_write(copy.parent / f"{row.name}.{hyp.stem}.hyp.gz", gzip.compress(hyp.read_bytes(), mtime=0))
+    return result
+
+
+def _train_and_evaluate(row: Row, suite: str, common: dict[str, Any], data_dir: Path, run_dir: Path,
+                        sentences: int, device: str | None) -> dict[str, Any]:
+    from ..runs import Run
+    from ..train import train
+
+    cfg = row_config(row, common)
+    start = time.time()
+    if (run_dir / "config.yaml").exists():
+        log.info("%s/%s: resuming", suite, row.name)
+        state = train(None, data_dir, run_dir, resume=True, device=device)
+    else:
+        log.info("%s/%s: training (%s)", suite, row.name, row.change)
+        state = train(cfg, data_dir, run_dir, device=device)
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    metrics = read_metrics(Run(run_dir).path)
+    train_rows = [m for m in metrics if "tgt_tok_s" in m]
+    result = {
+        "suite": suite, "row": row.name, "change": row.change, "group": row.group, "family": row.family,
+        "seed": row.seed, "of": row.of or row.name, "preset": row.preset, "overrides": row.overrides, "common": common,
+        "paper": None if row.paper is None else row.paper.__dict__, "config": cfg.to_dict(),
+        "params": _count_params(cfg.model, data_dir), "updates": state["step"], "epochs": state["epoch"],
+        "train_minutes": round(state["elapsed"] / 60, 2),
+        "tgt_tok_s": statistics.median(m["tgt_tok_s"] for m in train_rows[1:] or train_rows) if train_rows else 0,
+        "curve": sorted({m["step"]: [m["step"], m["valid_ppl"], _minutes_at(m["step"], train_rows)]
+                         for m in metrics if "valid_ppl" in m}.values()),
+        "train_curve": [[m["step"], m["ppl"]] for m in train_rows],
+        "machine": machine(), "device": dev, "precision": cfg.train.precision,
+        "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_minutes": round((time.time() - start) / 60, 1),
+    }
+    result["data"] = _data_words(data_dir)
+    result.update(evaluate(run_dir, data_dir, sentences, dev))
+    return result
+
+
+def _data_words(data_dir: Path) -> dict[str, Any]:
+    """What a row trained on: the prepared folder's name, its languages and training pairs."""
+    from ..data import load_manifest
+
+    m = load_manifest(Path(data_dir))
+    return {"dir": Path(data_dir).name, "src": m["settings"]["src"], "tgt": m["settings"]["tgt"],
+            "train_pairs": m["splits"]["train"]["pairs"]}
+
+
+def _check_commit(suite_results: Path, run_dir: Path, allow_mixed: bool) -> None:
+    """A suite's rows come from one commit: refuse to train a row with other code than its results'."""
+    now = _code_commit()
+    seen = set()
+    for f in sorted(suite_results.glob("*.json")):
+        try:
+            seen.add(json.loads(f.read_text()).get("machine", {}).get("git"))
+        except (OSError, json.JSONDecodeError):
+            continue
+    other = sorted(str(c) for c in seen - {now})
+    if other and not allow_mixed:
+        raise ConfigError(f"{suite_results}: results from commit(s) {', '.join(other)}, this code is {now}; a "
+                          "suite's rows come from one commit: move that folder away to rerun the suite, or pass "
+                          "--allow-mixed-commits (the report then names the commits)")
+    if now is not None and now.endswith("+dirty") and not allow_mixed:
+        log.warning("%s: training from uncommitted changes (%s): the result cannot be traced", run_dir, now)
+
+
+def pair_with_references(suite: str, results: Path, data_dir: Path, baseline_of) -> None:
+    """sacreBLEU's paired bootstrap of every row's validation hypotheses against its baseline
+    (`baseline_of(result)`: a row name, e.g. the seed-matched reference), once both are there."""
+    from ..data import load_manifest
+
+    folder = Path(results) / suite
+    settings = load_manifest(Path(data_dir))["settings"]
+    refs = (Path(data_dir) / f"valid.{settings['tgt']}.txt").read_text().splitlines()
+    for path in sorted(folder.glob("*.json")):
+        r = json.loads(path.read_text())
+        base = baseline_of(r)
+        hyp, base_hyp = folder / f"{r['row']}.valid.hyp.gz", folder / f"{base}.valid.hyp.gz"
+        if base is None or "paired_bs" in r or not (hyp.exists() and base_hyp.exists()):
+            continue
+        hyps, base_hyps = (gzip.decompress(p.read_bytes()).decode().splitlines() for p in (hyp, base_hyp))
+        n = min(len(refs), r["bleu"]["valid"]["sentences"])
+        r["paired_bs"] = {"baseline": base, "split": "valid", **paired_bootstrap(base_hyps, hyps, refs[:n])}
+        atomic_write(path, json.dumps(r, indent=1).encode())
+
+
+def _seed_matched(r: dict) -> str | None:
+    """Table 3: a row is paired with the reference seed that saw the same data order."""
+    if r["group"] == "ref" or r["family"] == "stability":
+        return None
+    return f"{'depth-' if r['family'] == 'depth' else ''}ref-s{r['seed']}"
+
+
+def _same_row(path: Path, row: Row, common: dict[str, Any]) -> bool:
+    """A result file written for this very row: same preset, overrides, seed and suite settings."""
+    try:
+        r = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return (r.get("preset"), r.get("overrides"), r.get("seed"), r.get("common")) == (
+        row.preset, row.overrides, row.seed, common)
+
+
+def _minutes_at(step: int, train_rows: list[dict]) -> float:
+    """Training minutes when `step` was reached (from the last training record at or before it)."""
+    seen = [m["elapsed_s"] for m in train_rows if m["step"] <= step and "elapsed_s" in m]
+    return round(max(seen, default=0.0) / 60, 3)
+
+
+def _count_params(model_cfg, data_dir: Path) -> int:
+    from ..data import load_manifest
+    from ..models import build_model
+
+    model_cfg.vocab_size = int(load_manifest(data_dir)["vocab_size"])
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_model(model_cfg).parameters())
