@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from .attention import without_dead_heads
 from .config import ConfigError, DecodeConfig
+from .fusedstep import FusedDecoder, fusable
 from .linear import kernel_cache
 from .search import Hypothesis, beam_search, greedy_search
 from .tokenizer import BOS, EOS, PAD, Tokenizer
@@ -127,14 +128,16 @@ class Translator:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, decode: DecodeConfig | None = None,
-                 device: str | torch.device | None = None, precision: str = "auto"):
+                 device: str | torch.device | None = None, precision: str = "auto", fused: bool = True):
         """`device` moves the model there; None (the default) uses it where it is, so a model shared
         with other users (the server's, the trainer's) is never moved behind their back.
         `precision`: auto (bf16 where the processor has it natively, else fp32), fp32, bf16 or
         int8 (CPU). bf16 and int8 decode with a converted copy made here (bf16 weights; int8
         weights), so later changes to the model's weights reach them only when `model` is set
-        again; the given model is left as it is."""
+        again; the given model is left as it is. `fused`: a Transformer decodes through
+        fusedstep.FusedDecoder (identical logits, less overhead per step); False: through its modules."""
         kernel_cache(1024)  # decoding reuses its shapes: a larger oneDNN cache pays (linear.py)
+        self.fused = fused
         here = next(model.parameters()).device
         self.device = here if device is None else torch.device(device)
         self.precision, why = resolve_precision(precision, self.device)
@@ -158,6 +161,9 @@ class Translator:
         if dead:
             log.info("decoding without the %d attention heads whose W^O columns are zero (pruned)", dead)
         self.search_model = {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(slim)
+        if self.fused and fusable(self.search_model) and self.precision in ("fp32", "bf16"):
+            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+            self.search_model = FusedDecoder(self.search_model, dtype)  # the same numbers, fewer calls
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None, precision: str = "auto",
@@ -224,7 +230,8 @@ class Translator:
             raise ValueError(f"nbest must be in [1, beam={beam}], got {nbest}")
         results: list[list[Hypothesis]] = [[] for _ in ids]
         limit = self.model.cfg.max_positions - 1
-        ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self.precision == "bf16"
+        autocast = self.precision == "bf16" and not isinstance(self.search_model, FusedDecoder)  # it casts itself
+        ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if autocast
                else torch.autocast(self.device.type, enabled=False))  # int8: fp32 around the int8 products
         bar = tqdm(total=sum(1 for x in ids if x), unit="sent", disable=not progress, leave=False)
         for batch in self._batches(ids, d.max_tokens):

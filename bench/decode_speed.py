@@ -64,7 +64,8 @@ def ct2_translate(translator, sp, src: list[str], beam: int, alpha: float) -> tu
     return [sp.decode(h) for h in hyps], sum(len(h) + 1 for h in hyps)
 
 
-SYSTEMS = ("aiayn-fp32", "aiayn-bf16", "aiayn-int8", "hf-generate-fp32", "ct2-float32", "ct2-int8")
+SYSTEMS = ("aiayn-fp32", "aiayn-bf16", "aiayn-int8", "hf-generate-fp32", "ct2-float32", "ct2-int8",
+           "aiayn-fp32-modules", "aiayn-bf16-modules")  # -modules: the decoder step through the modules
 
 
 def load_system(name: str, checkpoint: Path, export_dir: Path, threads: int):
@@ -72,7 +73,9 @@ def load_system(name: str, checkpoint: Path, export_dir: Path, threads: int):
     torch.set_num_threads(threads)
     if name.startswith("aiayn-"):
         t = Translator.load(checkpoint, precision=name.split("-")[1])
-
+        if name.endswith("-modules"):
+            t.fused = False
+            t.model = t.model  # rebuilds the search model: Transformer.decode_step, not fusedstep
         def run(src: list[str]) -> tuple[list[str], int]:
             hyps = t.translate_ids(t.encode_sources(src), beam=4, alpha=0.6, nbest=1)
             return t.tokenizer.decode([h[0].tokens if h else [] for h in hyps]), sum(len(h[0].tokens) + 1 for h in hyps)

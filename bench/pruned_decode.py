@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from aiayn.attention import without_dead_heads
+from aiayn.fusedstep import FusedDecoder
 from aiayn.translate import Translator, cast_bf16, quantize_int8
 
 
@@ -30,8 +31,10 @@ def main() -> None:
     a = ap.parse_args()
     lines = gzip.open(Path(a.data) / "test_2016_flickr.en.gz", "rt").read().splitlines()[:a.sentences]
     t = Translator.load(a.checkpoint)
-    convert = {"bf16": cast_bf16, "int8": quantize_int8}.get(t.precision, lambda m: m)
-    models = {"sliced": t.search_model, "zeroed": convert(t.model)}
+    zeroed = {"bf16": cast_bf16, "int8": quantize_int8}.get(t.precision, lambda m: m)(t.model)
+    if isinstance(t.search_model, FusedDecoder):  # the same decoder step for both
+        zeroed = FusedDecoder(zeroed, t.search_model.dtype)
+    models = {"sliced": t.search_model, "zeroed": zeroed}
     times: dict[str, list[float]] = {k: [] for k in models}
     outs = {}
     for _ in range(a.reps):

@@ -116,13 +116,15 @@ def test_bf16_weights_cast_once_give_what_autocast_gives(trained):
     """bf16 decoding runs a copy whose projections hold bf16 weights (translate.cast_bf16);
     autocast rounds fp32 weights the same way at every step, so the hypotheses and scores must
     be identical to searching the fp32 model under autocast. The given model stays fp32."""
+    from aiayn.fusedstep import FusedDecoder
     from aiayn.search import beam_search
     from aiayn.tokenizer import EOS, PAD
 
     ckpt, data = trained
     t = Translator.load(ckpt, precision="bf16")
     assert all(p.dtype == torch.float32 for p in t.model.parameters())
-    assert any(p.dtype == torch.bfloat16 for p in t.search_model.parameters())
+    assert isinstance(t.search_model, FusedDecoder)  # the fused decoder step, checked here against the modules
+    assert any(p.dtype == torch.bfloat16 for p in t.search_model.model.parameters())
     ids = t.encode_sources(sources(data)[:12])
     src = torch.full((len(ids), max(map(len, ids))), PAD)
     for i, x in enumerate(ids):

@@ -1,0 +1,182 @@
+"""The Transformer's decoder step for search, written as one function (§3.2.3, §6.1).
+
+`Transformer.decode_step` runs the decoder's modules one token at a time: for a few rows most of
+its time is per-call overhead, not arithmetic (bench/decode_step.py). `FusedDecoder` computes the
+same step from the model's weights directly: one Q|K|V product per layer, the encoder-decoder
+keys and values projected once per sentence, self-attention caches preallocated and reused when
+beams are reordered, no module calls and no autocast. The arithmetic is the model's at the same
+precision: in bf16 the products run in bf16 while the residual stream, LayerNorm and softmax stay
+in fp32, as under autocast. Search uses it through the `IncrementalDecoder` contract (search.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .linear import _onednn, onednn_available
+from .model import Transformer
+
+
+def fusable(model) -> bool:
+    """A model `FusedDecoder` computes exactly: the Transformer without the pointer input, and with
+    no forward hooks on its modules (they must see every call: `aiayn heads`'s gates are hooks)."""
+    if type(model) is not Transformer or model.cfg.pointer_input:
+        return False
+    return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's weights: W^Q|W^K|W^V fused, W^O, the cross-attention's, the FFN's, norms."""
+
+    qkv: tuple[Tensor, Tensor]
+    o: tuple[Tensor, Tensor]
+    cq: tuple[Tensor, Tensor]
+    ck: tuple[Tensor, Tensor]
+    cv: tuple[Tensor, Tensor]
+    co: tuple[Tensor, Tensor]
+    f1: tuple[Tensor, Tensor]
+    f2: tuple[Tensor, Tensor]
+    norms: list[tuple[Tensor, Tensor]]  # self, cross, ffn
+    heads: tuple[int, int, int, int, int, int]  # h, d_k, d_v of self- and of cross-attention
+
+
+class FusedState:
+    """Search state: self-attention keys/values per layer in time-major buffers (capacity, rows, h,
+    d), so the filled positions are one contiguous block that reordering copies into a spare buffer
+    of the same size (no allocation per step); the encoder side once per source."""
+
+    def __init__(self, cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int, rows: int,
+                 layers: list[_Layer], dtype: torch.dtype, capacity: int = 64):
+        self.cross, self.pad, self.group, self.n = cross, pad, group, 0  # pad: (B, 1, 1, S), True at padding
+        self.k = [torch.empty(capacity, rows, L.heads[0], L.heads[1], dtype=dtype) for L in layers]
+        self.v = [torch.empty(capacity, rows, L.heads[0], L.heads[2], dtype=dtype) for L in layers]
+        self.spare: tuple[list[Tensor], list[Tensor]] | None = None
+
+    def grow(self) -> None:
+        """Double the capacity, keeping what is filled."""
+        for buf in (self.k, self.v):
+            for i, x in enumerate(buf):
+                y = x.new_empty(2 * x.size(0), *x.shape[1:])
+                y[:self.n] = x[:self.n]
+                buf[i] = y
+        self.spare = None
+
+    def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
+        """Keep decoder rows `rows`; `sources` selects the sources when that set changes."""
+        if sources is not None:
+            self.cross = [(k.index_select(0, sources), v.index_select(0, sources)) for k, v in self.cross]
+            self.pad = self.pad.index_select(0, sources)
+        same = rows.numel() == self.k[0].size(1)
+        if not same or self.spare is None:
+            self.spare = ([x.new_empty(x.size(0), rows.numel(), *x.shape[2:]) for x in self.k],
+                          [x.new_empty(x.size(0), rows.numel(), *x.shape[2:]) for x in self.v])
+        sk, sv, n = *self.spare, self.n
+        for i in range(len(self.k)):  # the filled block only, into the spare's (contiguous) block
+            torch.index_select(self.k[i][:n], 1, rows, out=sk[i][:n])
+            torch.index_select(self.v[i][:n], 1, rows, out=sv[i][:n])
+        self.spare = (self.k, self.v) if same else None
+        self.k, self.v = sk, sv
+
+
+class FusedDecoder:
+    """`IncrementalDecoder` (search.py) for a Transformer without the pointer input: its encoder
+    as it is, its decoder step fused. dtype: float32, or bfloat16 for a model whose projections
+    hold bf16 weights (translate.cast_bf16)."""
+
+    def __init__(self, model, dtype: torch.dtype = torch.float32, capacity: int = 64):
+        if model.cfg.pointer_input:
+            raise ValueError("the fused decoder step has no pointer input (model.pointer_input)")
+        self.model, self.dtype, self.capacity, cfg = model, dtype, capacity, model.cfg
+        self.pre_norm, self.d = cfg.pre_norm, cfg.d_model
+        self.layers = [_weights(layer, dtype) for layer in model.decoder]
+        self.embed = model.tgt_embed.weight.detach()
+        self.pos = (model.tgt_pos if cfg.learned_positions else model.pe).detach()
+        out = model.out_proj
+        self.out_dtype = torch.float32 if out.fp32 else dtype
+        self.out_w = out.weight.detach().to(self.out_dtype)
+        self.final = (model.dec_norm.weight.detach(), model.dec_norm.bias.detach()) if cfg.pre_norm else None
+        self.fp32_linear = _onednn if onednn_available() and self.embed.device.type == "cpu" else F.linear
+
+    def linear(self, x: Tensor, wb: tuple[Tensor, Tensor | None], dtype: torch.dtype | None = None) -> Tensor:
+        dtype = dtype or self.dtype
+        if dtype == torch.float32:
+            return self.fp32_linear(x, *wb)
+        return F.linear(x.to(dtype), *wb)
+
+    @torch.no_grad()
+    def start_decoding(self, src: Tensor, group: int = 1) -> FusedState:
+        """Encode src (B, S) with the model, project every layer's encoder-decoder keys and values."""
+        with torch.autocast(src.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+            memory, mask, _ = self.model.encode(src)
+        B, S = src.shape
+        cross = []
+        for L in self.layers:
+            h, dk, dv = L.heads[3:]
+            k = self.linear(memory, L.ck).view(B, S, h, dk).transpose(1, 2)  # (B, h, S, d_k)
+            v = self.linear(memory, L.cv).view(B, S, h, dv).transpose(1, 2)
+            cross.append((k, v))
+        return FusedState(cross, ~mask, group, B * group, self.layers, self.dtype, self.capacity)
+
+    @torch.no_grad()
+    def decode_step(self, tokens: Tensor, state: FusedState) -> Tensor:
+        """Feed the next token of each row, tokens (R,) -> next-token logits (R, V)."""
+        if state.n == state.k[0].size(0):
+            state.grow()
+        x = self.embed.index_select(0, tokens) * math.sqrt(self.d) + self.pos[state.n]
+        for i, L in enumerate(self.layers):
+            x = self._out(x, L.norms[0], self._self_attention(self._inp(x, L.norms[0]), L, state, i))
+            x = self._out(x, L.norms[1], self._cross_attention(self._inp(x, L.norms[1]), L, state, i))
+            x = self._out(x, L.norms[2], self.linear(F.relu(self.linear(self._inp(x, L.norms[2]), L.f1)), L.f2))
+        if self.final is not None:
+            x = F.layer_norm(x, (self.d,), *self.final)
+        state.n += 1
+        return self.linear(x, (self.out_w, None), self.out_dtype)
+
+    def _inp(self, x: Tensor, norm: tuple[Tensor, Tensor]) -> Tensor:
+        """§3.1: what a sub-layer sees: x; pre-norm: LayerNorm(x)."""
+        return F.layer_norm(x, (self.d,), *norm) if self.pre_norm else x
+
+    def _out(self, x: Tensor, norm: tuple[Tensor, Tensor], y: Tensor) -> Tensor:
+        """§3.1: LayerNorm(x + y); pre-norm: x + y. The residual stream stays fp32."""
+        return x + y if self.pre_norm else F.layer_norm(x + y, (self.d,), *norm)
+
+    def _self_attention(self, y: Tensor, L: _Layer, state: FusedState, i: int) -> Tensor:
+        h, dk, dv = L.heads[:3]
+        R, n = y.size(0), state.n
+        q, k, v = self.linear(y, L.qkv).split([h * dk, h * dk, h * dv], 1)
+        state.k[i][n] = k.view(R, h, dk)
+        state.v[i][n] = v.view(R, h, dv)
+        q = q.view(R, h, 1, dk)
+        keys, values = state.k[i][:n + 1].permute(1, 2, 3, 0), state.v[i][:n + 1].permute(1, 2, 0, 3)
+        scores = q @ keys / math.sqrt(dk)  # (R, h, 1, n + 1)
+        a = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values
+        return self.linear(a.view(R, h * dv), L.o)
+
+    def _cross_attention(self, y: Tensor, L: _Layer, state: FusedState, i: int) -> Tensor:
+        """The g rows of one source are that source's g queries (B, h, g, d_k)."""
+        h, dk, dv = L.heads[3:]
+        k, v = state.cross[i]
+        B, g = k.size(0), state.group
+        q = self.linear(y, L.cq).view(B, g, h, dk).transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(dk)).masked_fill(state.pad, float("-inf"))
+        a = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v  # (B, h, g, d_v)
+        return self.linear(a.transpose(1, 2).reshape(B * g, h * dv), L.co)
+
+
+def _weights(layer, dtype: torch.dtype) -> _Layer:
+    """A decoder layer's weights as `FusedDecoder` uses them (W^Q, W^K, W^V concatenated)."""
+    def wb(m) -> tuple[Tensor, Tensor]:
+        return m.weight.detach().to(dtype), m.bias.detach().to(dtype)
+
+    sa, ca = layer.self_attn, layer.cross_attn
+    qkv = tuple(torch.cat([getattr(m, p).detach() for m in (sa.w_q, sa.w_k, sa.w_v)]).to(dtype)
+                for p in ("weight", "bias"))
+    norms = [(r.norm.weight.detach(), r.norm.bias.detach()) for r in (layer.res_self, layer.res_cross, layer.res_ffn)]
+    return _Layer(qkv, wb(sa.w_o), wb(ca.w_q), wb(ca.w_k), wb(ca.w_v), wb(ca.w_o), wb(layer.ffn.w_1),
+                  wb(layer.ffn.w_2), norms, (sa.h, sa.d_k, sa.d_v, ca.h, ca.d_k, ca.d_v))

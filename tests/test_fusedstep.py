@@ -1,0 +1,97 @@
+"""The fused decoder step (fusedstep.py) against the model's own modules: the same logits, bit for
+bit, step after step through beam reorders, dropped sentences and cache growth, in fp32 and bf16;
+the same hypotheses from search; batch equals one by one."""
+
+import pytest
+import torch
+
+from aiayn.config import preset
+from aiayn.fusedstep import FusedDecoder, fusable
+from aiayn.models import build_model
+from aiayn.search import beam_search, greedy_search
+from aiayn.translate import cast_bf16
+
+
+def toy(**over):
+    cfg = preset("multi30k").model
+    cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.N = 97, 64, 128, 2
+    for k, v in over.items():
+        setattr(cfg, k, v)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    with torch.no_grad():  # peaky output distributions, so search has real choices to make
+        model.out_proj.weight.mul_(8.0)
+    return model
+
+
+def sources(B: int = 3, S: int = 9) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 97, (B, S), generator=g)
+    for b, n in enumerate([S, 5, 7][:B]):
+        src[b, n - 1], src[b, n:] = 2, 0  # EOS, then padding
+    return src
+
+
+def steps_agree(model, fused, bf16: bool, group: int = 4, steps: int = 9) -> None:
+    src = sources()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        ref = model.start_decoding(src, group)
+    got = fused.start_decoding(src, group)
+    n = src.size(0)
+    for t in range(steps):
+        tokens = torch.randint(4, 97, (n * group,), generator=g)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            a = model.decode_step(tokens, ref)
+        b = fused.decode_step(tokens, got)
+        assert torch.equal(a, b), (t, float((a.float() - b.float()).abs().max()))
+        # beams reorder within their sentence; at step 4 the middle sentence leaves the batch
+        perm = torch.stack([torch.randperm(group, generator=g) for _ in range(n)]) + torch.arange(n)[:, None] * group
+        sources_kept = torch.tensor([0, 2][:n - 1]) if t == 4 else None
+        rows = perm[sources_kept].reshape(-1) if sources_kept is not None else perm.reshape(-1)
+        ref.reorder(rows, sources_kept)
+        got.reorder(rows, sources_kept)
+        n = n - 1 if t == 4 else n
+
+
+@pytest.mark.parametrize("over", [{}, {"pre_norm": True}, {"learned_positions": True}, {"d_k": 8, "h": 2}])
+def test_fused_step_equals_the_modules_bit_for_bit_fp32(over):
+    model = toy(**over)
+    steps_agree(model, FusedDecoder(model, capacity=2), bf16=False)  # capacity 2: the cache grows 3 times
+
+
+def test_fused_step_equals_the_modules_under_autocast_bf16():
+    model = cast_bf16(toy())
+    steps_agree(model, FusedDecoder(model, torch.bfloat16, capacity=4), bf16=True)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_search_through_the_fused_step_finds_the_same_hypotheses_batch_or_one_by_one(beam):
+    model = toy()
+    fused = FusedDecoder(model)
+    src = sources()
+
+    def search(m, s):
+        if beam == 1:
+            return [[h] for h in greedy_search(m, s, max_len_b=12)]
+        return beam_search(m, s, beam, 0.6, max_len_b=12, nbest=2)
+
+    def key(hs):
+        return [[(h.tokens, h.score) for h in x] for x in hs]
+
+    ref = key(search(model, src))
+    assert key(search(fused, src)) == ref
+    one = [key(search(fused, src[b:b + 1, :int((src[b] != 0).sum())]))[0] for b in range(src.size(0))]
+    # alone, a sentence's products have other shapes: the same tokens, scores equal to rounding
+    assert [[t for t, _ in x] for x in one] == [[t for t, _ in x] for x in ref]
+    assert [s for x in one for _, s in x] == pytest.approx([s for x in ref for _, s in x], abs=1e-4)
+
+
+def test_only_plain_transformers_are_fused():
+    model = toy()
+    assert fusable(model) and not fusable(toy(pointer_input=True))
+    handle = model.decoder[0].ffn.register_forward_hook(lambda m, i, o: o * 0)
+    assert not fusable(model)  # a hook must see every call: the modules' path
+    handle.remove()
+    with pytest.raises(ValueError, match="pointer"):
+        FusedDecoder(toy(pointer_input=True))
