@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .linear import _onednn, onednn_available
+from .linear import Int8Linear, _onednn, onednn_available
 from .model import Transformer
 
 
@@ -30,18 +30,22 @@ def fusable(model) -> bool:
     return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
+Proj = tuple[Tensor, Tensor | None] | Int8Linear
+
+
 @dataclass
 class _Layer:
-    """One decoder layer's weights: W^Q|W^K|W^V fused, W^O, the cross-attention's, the FFN's, norms."""
+    """One decoder layer's projections — W^Q|W^K|W^V fused, W^O, the cross-attention's, the FFN's —
+    each (weight, bias) or an Int8Linear, and its norms."""
 
-    qkv: tuple[Tensor, Tensor]
-    o: tuple[Tensor, Tensor]
-    cq: tuple[Tensor, Tensor]
-    ck: tuple[Tensor, Tensor]
-    cv: tuple[Tensor, Tensor]
-    co: tuple[Tensor, Tensor]
-    f1: tuple[Tensor, Tensor]
-    f2: tuple[Tensor, Tensor]
+    qkv: Proj
+    o: Proj
+    cq: Proj
+    ck: Proj
+    cv: Proj
+    co: Proj
+    f1: Proj
+    f2: Proj
     norms: list[tuple[Tensor, Tensor]]  # self, cross, ffn
     heads: tuple[int, int, int, int, int, int]  # h, d_k, d_v of self- and of cross-attention
 
@@ -87,23 +91,30 @@ class FusedState:
 class FusedDecoder:
     """`IncrementalDecoder` (search.py) for a Transformer without the pointer input: its encoder
     as it is, its decoder step fused. dtype: float32, or bfloat16 for a model whose projections
-    hold bf16 weights (translate.cast_bf16)."""
+    hold bf16 weights (translate.cast_bf16). int8: a float32 model whose projections become
+    linear.Int8Linear, as translate.quantize_int8 makes them (the fused Q|K|V one included: the
+    same per-channel weight scales and per-row activation scales, so the same numbers). encoder:
+    the model whose `encode` runs (default `model`; int8: translate.quantize_int8's copy)."""
 
-    def __init__(self, model, dtype: torch.dtype = torch.float32, capacity: int = 64):
+    def __init__(self, model, dtype: torch.dtype = torch.float32, capacity: int = 64, int8: bool = False,
+                 encoder=None):
         if model.cfg.pointer_input:
             raise ValueError("the fused decoder step has no pointer input (model.pointer_input)")
         self.model, self.dtype, self.capacity, cfg = model, dtype, capacity, model.cfg
         self.pre_norm, self.d = cfg.pre_norm, cfg.d_model
-        self.layers = [_weights(layer, dtype) for layer in model.decoder]
+        self.layers = [_weights(layer, dtype, int8) for layer in model.decoder]
         self.embed = model.tgt_embed.weight.detach()
         self.pos = (model.tgt_pos if cfg.learned_positions else model.pe).detach()
         out = model.out_proj
-        self.out_dtype = torch.float32 if out.fp32 else dtype
-        self.out_w = out.weight.detach().to(self.out_dtype)
+        self.out_dtype = torch.float32 if out.fp32 or int8 else dtype
+        self.out: Proj = _int8(out.weight.detach(), None) if int8 else (out.weight.detach().to(self.out_dtype), None)
+        self.encoder = encoder or model
         self.final = (model.dec_norm.weight.detach(), model.dec_norm.bias.detach()) if cfg.pre_norm else None
         self.fp32_linear = _onednn if onednn_available() and self.embed.device.type == "cpu" else F.linear
 
-    def linear(self, x: Tensor, wb: tuple[Tensor, Tensor | None], dtype: torch.dtype | None = None) -> Tensor:
+    def linear(self, x: Tensor, wb: Proj, dtype: torch.dtype | None = None) -> Tensor:
+        if isinstance(wb, Int8Linear):
+            return wb(x)
         dtype = dtype or self.dtype
         if dtype == torch.float32:
             return self.fp32_linear(x, *wb)
@@ -113,7 +124,7 @@ class FusedDecoder:
     def start_decoding(self, src: Tensor, group: int = 1) -> FusedState:
         """Encode src (B, S) with the model, project every layer's encoder-decoder keys and values."""
         with torch.autocast(src.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16):
-            memory, mask, _ = self.model.encode(src)
+            memory, mask, _ = self.encoder.encode(src)
         B, S = src.shape
         cross = []
         for L in self.layers:
@@ -136,7 +147,7 @@ class FusedDecoder:
         if self.final is not None:
             x = F.layer_norm(x, (self.d,), *self.final)
         state.n += 1
-        return self.linear(x, (self.out_w, None), self.out_dtype)
+        return self.linear(x, self.out, self.out_dtype)
 
     def _inp(self, x: Tensor, norm: tuple[Tensor, Tensor]) -> Tensor:
         """§3.1: what a sub-layer sees: x; pre-norm: LayerNorm(x)."""
@@ -169,14 +180,24 @@ class FusedDecoder:
         return self.linear(a.transpose(1, 2).reshape(B * g, h * dv), L.co)
 
 
-def _weights(layer, dtype: torch.dtype) -> _Layer:
-    """A decoder layer's weights as `FusedDecoder` uses them (W^Q, W^K, W^V concatenated)."""
-    def wb(m) -> tuple[Tensor, Tensor]:
-        return m.weight.detach().to(dtype), m.bias.detach().to(dtype)
+def _int8(w: Tensor, b: Tensor | None) -> Int8Linear:
+    lin = torch.nn.Linear(w.size(1), w.size(0), bias=b is not None, device="meta")
+    lin.weight = torch.nn.Parameter(w.float(), requires_grad=False)
+    if b is not None:
+        lin.bias = torch.nn.Parameter(b.float(), requires_grad=False)
+    return Int8Linear(lin)
+
+
+def _weights(layer, dtype: torch.dtype, int8: bool = False) -> _Layer:
+    """A decoder layer's projections as `FusedDecoder` uses them (W^Q, W^K, W^V concatenated)."""
+    def wb(w: Tensor, b: Tensor) -> Proj:
+        return _int8(w, b) if int8 else (w.to(dtype), b.to(dtype))
+
+    def proj(m) -> Proj:
+        return wb(m.weight.detach(), m.bias.detach())
 
     sa, ca = layer.self_attn, layer.cross_attn
-    qkv = tuple(torch.cat([getattr(m, p).detach() for m in (sa.w_q, sa.w_k, sa.w_v)]).to(dtype)
-                for p in ("weight", "bias"))
+    qkv = wb(*(torch.cat([getattr(m, p).detach() for m in (sa.w_q, sa.w_k, sa.w_v)]) for p in ("weight", "bias")))
     norms = [(r.norm.weight.detach(), r.norm.bias.detach()) for r in (layer.res_self, layer.res_cross, layer.res_ffn)]
-    return _Layer(qkv, wb(sa.w_o), wb(ca.w_q), wb(ca.w_k), wb(ca.w_v), wb(ca.w_o), wb(layer.ffn.w_1),
-                  wb(layer.ffn.w_2), norms, (sa.h, sa.d_k, sa.d_v, ca.h, ca.d_k, ca.d_v))
+    return _Layer(qkv, proj(sa.w_o), proj(ca.w_q), proj(ca.w_k), proj(ca.w_v), proj(ca.w_o), proj(layer.ffn.w_1),
+                  proj(layer.ffn.w_2), norms, (sa.h, sa.d_k, sa.d_v, ca.h, ca.d_k, ca.d_v))

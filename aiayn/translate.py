@@ -161,9 +161,12 @@ class Translator:
         if dead:
             log.info("decoding without the %d attention heads whose W^O columns are zero (pruned)", dead)
         self.search_model = {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(slim)
-        if self.fused and fusable(self.search_model) and self.precision in ("fp32", "bf16"):
-            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
-            self.search_model = FusedDecoder(self.search_model, dtype)  # the same numbers, fewer calls
+        if self.fused and fusable(slim):  # the same numbers, fewer calls
+            if self.precision == "int8":
+                self.search_model = FusedDecoder(slim, int8=True, encoder=self.search_model)
+            else:
+                dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+                self.search_model = FusedDecoder(self.search_model, dtype)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None, precision: str = "auto",

@@ -33,7 +33,8 @@ def main() -> None:
     t = Translator.load(a.checkpoint)
     zeroed = {"bf16": cast_bf16, "int8": quantize_int8}.get(t.precision, lambda m: m)(t.model)
     if isinstance(t.search_model, FusedDecoder):  # the same decoder step for both
-        zeroed = FusedDecoder(zeroed, t.search_model.dtype)
+        zeroed = (FusedDecoder(t.model, int8=True, encoder=zeroed) if t.precision == "int8"
+                  else FusedDecoder(zeroed, t.search_model.dtype))
     models = {"sliced": t.search_model, "zeroed": zeroed}
     times: dict[str, list[float]] = {k: [] for k in models}
     outs = {}

@@ -95,3 +95,13 @@ def test_only_plain_transformers_are_fused():
     handle.remove()
     with pytest.raises(ValueError, match="pointer"):
         FusedDecoder(toy(pointer_input=True))
+
+
+def test_fused_step_equals_the_int8_modules_bit_for_bit():
+    """int8: the fused Q|K|V product quantized as one (per-channel weight scales, per-row
+    activation scales) gives what the three Int8Linear products of translate.quantize_int8 give."""
+    from aiayn.translate import quantize_int8
+
+    model = toy()
+    int8 = quantize_int8(model)
+    steps_agree(int8, FusedDecoder(model, int8=True, encoder=int8, capacity=4), bf16=False)

@@ -64,7 +64,8 @@ def test_int8_agrees_with_fp32(trained):
     ref = (data / "test.de.txt").read_text().splitlines() + (data / "valid.de.txt").read_text().splitlines()
     assert sacrebleu.corpus_bleu([h[0].text for h in fp32], [ref]).score > 30  # a model that translates
     int8 = Translator.load(ckpt, precision="int8")
-    assert int8.precision == "int8" and any(isinstance(m, Int8Linear) for m in int8.search_model.modules())
+    assert int8.precision == "int8" and any(isinstance(m, Int8Linear) for m in int8.search_model.encoder.modules())
+    assert isinstance(int8.search_model.layers[0].qkv, Int8Linear)  # the fused step's projections are int8 too
     q = int8.hypotheses(src)
     same = [(a[0], b[0]) for a, b in zip(fp32, q) if a[0].text == b[0].text]
     assert len(same) >= 0.9 * len(src)
