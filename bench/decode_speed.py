@@ -65,7 +65,7 @@ def ct2_translate(translator, sp, src: list[str], beam: int, alpha: float) -> tu
 
 
 SYSTEMS = ("aiayn-fp32", "aiayn-bf16", "aiayn-int8", "hf-generate-fp32", "ct2-float32", "ct2-int8",
-           "aiayn-fp32-modules", "aiayn-bf16-modules")  # -modules: the decoder step through the modules
+           "aiayn-fp32-modules", "aiayn-bf16-modules", "aiayn-int8-modules")  # -modules: the decoder step through the modules
 
 
 def load_system(name: str, checkpoint: Path, export_dir: Path, threads: int):
