@@ -64,8 +64,9 @@ def ct2_translate(translator, sp, src: list[str], beam: int, alpha: float) -> tu
     return [sp.decode(h) for h in hyps], sum(len(h) + 1 for h in hyps)
 
 
+# -modules: the same precision with the decoder step through the modules, not fusedstep
 SYSTEMS = ("aiayn-fp32", "aiayn-bf16", "aiayn-int8", "hf-generate-fp32", "ct2-float32", "ct2-int8",
-           "aiayn-fp32-modules", "aiayn-bf16-modules", "aiayn-int8-modules")  # -modules: the decoder step through the modules
+           "aiayn-fp32-modules", "aiayn-bf16-modules", "aiayn-int8-modules")
 
 
 def load_system(name: str, checkpoint: Path, export_dir: Path, threads: int):
