@@ -172,6 +172,10 @@ def test_bad_suite_requests_get_one_line_errors(toy_prepared, tmp_path):
     assert p.returncode == 2 and "not a prepared data folder" in p.stderr
     p = reproduce("--suite", "table3", "--seeds", "1", "--data", toy_prepared, "--work", tmp_path)
     assert p.returncode == 2 and "--seeds must be >= 2" in p.stderr
+    p = reproduce("--suite", "table3", "--extra-seeds", "-1", "--data", toy_prepared, "--work", tmp_path)
+    assert p.returncode == 2 and "--extra-seeds must be >= 0, got -1" in p.stderr
+    p = reproduce("--suite", "arch", "--rows", "second-seeds", "--data", toy_prepared, "--work", tmp_path)
+    assert p.returncode == 2 and "unknown row(s) second-seeds in suite arch" in p.stderr  # a table3 name
 
 
 def test_table3_rows_are_valid_configs_and_the_reference_runs_five_seeds():
@@ -242,15 +246,16 @@ def test_table3_verdicts_from_results_by_hand():
 
 
 def test_second_seed_rule_at_the_interval_bounds():
-    from aiayn.evidence.plan import needs_second_seed
+    from aiayn.evidence.plan import second_seed_distance
     from aiayn.evidence.stats import prediction_halfwidth
 
     ref = [2.00, 2.02, 1.98, 2.01, 1.99]
     h = prediction_halfwidth(ref)
-    assert [needs_second_seed(2.0 + k * h, ref) for k in (0.9, 1.01, 2.0, 2.49, 2.6)] == [
-        False, True, True, True, False]
-    assert needs_second_seed(2.0 - 1.5 * h, ref)  # either direction
-    assert not needs_second_seed([2.0 + 1.5 * h, 2.0 + 1.4 * h], ref)  # already has two seeds
+    got = [second_seed_distance(2.0 + k * h, ref) for k in (0.9, 1.01, 2.0, 2.49, 2.6)]
+    assert got[0] is None and got[4] is None
+    assert got[1:4] == [pytest.approx(0.01, abs=1e-6), pytest.approx(1.0, abs=1e-6), pytest.approx(1.49, abs=1e-6)]
+    assert second_seed_distance(2.0 - 1.5 * h, ref) == pytest.approx(0.5, abs=1e-6)  # either direction
+    assert second_seed_distance([2.0 + 1.5 * h, 2.0 + 1.4 * h], ref) is None  # already has two seeds
 
 
 def test_restricted_attention_equals_masked_full_attention():

@@ -63,15 +63,20 @@ def resume(run: Path, *extra: str) -> subprocess.CompletedProcess:
     return res
 
 
-def test_sigkill_then_resume_in_a_new_process_is_bit_identical(toy_prepared, tmp_path, straight):
-    run = tmp_path / "run"
-    proc = subprocess.Popen(start_training(toy_prepared, run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def kill_after_step_15(cmd: list[str], run: Path) -> None:
+    """Start training in a new process and SIGKILL it once step 15's checkpoint is on disk."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not (run / "checkpoints/step-00000015.state.pt").exists():
         assert proc.poll() is None and time.time() < deadline, "training ended before the kill"
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+
+
+def test_sigkill_then_resume_in_a_new_process_is_bit_identical(toy_prepared, tmp_path, straight):
+    run = tmp_path / "run"
+    kill_after_step_15(start_training(toy_prepared, run), run)
     res = resume(run)
     assert "resumed from step-000000" in res.stderr
     assert final_bytes(run) == straight
@@ -302,13 +307,7 @@ def test_a_pointer_parser_resumes_bit_identically_after_sigkill(tmp_path):
     extra = ("--preset", "parse", *TINY, "--train.max_minutes", "0")
     subprocess.run(start_training(prep, tmp_path / "straight", extra), check=True, capture_output=True, timeout=180)
     run = tmp_path / "run"
-    proc = subprocess.Popen(start_training(prep, run, extra), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while not (run / "checkpoints/step-00000015.state.pt").exists():
-        assert proc.poll() is None and time.time() < deadline, "training ended before the kill"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_step_15(start_training(prep, run, extra), run)
     assert "resumed from step-000000" in resume(run).stderr
     (got, meta), (want, _) = final_bytes(run), final_bytes(tmp_path / "straight")
     assert got == want and "pointer_proj.weight" in got

@@ -88,16 +88,21 @@ def repeat(row: Row, seed: int) -> Row:
                row.family, of=row.name)
 
 
-def needs_second_seed(row: float | list[float], reference: list[float], low: float = 1.0,
-                      high: float = 2.5) -> bool:
+def second_seed_distance(row: float | list[float], reference: list[float], low: float = 1.0,
+                         high: float = 2.5) -> float | None:
     """Table 3's seed rule: a row run once whose NLL change lands between `low` and `high` half-widths
-    of the reference's 95 % prediction interval (near the line, where a second seed can decide)."""
+    of the reference's 95 % prediction interval (near the line, where a second seed can decide) gets
+    a second seed. Returns how far it lies from the line (|ratio − 1|, nearest first), None when the
+    rule does not apply."""
     from .stats import seed_test
 
     if not isinstance(row, (int, float)) and len(row) != 1:
-        return False
+        return None
     t = seed_test(row, reference)
-    return t is not None and t.pi95 > 0 and low <= abs(t.delta) / t.pi95 <= high
+    if t is None or t.pi95 <= 0:
+        return None
+    ratio = abs(t.delta) / t.pi95
+    return abs(ratio - 1) if low <= ratio <= high else None
 
 
 _P = PaperRow

@@ -198,7 +198,7 @@ def pair_with_references(suite: str, results: Path, data_dir: Path, baseline_of)
         atomic_write(path, json.dumps(r, indent=1).encode())
 
 
-def _seed_matched(r: dict) -> str | None:
+def seed_matched(r: dict) -> str | None:
     """Table 3: a row is paired with the reference seed that saw the same data order."""
     if r["group"] == "ref" or r["family"] == "stability":
         return None

@@ -29,16 +29,15 @@ from .plan import (
     arch_rows,
     depth_rows,
     diverged,
-    needs_second_seed,
     protocol,
     quick_rows,
     repeat,
+    second_seed_distance,
     stability_rows,
     table3_rows,
     tune_rows,
 )
-from .rows import _seed_matched, pair_with_references, row_config, run_row
-from .stats import seed_test
+from .rows import pair_with_references, row_config, run_row, seed_matched
 
 log = logging.getLogger("aiayn")
 
@@ -133,7 +132,7 @@ def _table3(rows: list[Row], stab: list[Row], seeds: int, common: dict[str, Any]
     if not only or SECOND_SEEDS in only:
         extra = second_seeds(rows, ctx["results"] / "table3")[:extra_seeds]
         _run_rows("table3", extra, common, ctx, None, render_report)
-    pair_with_references("table3", ctx["results"], ctx["data_dir"], _seed_matched)
+    pair_with_references("table3", ctx["results"], ctx["data_dir"], seed_matched)
     render_report()
 
 
@@ -142,7 +141,7 @@ SECOND_SEEDS, ARCH_SEEDS = "second-seeds", "seeds"  # --rows names of the runs a
 
 def second_seeds(rows: list[Row], results: Path) -> list[Row]:
     """Table 3's seed rule on the finished rows: a seed-2 run of every row run once whose NLL change
-    lies between 1 and 2.5 half-widths of its family's reference interval (plan.needs_second_seed),
+    lies between 1 and 2.5 half-widths of its family's reference interval (plan.second_seed_distance),
     rows nearest the line first."""
     from .report import load_results
 
@@ -153,9 +152,9 @@ def second_seeds(rows: list[Row], results: Path) -> list[Row]:
                                      if x["group"] == "ref" and x.get("family", "main") == row.family]
         if row.group == "ref" or r is None or diverged(r) or f"{row.name}-s2" in rs:
             continue
-        if needs_second_seed(r["valid_nll"], refs):
-            t = seed_test(r["valid_nll"], refs)
-            out.append((abs(abs(t.delta) / t.pi95 - 1), repeat(row, 2)))
+        distance = second_seed_distance(r["valid_nll"], refs)
+        if distance is not None:
+            out.append((distance, repeat(row, 2)))
     return [row for _, row in sorted(out, key=lambda x: x[0])]
 
 
