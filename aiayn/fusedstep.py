@@ -94,10 +94,11 @@ class FusedDecoder:
     hold bf16 weights (translate.cast_bf16). int8: a float32 model whose projections become
     linear.Int8Linear, as translate.quantize_int8 makes them (the fused Q|K|V one included: the
     same per-channel weight scales and per-row activation scales, so the same numbers). encoder:
-    the model whose `encode` runs (default `model`; int8: translate.quantize_int8's copy)."""
+    the model whose `encode` runs (default `model`; int8: translate.quantize_int8's copy).
+    compiled: the step runs through `torch.compile` (see `compiled_step`)."""
 
     def __init__(self, model, dtype: torch.dtype = torch.float32, capacity: int = 64, int8: bool = False,
-                 encoder=None):
+                 encoder=None, compiled: bool = False):
         if model.cfg.pointer_input:
             raise ValueError("the fused decoder step has no pointer input (model.pointer_input)")
         self.model, self.dtype, self.capacity, cfg = model, dtype, capacity, model.cfg
@@ -110,7 +111,10 @@ class FusedDecoder:
         self.out: Proj = _int8(out.weight.detach(), None) if int8 else (out.weight.detach().to(self.out_dtype), None)
         self.encoder = encoder or model
         self.final = (model.dec_norm.weight.detach(), model.dec_norm.bias.detach()) if cfg.pre_norm else None
-        self.fp32_linear = _onednn if onednn_available() and self.embed.device.type == "cpu" else F.linear
+        self.compiled = compiled
+        cpu_onednn = onednn_available() and self.embed.device.type == "cpu" and not compiled
+        self.fp32_linear = _onednn if cpu_onednn else F.linear  # inductor picks its own kernel
+        self._step = compiled_step(self._tensor_step) if compiled else self._tensor_step
 
     def linear(self, x: Tensor, wb: Proj, dtype: torch.dtype | None = None) -> Tensor:
         if isinstance(wb, Int8Linear):
@@ -131,7 +135,7 @@ class FusedDecoder:
             h, dk, dv = L.heads[3:]
             k = self.linear(memory, L.ck).view(B, S, h, dk).transpose(1, 2)  # (B, h, S, d_k)
             v = self.linear(memory, L.cv).view(B, S, h, dv).transpose(1, 2)
-            cross.append((k, v))
+            cross.append((k.contiguous(), v.contiguous()) if self.compiled else (k, v))  # one stride pattern
         return FusedState(cross, ~mask, group, B * group, self.layers, self.dtype, self.capacity)
 
     @torch.no_grad()
@@ -139,14 +143,20 @@ class FusedDecoder:
         """Feed the next token of each row, tokens (R,) -> next-token logits (R, V)."""
         if state.n == state.k[0].size(0):
             state.grow()
-        x = self.embed.index_select(0, tokens) * math.sqrt(self.d) + self.pos[state.n]
+        logits = self._step(tokens, state.n, state.k, state.v, state.cross, state.pad, state.group)
+        state.n += 1
+        return logits
+
+    def _tensor_step(self, tokens: Tensor, n: int, ks: list[Tensor], vs: list[Tensor],
+                     cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int) -> Tensor:
+        """The step over the state's tensors: writes position n of the caches, returns the logits."""
+        x = self.embed.index_select(0, tokens) * math.sqrt(self.d) + self.pos[n]
         for i, L in enumerate(self.layers):
-            x = self._out(x, L.norms[0], self._self_attention(self._inp(x, L.norms[0]), L, state, i))
-            x = self._out(x, L.norms[1], self._cross_attention(self._inp(x, L.norms[1]), L, state, i))
+            x = self._out(x, L.norms[0], self._self_attention(self._inp(x, L.norms[0]), L, ks[i], vs[i], n))
+            x = self._out(x, L.norms[1], self._cross_attention(self._inp(x, L.norms[1]), L, cross[i], pad, group))
             x = self._out(x, L.norms[2], self.linear(F.relu(self.linear(self._inp(x, L.norms[2]), L.f1)), L.f2))
         if self.final is not None:
             x = F.layer_norm(x, (self.d,), *self.final)
-        state.n += 1
         return self.linear(x, self.out, self.out_dtype)
 
     def _inp(self, x: Tensor, norm: tuple[Tensor, Tensor]) -> Tensor:
@@ -157,27 +167,42 @@ class FusedDecoder:
         """§3.1: LayerNorm(x + y); pre-norm: x + y. The residual stream stays fp32."""
         return x + y if self.pre_norm else F.layer_norm(x + y, (self.d,), *norm)
 
-    def _self_attention(self, y: Tensor, L: _Layer, state: FusedState, i: int) -> Tensor:
+    def _self_attention(self, y: Tensor, L: _Layer, kc: Tensor, vc: Tensor, n: int) -> Tensor:
+        """kc, vc: this layer's time-major caches (capacity, R, h, d); position n is written here."""
         h, dk, dv = L.heads[:3]
-        R, n = y.size(0), state.n
+        R = y.size(0)
         q, k, v = self.linear(y, L.qkv).split([h * dk, h * dk, h * dv], 1)
-        state.k[i][n] = k.view(R, h, dk)
-        state.v[i][n] = v.view(R, h, dv)
+        kc[n] = k.view(R, h, dk)
+        vc[n] = v.view(R, h, dv)
         q = q.view(R, h, 1, dk)
-        keys, values = state.k[i][:n + 1].permute(1, 2, 3, 0), state.v[i][:n + 1].permute(1, 2, 0, 3)
+        keys, values = kc[:n + 1].permute(1, 2, 3, 0), vc[:n + 1].permute(1, 2, 0, 3)
         scores = q @ keys / math.sqrt(dk)  # (R, h, 1, n + 1)
         a = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values
         return self.linear(a.view(R, h * dv), L.o)
 
-    def _cross_attention(self, y: Tensor, L: _Layer, state: FusedState, i: int) -> Tensor:
+    def _cross_attention(self, y: Tensor, L: _Layer, kv: tuple[Tensor, Tensor], pad: Tensor, g: int) -> Tensor:
         """The g rows of one source are that source's g queries (B, h, g, d_k)."""
         h, dk, dv = L.heads[3:]
-        k, v = state.cross[i]
-        B, g = k.size(0), state.group
+        k, v = kv
+        B = k.size(0)
         q = self.linear(y, L.cq).view(B, g, h, dk).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1) / math.sqrt(dk)).masked_fill(state.pad, float("-inf"))
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(dk)).masked_fill(pad, float("-inf"))
         a = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v  # (B, h, g, d_v)
         return self.linear(a.transpose(1, 2).reshape(B * g, h * dv), L.co)
+
+
+def compiled_step(step):
+    """`step` under `torch.compile` (inductor) with dynamic shapes: rows, sources, source length,
+    cache capacity and position are symbols, so one graph serves every batch; PyTorch specializes
+    sizes 0 and 1, which adds the first position and single-sentence batches (about 4 graphs,
+    compiled on first use, cached on disk by inductor across processes). Elementwise work (norms,
+    softmax, int8 row quantization) fuses into generated C++; the numbers agree with eager to
+    rounding, not bit for bit (fusions keep some intermediates in fp32)."""
+    # Dynamo keeps its graphs per code object and guards them on the decoder's weights, so each
+    # FusedDecoder adds about 4: the default limit of 8 would leave a third one uncompiled.
+    if torch._dynamo.config.recompile_limit < 64:
+        torch._dynamo.config.recompile_limit = 64
+    return torch.compile(step, dynamic=True)
 
 
 def _int8(w: Tensor, b: Tensor | None) -> Int8Linear:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,16 +129,19 @@ class Translator:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, decode: DecodeConfig | None = None,
-                 device: str | torch.device | None = None, precision: str = "auto", fused: bool = True):
+                 device: str | torch.device | None = None, precision: str = "auto", fused: bool = True,
+                 compiled: bool = False):
         """`device` moves the model there; None (the default) uses it where it is, so a model shared
         with other users (the server's, the trainer's) is never moved behind their back.
         `precision`: auto (bf16 where the processor has it natively, else fp32), fp32, bf16 or
         int8 (CPU). bf16 and int8 decode with a converted copy made here (bf16 weights; int8
         weights), so later changes to the model's weights reach them only when `model` is set
         again; the given model is left as it is. `fused`: a Transformer decodes through
-        fusedstep.FusedDecoder (identical logits, less overhead per step); False: through its modules."""
+        fusedstep.FusedDecoder (identical logits, less overhead per step); False: through its modules.
+        `compiled`: that fused step runs under torch.compile (fusedstep.compiled_step; the first
+        translations of each batch shape compile it; logits agree with eager to rounding)."""
         kernel_cache(1024)  # decoding reuses its shapes: a larger oneDNN cache pays (linear.py)
-        self.fused = fused
+        self.fused, self.compiled = fused, compiled
         here = next(model.parameters()).device
         self.device = here if device is None else torch.device(device)
         self.precision, why = resolve_precision(precision, self.device)
@@ -163,14 +167,17 @@ class Translator:
         self.search_model = {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(slim)
         if self.fused and fusable(slim):  # the same numbers, fewer calls
             if self.precision == "int8":
-                self.search_model = FusedDecoder(slim, int8=True, encoder=self.search_model)
+                self.search_model = FusedDecoder(slim, int8=True, encoder=self.search_model, compiled=self.compiled)
             else:
                 dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
-                self.search_model = FusedDecoder(self.search_model, dtype)
+                self.search_model = FusedDecoder(self.search_model, dtype, compiled=self.compiled)
+        elif self.compiled:
+            log.warning("compiled decoding needs the fused step, which this model does not take (pointer input, "
+                        "forward hooks or not a Transformer): decoding without torch.compile")
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None, precision: str = "auto",
-             **decode_overrides) -> Translator:
+             compiled: bool = False, **decode_overrides) -> Translator:
         """Load a checkpoint; decode_overrides are DecodeConfig fields (beam, alpha, max_len_a,
         max_len_b, nbest, max_tokens). device None: CUDA when available, else the CPU."""
         import dataclasses
@@ -191,7 +198,7 @@ class Translator:
         cfg.decode.validate()
         if cfg.decode.beam > len(tokenizer):
             raise ConfigError(f"decode.beam ({cfg.decode.beam}) is larger than the vocabulary ({len(tokenizer)})")
-        translator = cls(model, tokenizer, cfg.decode, dev, precision)
+        translator = cls(model, tokenizer, cfg.decode, dev, precision, compiled=compiled)
         translator.data_max_len = cfg.data.max_len  # the training length: a server's default sentence limit
         return translator
 
@@ -276,6 +283,19 @@ class Translator:
         """Translate raw sentences; one output line per input line (empty in, empty out)."""
         hyps = self.translate_ids(self.encode_sources(lines), beam, alpha, 1, progress)
         return self.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
+
+    def compile_now(self) -> float:
+        """With `compiled`, compile the decoder step now (its graphs: one sentence and a batch, the
+        first position and the rest) so no request waits for it; returns the seconds it took."""
+        if not isinstance(self.search_model, FusedDecoder) or not self.search_model.compiled:
+            return 0.0
+        start = time.perf_counter()
+        ids = [[4, 5, 6, EOS], [4, 5, EOS], [4, EOS]]
+        self.translate_ids(ids[:1], beam=self.decode_cfg.beam)
+        self.translate_ids(ids, beam=self.decode_cfg.beam)
+        seconds = time.perf_counter() - start
+        log.info("decoder step compiled in %.1f s (torch.compile; inductor caches it on disk)", seconds)
+        return seconds
 
 
 # -- attention maps (Figures 3-5): one extraction for plots, the server and the analysis ----------

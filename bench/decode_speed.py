@@ -4,7 +4,9 @@ Every measurement runs in a fresh process of its own, one system at a time, syst
 (A B C A B C ...): PyTorch and CTranslate2 each bring their own OpenMP runtime, and in one
 process one library's idle threads slowed the other by 10-25 %. Reported: medians of
 sentences/s and target tokens/s, sacreBLEU of each, the ratio to HF, and single-sentence
-latency (p50/p95 over 200 sentences, 1 and 2 threads).
+latency (p50/p95 over 200 sentences, 1 and 2 threads). `-modules`: the decoder's modules
+instead of the fused step; `-compiled`: the fused step under torch.compile, whose compile time
+(paid once per process, before the clock starts) is reported as `compile_s`.
 
     .venv/bin/pip install -e '.[bench]'      # scripts/setup.sh does this
     .venv/bin/python bench/decode_speed.py   # [--checkpoint FILE --src FILE --ref FILE]
@@ -66,14 +68,16 @@ def ct2_translate(translator, sp, src: list[str], beam: int, alpha: float) -> tu
 
 # -modules: the same precision with the decoder step through the modules, not fusedstep
 SYSTEMS = ("aiayn-fp32", "aiayn-bf16", "aiayn-int8", "hf-generate-fp32", "ct2-float32", "ct2-int8",
-           "aiayn-fp32-modules", "aiayn-bf16-modules", "aiayn-int8-modules")
+           "aiayn-fp32-modules", "aiayn-bf16-modules", "aiayn-int8-modules",
+           "aiayn-fp32-compiled", "aiayn-bf16-compiled", "aiayn-int8-compiled")
 
 
 def load_system(name: str, checkpoint: Path, export_dir: Path, threads: int):
     """(translate a list of sentences -> (texts, target tokens), the aiayn Translator or None)."""
     torch.set_num_threads(threads)
     if name.startswith("aiayn-"):
-        t = Translator.load(checkpoint, precision=name.split("-")[1])
+        t = Translator.load(checkpoint, precision=name.split("-")[1], compiled=name.endswith("-compiled"))
+        t.compile_seconds = t.compile_now()  # the start-up cost of -compiled (0 otherwise)
         if name.endswith("-modules"):
             t.fused = False
             t.model = t.model  # rebuilds the search model: Transformer.decode_step, not fusedstep
@@ -117,6 +121,8 @@ def worker(args: argparse.Namespace) -> None:
             times.append(1000 * (time.perf_counter() - start))
         times.sort()
         out = {"p50_ms": statistics.median(times), "p95_ms": times[min(len(times) - 1, int(0.95 * len(times)))]}
+    if translator is not None:
+        out["compile_s"] = round(translator.compile_seconds, 1)
     print("RESULT " + json.dumps(out))
 
 
@@ -183,13 +189,17 @@ def main() -> None:
         sec = statistics.median(times[name])
         rows.append({"system": name, "sent_per_s": len(src) / sec, "tgt_tok_per_s": outputs[name]["tokens"] / sec,
                      "vs_hf": len(src) / sec / ref_speed, "per_rep_sent_per_s": [len(src) / t for t in times[name]],
-                     "bleu": sacrebleu.corpus_bleu(outputs[name]["text"], [ref]).score})
+                     "bleu": sacrebleu.corpus_bleu(outputs[name]["text"], [ref]).score,
+                     "compile_s": outputs[name].get("compile_s", 0.0)})
     alone = {n: o["identical_to_unbatched"] for n, o in outputs.items() if "identical_to_unbatched" in o}
     for n, k in alone.items():
         print(f"{n}: batched = unbatched for {k} of {min(args.unbatched, len(src))} sentences")
     print(f"\n{'system':<18}{'sent/s':>8}{'tok/s':>8}{'x HF':>7}{'BLEU':>7}")
     for r in rows:
         print(f"{r['system']:<18}{r['sent_per_s']:>8.1f}{r['tgt_tok_per_s']:>8.0f}{r['vs_hf']:>7.2f}{r['bleu']:>7.2f}")
+    for r in rows:
+        if r["compile_s"]:
+            print(f"{r['system']}: compiled in {r['compile_s']:.1f} s before its first measurement")
     same = None
     if hf and "aiayn-fp32" in systems:
         same = sum(a == b for a, b in zip(outputs["aiayn-fp32"]["text"], outputs["hf-generate-fp32"]["text"]))

@@ -284,7 +284,7 @@ def _training_length(translator: Translator) -> int:
 
 
 def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
-          limits: Limits | None = None, precision: str = "auto") -> None:
+          limits: Limits | None = None, precision: str = "auto", compiled: bool = False) -> None:
     """Run the app under uvicorn with connection limits and timeouts; the open-file limit is raised
     to its hard maximum so that many connections cannot make the server unreachable."""
     import resource
@@ -292,7 +292,8 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: st
     import uvicorn
 
     limits = limits or Limits()
-    translator = Translator.load(checkpoint, device=device, precision=precision)
+    translator = Translator.load(checkpoint, device=device, precision=precision, compiled=compiled)
+    translator.compile_now()  # before the first request, not during it
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
         try:

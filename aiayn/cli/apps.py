@@ -95,7 +95,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
                     max_attention_subwords=args.max_attention_subwords, timeout_s=args.timeout,
                     read_timeout_s=args.read_timeout, limit_concurrency=args.limit_concurrency,
                     keep_alive_s=args.keep_alive)
-    serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision)
+    serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision, args.compile)
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
@@ -171,6 +171,8 @@ def add_serve(sub) -> None:
     p.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle keep-alive connection stays open")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
                    help="as for translate (default auto)")
+    p.add_argument("--compile", action="store_true",
+                   help="as for translate: the decoder step is compiled before the server listens (default: off)")
     p.set_defaults(func=cmd_serve)
 
 

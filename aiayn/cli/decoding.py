@@ -54,9 +54,11 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
                                    "nbest": args.nbest, "max_tokens": args.max_tokens}.items() if v is not None}
     try:
-        translator = Translator.load(args.checkpoint, device=args.device, precision=args.precision, **overrides)
+        translator = Translator.load(args.checkpoint, device=args.device, precision=args.precision,
+                                     compiled=args.compile, **overrides)
     except ConfigError as e:
         raise UserError(_name_the_flag(str(e), _DECODE_FLAGS)) from None
+    translator.compile_now()
     if args.output:  # before hours of translation, not after
         check_output_file(args.output)
     if args.input in (None, "-") and sys.stdin.isatty() and not args.ref:
@@ -198,6 +200,9 @@ def add_translate(sub) -> None:
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
                    help="auto (default): bf16 where the processor computes it natively (AVX-512 BF16, AMX, recent "
                         "GPUs), else fp32; int8: quantized projections, CPU only")
+    p.add_argument("--compile", action="store_true",
+                   help="run the decoder step under torch.compile: faster on CPU once compiled, which takes "
+                        "1-2 minutes at start (bench/decode_speed.py measures both; default: off)")
     p.set_defaults(func=cmd_translate)
 
 
