@@ -117,7 +117,7 @@ def _graphs() -> int:
 def test_compiled_step_agrees_with_eager_and_searches_the_same_batch_or_alone(int8):
     """torch.compile of the fused step (one layer, to keep compiling short): logits equal the
     eager step's to rounding through reorders, a dropped sentence and cache growth; beam search
-    finds the eager search's hypotheses, and a sentence alone (other graphs: batch of one) the
+    finds the eager search's hypotheses, and (int8) a sentence alone (other graphs: batch of one) the
     same as in the batch."""
     from aiayn.translate import quantize_int8
 
@@ -144,7 +144,8 @@ def test_compiled_step_agrees_with_eager_and_searches_the_same_batch_or_alone(in
 
     ref = key(eager, src)
     assert key(compiled, src) == ref
-    assert [key(compiled, src[i:i + 1, :int((src[i] != 0).sum())])[0] for i in range(3)] == ref
+    if int8:  # a batch of one compiles 2 more graphs: checked once, to keep the suite short
+        assert [key(compiled, src[i:i + 1, :int((src[i] != 0).sum())])[0] for i in range(3)] == ref
 
 
 def test_compiled_decoding_is_off_by_default_and_selectable():
