@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.fx.experimental import _config as fx_config
 
 from .linear import Int8Linear, _onednn, onednn_available
 from .model import Transformer
@@ -195,14 +196,22 @@ def compiled_step(step):
     """`step` under `torch.compile` (inductor) with dynamic shapes: rows, sources, source length,
     cache capacity and position are symbols, so one graph serves every batch; PyTorch specializes
     sizes 0 and 1, which adds the first position and single-sentence batches (about 4 graphs,
-    compiled on first use, cached on disk by inductor across processes). Elementwise work (norms,
-    softmax, int8 row quantization) fuses into generated C++; the numbers agree with eager to
-    rounding, not bit for bit (fusions keep some intermediates in fp32)."""
+    compiled on first use, cached on disk by inductor across processes; equal sizes are not
+    merged into one symbol). Elementwise work (norms, softmax, int8 row quantization) fuses into
+    generated C++; the numbers agree with eager to rounding, not bit for bit (fusions keep some
+    intermediates in fp32)."""
     # Dynamo keeps its graphs per code object and guards them on the decoder's weights, so each
     # FusedDecoder adds about 4: the default limit of 8 would leave a third one uncompiled.
     if torch._dynamo.config.recompile_limit < 64:
         torch._dynamo.config.recompile_limit = 64
-    return torch.compile(step, dynamic=True)
+    compiled = torch.compile(step, dynamic=True)
+
+    def run(*args):
+        # No "duck" sizes: by default PyTorch gives sizes that happen to be equal one symbol (a
+        # cache of capacity 64 and d_k = 64), and the cache's growth to 128 then compiled again.
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(*args)
+    return run
 
 
 def _int8(w: Tensor, b: Tensor | None) -> Int8Linear:

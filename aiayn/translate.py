@@ -290,7 +290,9 @@ class Translator:
         if not isinstance(self.search_model, FusedDecoder) or not self.search_model.compiled:
             return 0.0
         start = time.perf_counter()
-        ids = [[4, 5, 6, EOS], [4, 5, EOS], [4, EOS]]
+        # Lengths that equal no other size of the step (beam, h, batch): PyTorch gives equal sizes
+        # one symbol, and a real sentence of another length would then compile again.
+        ids = [[4 + i % 5 for i in range(n)] + [EOS] for n in (16, 12, 10)]
         self.translate_ids(ids[:1], beam=self.decode_cfg.beam)
         self.translate_ids(ids, beam=self.decode_cfg.beam)
         seconds = time.perf_counter() - start
