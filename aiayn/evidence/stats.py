@@ -16,8 +16,6 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy import stats as _scipy
-
 
 @dataclass(frozen=True)
 class SeedTest:
@@ -33,7 +31,9 @@ class SeedTest:
 
 def t_quantile(q: float, df: int) -> float:
     """The q-quantile of Student's t with df degrees of freedom."""
-    return float(_scipy.t.ppf(q, df))
+    from scipy import stats  # here, not at the top: it costs every `aiayn` command 0.7 s to import
+
+    return float(stats.t.ppf(q, df))
 
 
 def prediction_halfwidth(values: Sequence[float], level: float = 0.95) -> float:
@@ -60,7 +60,9 @@ def seed_test(x: float | Sequence[float], reference: Sequence[float]) -> SeedTes
     if scale == 0:
         p = 1.0 if delta == 0 else 0.0
     else:
-        p = float(2 * _scipy.t.sf(abs(delta) / scale, df))
+        from scipy import stats
+
+        p = float(2 * stats.t.sf(abs(delta) / scale, df))
     h90 = t_quantile(0.95, df) * scale
     return SeedTest(delta, p, t_quantile(0.975, df) * scale, (delta - h90, delta + h90), n, m)
 
