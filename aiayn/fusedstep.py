@@ -12,6 +12,7 @@ in fp32, as under autocast. Search uses it through the `IncrementalDecoder` cont
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -115,7 +116,15 @@ class FusedDecoder:
         self.compiled = compiled
         cpu_onednn = onednn_available() and self.embed.device.type == "cpu" and not compiled
         self.fp32_linear = _onednn if cpu_onednn else F.linear  # inductor picks its own kernel
-        self._step = compiled_step(self._tensor_step) if compiled else self._tensor_step
+        self._step = compiled_step(self._tensor_step, self._weight_tensors()) if compiled else self._tensor_step
+
+    def _weight_tensors(self) -> list[Tensor]:
+        """Every tensor the step reads besides its arguments: the weights, embeddings and positions."""
+        projs = [self.out] + [p for L in self.layers for p in (L.qkv, L.o, L.cq, L.ck, L.cv, L.co, L.f1, L.f2)]
+        tensors = [self.embed, self.pos, *(self.final or ()), *(t for L in self.layers for n in L.norms for t in n)]
+        for p in projs:
+            tensors += list(p.buffers()) if isinstance(p, Int8Linear) else [t for t in p if t is not None]
+        return tensors
 
     def linear(self, x: Tensor, wb: Proj, dtype: torch.dtype | None = None) -> Tensor:
         if isinstance(wb, Int8Linear):
@@ -192,18 +201,21 @@ class FusedDecoder:
         return self.linear(a.transpose(1, 2).reshape(B * g, h * dv), L.co)
 
 
-def compiled_step(step):
+def compiled_step(step, weights: Sequence[Tensor] = ()):
     """`step` under `torch.compile` (inductor) with dynamic shapes: rows, sources, source length,
     cache capacity and position are symbols, so one graph serves every batch; PyTorch specializes
     sizes 0 and 1, which adds the first position and single-sentence batches (about 4 graphs,
     compiled on first use, cached on disk by inductor across processes; equal sizes are not
-    merged into one symbol). Elementwise work (norms, softmax, int8 row quantization) fuses into
-    generated C++; the numbers agree with eager to rounding, not bit for bit (fusions keep some
-    intermediates in fp32)."""
+    merged into one symbol); the `weights` it reads have fixed sizes (as symbols they made the
+    generated code generic: single-sentence int8 decoding took twice as long). Elementwise work
+    (norms, softmax, int8 row quantization) fuses into generated C++; the numbers agree with eager
+    to rounding, not bit for bit (fusions keep some intermediates in fp32)."""
     # Dynamo keeps its graphs per code object and guards them on the decoder's weights, so each
     # FusedDecoder adds about 4: the default limit of 8 would leave a third one uncompiled.
     if torch._dynamo.config.recompile_limit < 64:
         torch._dynamo.config.recompile_limit = 64
+    for w in weights:  # the weights' sizes are constants of the graph, not symbols
+        torch._dynamo.mark_static(w)
     compiled = torch.compile(step, dynamic=True)
 
     def run(*args):
