@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,9 @@ def planned(report_dir: Path) -> dict[str, int]:
 
 # -- the suites ----------------------------------------------------------------------------------
 SUITES = ("budget", "table3", "arch", "tune", "table1", "quick")
+# The report is re-rendered as rows finish, at most this often: a real suite's row trains for an hour,
+# the quick suite's for seconds (and rendering the figures takes about one).
+RENDER_EVERY_S = 60.0
 
 
 def stability(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any]) -> float | None:
@@ -101,8 +105,12 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
     ctx = {"data_dir": Path(data_dir or "."), "work": Path(work), "results": results, "device": device,
            "allow_mixed": allow_mixed, "sentences": 20 if suite == "quick" else 0}
 
-    def render_report() -> None:
-        render(report_dir, command, planned(report_dir))
+    last = [float("-inf")]
+
+    def render_report() -> None:  # while rows run; the report is rendered once more after the last
+        if time.monotonic() - last[0] >= RENDER_EVERY_S:
+            render(report_dir, command, planned(report_dir))
+            last[0] = time.monotonic()
 
     if suite == "quick":
         _quick(ctx, rows, render_report)
