@@ -370,3 +370,15 @@ def test_equal_time_reads_the_slower_model_at_its_share_of_the_updates():
     assert _at_compute(slow, ref, {"transformer": 0.5, "luong": 1.0}) == "12.50 @ 500"
     assert _at_compute(slow, ref) == "30.00 @ 250"  # four times the FLOPs per token: a quarter of the updates
     assert _at_compute(slow, ref, {"transformer": 0.5}) == "–"  # its time was not measured
+
+
+def test_the_report_is_rendered_at_most_once_a_minute_while_rows_run():
+    """The first finished row renders it; later ones only once the interval has passed."""
+    from aiayn.evidence.suites import RENDER_EVERY_S, at_most_every
+
+    now, runs = [0.0], []
+    call = at_most_every(RENDER_EVERY_S, lambda: runs.append(now[0]), clock=lambda: now[0])
+    for t in (5.0, 6.0, 64.0, 65.0, 130.0, 131.0):  # rows finishing at these times
+        now[0] = t
+        call()
+    assert runs == [5.0, 65.0, 130.0] and RENDER_EVERY_S == 60.0

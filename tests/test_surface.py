@@ -172,6 +172,17 @@ def test_importing_aiayn_leaves_the_environment_alone():
     assert out.strip() == "None"
 
 
+def test_a_command_does_not_import_scipy_until_it_needs_it():
+    """scipy (the t distribution of the report's statistics) cost every `aiayn` command 0.7 s to import."""
+    code = ("import sys\nfrom aiayn.cli import main\ntry:\n    main(['translate', '--help'])\n"
+            "except SystemExit:\n    pass\nprint('scipy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().endswith("False"), out.stdout[-500:] + out.stderr[-2000:]
+    from aiayn.evidence.stats import seed_test, t_quantile  # and the statistics still work with it
+
+    assert abs(t_quantile(0.975, 4) - 2.7764451) < 1e-6 and seed_test(1.0, [0.0, 0.1, -0.1]).p < 0.05
+
+
 # -- early stopping --------------------------------------------------------------------------------------
 def scripted_validation(monkeypatch, losses):
     seq = iter(losses)

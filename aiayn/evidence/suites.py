@@ -62,6 +62,17 @@ SUITES = ("budget", "table3", "arch", "tune", "table1", "quick")
 RENDER_EVERY_S = 60.0
 
 
+def at_most_every(seconds: float, fn, clock=time.monotonic):
+    """fn, called again only once `seconds` have passed since its last run (the first call runs it)."""
+    last = [float("-inf")]
+
+    def call() -> None:
+        if clock() - last[0] >= seconds:
+            fn()
+            last[0] = clock()
+    return call
+
+
 def stability(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any]) -> float | None:
     """Table 3's deepest row at the suite's schedule (for 2 warm-ups' worth of updates), then at lower
     rates: None when N=6 trains at the suite's rate, else the first train.lr_scale at which it does."""
@@ -105,12 +116,8 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
     ctx = {"data_dir": Path(data_dir or "."), "work": Path(work), "results": results, "device": device,
            "allow_mixed": allow_mixed, "sentences": 20 if suite == "quick" else 0}
 
-    last = [float("-inf")]
-
-    def render_report() -> None:  # while rows run; the report is rendered once more after the last
-        if time.monotonic() - last[0] >= RENDER_EVERY_S:
-            render(report_dir, command, planned(report_dir))
-            last[0] = time.monotonic()
+    # while rows run; the report is rendered once more after the last
+    render_report = at_most_every(RENDER_EVERY_S, lambda: render(report_dir, command, planned(report_dir)))
 
     if suite == "quick":
         _quick(ctx, rows, render_report)
