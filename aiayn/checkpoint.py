@@ -94,7 +94,7 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[tor
     `.safetensors` file."""
     tensors, meta = read_weights(path)
     cfg, tokenizer = read_meta(meta, path)
-    model = build_model(cfg.model)
+    model = build_model(cfg.model, tokenizer.pieces_list())
     load_into(model, tensors, path)
     return model.to(device).eval(), cfg, tokenizer, int(meta.get("step", 0))
 

@@ -62,6 +62,7 @@ class ModelConfig:
     pre_norm: bool = False  # §3.1 uses post-norm LayerNorm(x + Sublayer(x))
     learned_positions: bool = False  # Table 3 row (E)
     pointer_input: bool = False  # §6.3 option (ours): decoder inputs carry the next source word's state (pointer.py)
+    depth_input: bool = False  # §6.3 option (ours): decoder inputs carry the number of open brackets (pointer.py)
     share_embeddings: bool = True  # §3.4 one matrix for both embeddings and the softmax
     fp32_logits: bool = True  # under bf16 autocast, the output projection and softmax stay fp32
     max_positions: int = 1024
@@ -95,8 +96,9 @@ class ModelConfig:
             raise ConfigError(f"model.rnn_variant bahdanau scores with the additive attention of Bahdanau et al.; "
                               f"model.rnn_attention {self.rnn_attention!r} is Luong et al.'s (use rnn_variant luong)")
         _check_positive("model", self, "vocab_size", "d_model", "d_ff", "h", "N", "max_positions")
-        if self.pointer_input and self.arch != "transformer":
-            raise ConfigError(f"model.pointer_input is a Transformer option; model.arch is {self.arch!r}")
+        for name in ("pointer_input", "depth_input"):
+            if getattr(self, name) and self.arch != "transformer":
+                raise ConfigError(f"model.{name} is a Transformer option; model.arch is {self.arch!r}")
         if self.conv_kernel < 1 or self.conv_kernel % 2 == 0 or self.conv_channels < 0:
             raise ConfigError(f"model.conv_kernel must be odd and positive (the encoder pads (k-1)/2 on each side), "
                               f"got {self.conv_kernel}; model.conv_channels >= 0, got {self.conv_channels}")

@@ -25,9 +25,10 @@ from .model import Transformer
 
 
 def fusable(model) -> bool:
-    """A model `FusedDecoder` computes exactly: the Transformer without the pointer input, and with
-    no forward hooks on its modules (they must see every call: `aiayn heads`'s gates are hooks)."""
-    if type(model) is not Transformer or model.cfg.pointer_input:
+    """A model `FusedDecoder` computes exactly: the Transformer without the parser's inputs (pointer,
+    depth), and with no forward hooks on its modules (they must see every call: `aiayn heads`'s gates
+    are hooks)."""
+    if type(model) is not Transformer or model.cfg.pointer_input or model.cfg.depth_input:
         return False
     return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
@@ -101,8 +102,8 @@ class FusedDecoder:
 
     def __init__(self, model, dtype: torch.dtype = torch.float32, capacity: int = 64, int8: bool = False,
                  encoder=None, compiled: bool = False):
-        if model.cfg.pointer_input:
-            raise ValueError("the fused decoder step has no pointer input (model.pointer_input)")
+        if model.cfg.pointer_input or model.cfg.depth_input:
+            raise ValueError("the fused decoder step has no pointer or depth input (model.pointer_input, depth_input)")
         self.model, self.dtype, self.capacity, cfg = model, dtype, capacity, model.cfg
         self.pre_norm, self.d = cfg.pre_norm, cfg.d_model
         self.layers = [_weights(layer, dtype, int8) for layer in model.decoder]

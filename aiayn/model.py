@@ -8,7 +8,7 @@ Token tensors are right-padded with ``pad_id``. Attention weights are returned a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +16,9 @@ from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
 from .config import ModelConfig
+from .dropout import Dropout
 from .linear import Linear
-from .pointer import PointerState, gather, next_positions
+from .pointer import BracketDepth, PointerState, gather, next_positions
 
 
 def sinusoidal_positions(n: int, d: int) -> Tensor:
@@ -45,41 +46,6 @@ class OutputProjection(Linear):
             return super().forward(x)
         with torch.autocast(x.device.type, enabled=False):
             return super().forward(x.float())
-
-
-class Dropout(nn.Module):
-    """§5.4 dropout: zero each element with probability p, scale the rest by 1/(1-p).
-
-    Same as `nn.Dropout` on a GPU. On a CPU the mask costs less: PyTorch draws CPU random numbers
-    one at a time on one core (`bernoulli_` and `torch.rand` took 6-7 % of a small model's step), so
-    each 64-bit draw here makes four 16-bit uniforms u, and an element is dropped when
-    u < round(p·65536): p is kept to 1/65536 (0.1 -> 0.100006), and the scale 1/(1-p) uses that
-    value, so E[output] = input exactly. 2.6x faster than `torch.rand` (bench/README.md).
-    """
-
-    def __init__(self, p: float):
-        super().__init__()
-        self.p = p
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        if x.device.type != "cpu":
-            return F.dropout(x, self.p, True)
-        return x * cpu_keep_mask(x.shape, self.p) * (65536 / (65536 - _dropped(self.p)))
-
-
-def _dropped(p: float) -> int:
-    """How many of the 65,536 values of a 16-bit uniform are dropped for probability p."""
-    return min(round(p * 65536), 65535)
-
-
-def cpu_keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
-    """A boolean mask, True with probability 1 - round(p·65536)/65536, from the global CPU generator:
-    one 64-bit draw per four elements (four 16-bit uniforms, read as signed)."""
-    n = math.prod(shape)
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2 ** 63), None)
-    return bits.view(torch.int16)[:n].view(shape) >= _dropped(p) - 32768
 
 
 class FeedForward(nn.Module):
@@ -199,7 +165,7 @@ class DecoderCache:
     src_mask: Tensor  # (B, 1, 1, S)
     group: int = 1
     step: int = 0
-    pointer: PointerState | None = None  # model.pointer_input (pointer.py)
+    inputs: list = field(default_factory=list)  # per-row input states (pointer.py): pointer, depth
 
     def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
         """Keep decoder rows `rows` (indices into the current rows), e.g. the surviving beams.
@@ -217,8 +183,8 @@ class DecoderCache:
                 c.cross_k, c.cross_v = c.cross_k.index_select(0, sources), c.cross_v.index_select(0, sources)
         if sources is not None:
             self.src_mask = self.src_mask.index_select(0, sources)
-        if self.pointer is not None:
-            self.pointer.reorder(rows)
+        for s in self.inputs:
+            s.reorder(rows)
 
 
 class DecoderLayer(nn.Module):
@@ -297,6 +263,8 @@ class Transformer(nn.Module):
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec))
         if cfg.pointer_input:  # §6.3 option: the next source word's state joins each decoder input
             self.pointer_proj = nn.Linear(d, d, bias=False)
+        if cfg.depth_input:  # §6.3 option: so does the number of open brackets
+            self.depth = BracketDepth(V, d)
         self.enc_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.dec_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.reset_parameters()
@@ -370,9 +338,10 @@ class Transformer(nn.Module):
         return logits
 
     def _pointed(self, src: Tensor, memory: Tensor, tgt_in: Tensor) -> Tensor | None:
-        if not self.cfg.pointer_input:
-            return None
-        return self.pointer_proj(gather(memory, next_positions(src, tgt_in)))
+        """The §6.3 options' additions to the decoder inputs (pointer.py), or None."""
+        parts = [self.pointer_proj(gather(memory, next_positions(src, tgt_in)))] if self.cfg.pointer_input else []
+        parts += [self.depth(tgt_in)] if self.cfg.depth_input else []
+        return sum(parts) if parts else None
 
     def attention_maps(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionMaps]:
         """Logits and every attention map, through the explicit attention path."""
@@ -387,13 +356,14 @@ class Transformer(nn.Module):
         rows b·group .. b·group + group - 1 translate source b (the beams of beam search)."""
         memory, mask, _ = self.encode(src)
         layers = [LayerCache(k, v) for k, v in self.cross_kv(memory)]
-        ptr = PointerState.start(self.pointer_proj(memory), src, group) if self.cfg.pointer_input else None
-        return DecoderCache(layers, mask, group, pointer=ptr)
+        inputs = [PointerState.start(self.pointer_proj(memory), src, group)] if self.cfg.pointer_input else []
+        inputs += [self.depth.start(src.size(0) * group)] if self.cfg.depth_input else []
+        return DecoderCache(layers, mask, group, inputs=inputs)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Feed the next token of each row, tokens (B,) -> next-token logits (B, V)."""
         cross = [(c.cross_k, c.cross_v) for c in cache.layers]
-        extra = cache.pointer.step(tokens) if cache.pointer is not None else None
+        extra = sum(s.step(tokens) for s in cache.inputs) if cache.inputs else None
         logits, _, _ = self._decode(tokens[:, None], cross, cache.src_mask, cache, False, extra)
         cache.step += 1
         return logits[:, -1]

@@ -9,13 +9,18 @@ from .baselines.conv import ConvS2S
 from .baselines.rnn import RecurrentModel
 from .config import ModelConfig
 from .model import Transformer
+from .pointer import bracket_deltas
 
 
-def build_model(cfg: ModelConfig) -> nn.Module:
+def build_model(cfg: ModelConfig, pieces: list[str] | None = None) -> nn.Module:
     """The architecture `cfg.arch` names: the Transformer (default), the recurrent baseline or
-    ConvS2S. All keep search.py's `IncrementalDecoder` contract and return `AttentionMaps`."""
+    ConvS2S. All keep search.py's `IncrementalDecoder` contract and return `AttentionMaps`.
+    `pieces`, the vocabulary, tells a model.depth_input parser which pieces are brackets."""
     if cfg.arch == "rnn":
         return RecurrentModel(cfg)
     if cfg.arch == "conv":
         return ConvS2S(cfg)
-    return Transformer(cfg)
+    model = Transformer(cfg)
+    if cfg.depth_input and pieces is not None:  # without them no piece counts (e.g. to count parameters)
+        model.depth.delta.copy_(bracket_deltas(pieces))
+    return model

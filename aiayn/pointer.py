@@ -1,4 +1,5 @@
-"""§6.3 option (ours; off by default): the decoder knows which source word comes next.
+"""§6.3 options (ours; off by default): the decoder knows which source word comes next, and how
+many brackets are open.
 
 For parsers whose trees hold the words as leaves (``parse.linearize(words=True)``), every decoder
 input also carries the encoder's state of the next source subword still to be written (the EOS
@@ -10,10 +11,11 @@ it already knows, as a transition-based parser does with its buffer.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .tokenizer import PAD
 
@@ -68,3 +70,52 @@ class PointerState:
     def reorder(self, rows: Tensor) -> None:
         self.states, self.src, self.pos, self.last = (
             t.index_select(0, rows) for t in (self.states, self.src, self.pos, self.last))
+
+
+# -- bracket depth (model.depth_input) ---------------------------------------------------------------
+MAX_DEPTH = 64  # deeper nesting shares the last embedding; treebank trees stay under 40
+
+
+def bracket_deltas(pieces: list[str]) -> Tensor:
+    """(V,) +1 for each opening-bracket piece (`▁(NP`), -1 for each closing one (`▁)NP`), else 0."""
+    return torch.tensor([(p[:2] == "\u2581(") - (p[:2] == "\u2581)") if len(p) > 2 else 0 for p in pieces],
+                        dtype=torch.float32)
+
+
+class BracketDepth(nn.Module):
+    """§6.3 option (ours; off by default): every decoder input also carries how many brackets are open
+    once it is written, as a learned embedding (scaled by √d_model like the tokens', §3.4): a
+    Transformer finds counting hard, and closing the right brackets late in a long tree needs it.
+    `delta` (a buffer saved with the weights) marks the vocabulary's brackets; the trainer fills it."""
+
+    def __init__(self, vocab_size: int, d_model: int):
+        super().__init__()
+        self.embed = nn.Embedding(MAX_DEPTH, d_model)
+        self.scale = math.sqrt(d_model)
+        self.register_buffer("delta", torch.zeros(vocab_size))
+
+    def _at(self, depth: Tensor) -> Tensor:
+        return self.embed(depth.long().clamp(0, MAX_DEPTH - 1)) * self.scale
+
+    def forward(self, tgt_in: Tensor) -> Tensor:
+        """(B, T) decoder inputs -> (B, T, d): the depth after each input."""
+        return self._at(self.delta[tgt_in].cumsum(1))
+
+    def start(self, rows: int) -> DepthState:
+        return DepthState(self, torch.zeros(rows, device=self.delta.device))
+
+
+@dataclass
+class DepthState:
+    """Per decoder row: the number of open brackets so far (incremental decoding)."""
+
+    owner: BracketDepth
+    depth: Tensor  # (R,)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """Count `tokens`' brackets; (R, 1, d) embeddings of the new depths."""
+        self.depth = self.depth + self.owner.delta[tokens]
+        return self.owner._at(self.depth).unsqueeze(1)
+
+    def reorder(self, rows: Tensor) -> None:
+        self.depth = self.depth.index_select(0, rows)

@@ -59,5 +59,9 @@ class Tokenizer:
     def id_to_piece(self, ids: list[int]) -> list[str]:
         return [self.sp.id_to_piece(i) for i in ids]
 
+    def pieces_list(self) -> list[str]:
+        """Every piece of the vocabulary, by id."""
+        return self.id_to_piece(list(range(len(self))))
+
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode([[i for i in seq if i not in (PAD, BOS, EOS)] for seq in ids])

@@ -81,7 +81,7 @@ class Trainer:
         self.state: dict = {"step": 0, "epoch": 0, "batch": 0, "elapsed": 0.0, "best_bleu": -1.0,
                             "best_loss": 1e9, "stale": 0, "batching": self.batching()}
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
-        self.model = build_model(cfg.model).to(env.device)
+        self.model = build_model(cfg.model, self.tokenizer.pieces_list()).to(env.device)
         torch.manual_seed(_rank_seed(cfg.train.seed, env.rank))  # a dropout stream per rank
         random.seed(_rank_seed(cfg.train.seed, env.rank))
         self.optimizer = make_optimizer(self.model, cfg.train)

@@ -172,7 +172,7 @@ class Translator:
                 dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
                 self.search_model = FusedDecoder(self.search_model, dtype, compiled=self.compiled)
         elif self.compiled:
-            log.warning("compiled decoding needs the fused step, which this model does not take (pointer input, "
+            log.warning("compiled decoding needs the fused step, which this model does not take (parser inputs, "
                         "forward hooks or not a Transformer): decoding without torch.compile")
 
     @classmethod

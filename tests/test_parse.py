@@ -335,3 +335,41 @@ def test_pointer_model_steps_equal_teacher_forcing_and_group_like_copies():
     assert not torch.allclose(plain, m(src, tgt))  # the pointer reaches the logits
     with pytest.raises(ConfigError, match="pointer_input is a Transformer option"):
         ModelConfig(arch="rnn", pointer_input=True).validate()
+
+
+# -- the depth input (model.depth_input) --------------------------------------------------------------
+def test_bracket_depth_counts_open_brackets_by_hand():
+    from aiayn.pointer import BracketDepth, bracket_deltas
+
+    pieces = ["<pad>", "<s>", "</s>", "<unk>", "\u2581(S", "\u2581)S", "\u2581(NP", "\u2581)NP", "\u2581the", "\u2581(",
+              "\u2581)", "("]
+    assert bracket_deltas(pieces).tolist() == [0, 0, 0, 0, 1, -1, 1, -1, 0, 0, 0, 0]  # a bare ( is a word
+    d = BracketDepth(len(pieces), 8)
+    d.delta.copy_(bracket_deltas(pieces))
+    seen = []
+    d._at = lambda depth: seen.append(depth.tolist()) or depth  # record the depths, not the embeddings
+    d(torch.tensor([[1, 4, 6, 8, 7, 8, 5, 0]]))  # BOS (S (NP the )NP the )S pad
+    assert seen == [[[0, 1, 2, 2, 1, 1, 0, 0]]]
+
+
+def test_depth_model_steps_equal_teacher_forcing_and_the_depth_reaches_the_logits():
+    from conftest import check_cached_steps_and_padding, check_grouped_cache
+
+    from aiayn.config import ConfigError, ModelConfig
+    from aiayn.model import Transformer
+
+    torch.manual_seed(0)
+    for pointer in (False, True):
+        cfg = ModelConfig(vocab_size=23, d_model=16, d_ff=32, h=2, N=2, p_drop=0.0, depth_input=True,
+                          pointer_input=pointer)
+        m = Transformer(cfg).eval()
+        m.depth.delta[4:8] = torch.tensor([1.0, -1.0, 1.0, -1.0])  # ids 4, 6 open; 5, 7 close
+        check_cached_steps_and_padding(m)
+        check_grouped_cache(m)
+        src, tgt = torch.randint(4, 23, (2, 5)), torch.tensor([[BOS, 4, 6, 9, 7], [BOS, 4, 9, 9, 5]])
+        plain = m(src, tgt)
+        m.depth.delta.zero_()  # every input at depth 0: different logits where the depth was not 0
+        assert not torch.allclose(plain[:, 1:], m(src, tgt)[:, 1:])
+        assert torch.allclose(plain[:, 0], m(src, tgt)[:, 0], atol=1e-6)
+    with pytest.raises(ConfigError, match="depth_input is a Transformer option"):
+        ModelConfig(arch="rnn", depth_input=True).validate()
