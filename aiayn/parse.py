@@ -284,9 +284,22 @@ def evalb(gold: list[Tree], test: list[Tree], labeled: bool = True) -> Score:
 SPLITS = {"train": (1, 159), "valid": (160, 179), "test": (180, 199)}  # by file: the data README's split
 
 
-def write_splits(treebank: Path, out: Path, linearization: str = "words") -> dict[str, tuple[Path, Path]]:
+def constituents(tree: Tree, min_words: int) -> list[Tree]:
+    """Every constituent below the root that spans at least `min_words` words, outermost first."""
+    out: list[Tree] = []
+    for c in tree.children:
+        if isinstance(c, Tree) and not c.is_preterminal:
+            out += ([c] if len(c.words()) >= min_words else []) + constituents(c, min_words)
+    return out
+
+
+def write_splits(treebank: Path, out: Path, linearization: str = "words",
+                 subtrees: int = 0) -> dict[str, tuple[Path, Path]]:
     """Clean every tree and write, per split, the words (source), the linearized trees (target;
-    `linearization` words or xx, see `linearize`) and the cleaned gold trees (`{split}.gold.mrg`)."""
+    `linearization` words or xx, see `linearize`) and the cleaned gold trees (`{split}.gold.mrg`).
+    With `subtrees` > 0 (ours, off by default), the training split also holds every distinct
+    constituent of at least that many words as a pair of its own (data augmentation for a small
+    treebank); the gold trees stay the sentences'."""
     if linearization not in LINEARIZATIONS:
         raise TreeError(f"linearization must be one of {', '.join(LINEARIZATIONS)}, got {linearization!r}")
     by_file = read_treebank(treebank)
@@ -294,7 +307,7 @@ def write_splits(treebank: Path, out: Path, linearization: str = "words") -> dic
     raw.mkdir(parents=True, exist_ok=True)
     files: dict[str, tuple[Path, Path]] = {}
     for split, (lo, hi) in SPLITS.items():
-        words, targets, gold = [], [], []
+        words, targets, gold, parts = [], [], [], []
         for name, trees in by_file.items():
             m = re.search(r"(\d+)", name)
             if not m or not lo <= int(m.group(1)) <= hi:
@@ -306,6 +319,14 @@ def write_splits(treebank: Path, out: Path, linearization: str = "words") -> dic
                 words.append(" ".join(c.words()))
                 targets.append(linearize(c, linearization == "words"))
                 gold.append(str(c))
+                parts += constituents(c, subtrees) if subtrees and split == "train" else []
+        pairs = set(zip(words, targets))
+        for part in parts:
+            pair = (" ".join(part.words()), linearize(part, linearization == "words"))
+            if pair not in pairs:
+                pairs.add(pair)
+                words.append(pair[0])
+                targets.append(pair[1])
         if not words:
             raise TreeError(f"{treebank}: no trees for the {split} split (files {lo:04d}-{hi:04d})")
         files[split] = (raw / f"{split}.words", raw / f"{split}.parse")

@@ -175,6 +175,8 @@ CLI_CASES = [
      ["deep.mrg", "nested deeper"]),
     ("treebank that is not UTF-8", ["prepare", "--task", "parse", "--treebank", "{w}/latin1.zip", "-o", "{w}/ptb"],
      ["latin1.zip", "wsj_0001.mrg", "invalid UTF-8"]),
+    ("negative --subtrees", ["prepare", "--task", "parse", "--treebank", "{w}/latin1.zip", "--subtrees", "-2",
+                             "-o", "{w}/ptb"], ["--subtrees", "-2"]),
     ("mirror that is not a URL", ["prepare", "--corpus", "wmt14-en-de", "--src", "en", "--tgt", "de", "--mirror",
                                   "notaurl", "-o", "{w}/wmt"], ["--mirror", "notaurl", "not a URL"]),
     ("checkpoint whose vocabulary is garbage", T[:2] + ["{w}/bad-spm.safetensors"] + T[3:],

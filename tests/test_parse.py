@@ -373,3 +373,32 @@ def test_depth_model_steps_equal_teacher_forcing_and_the_depth_reaches_the_logit
         assert torch.allclose(plain[:, 0], m(src, tgt)[:, 0], atol=1e-6)
     with pytest.raises(ConfigError, match="depth_input is a Transformer option"):
         ModelConfig(arch="rnn", depth_input=True).validate()
+
+
+# -- subtree augmentation (prepare --subtrees) ----------------------------------------------------------
+def test_constituents_by_hand_and_the_augmented_training_split(tmp_path):
+    from aiayn.parse import constituents, write_splits
+
+    t = clean(one("( (S (NP (DT A) (NN cat)) (VP (VBZ sits) (PP (IN on) (NP (DT the) (NN mat)))) (. .)) )"))
+    assert [str(c) for c in constituents(t, 2)] == [
+        "(NP (DT A) (NN cat))", "(VP (VBZ sits) (PP (IN on) (NP (DT the) (NN mat))))",
+        "(PP (IN on) (NP (DT the) (NN mat)))", "(NP (DT the) (NN mat))"]
+    assert [str(c) for c in constituents(t, 3)] == ["(VP (VBZ sits) (PP (IN on) (NP (DT the) (NN mat))))",
+                                                    "(PP (IN on) (NP (DT the) (NN mat)))"]
+    (tmp_path / "tb").mkdir()
+    tb = tiny_treebank(tmp_path / "tb")
+    plain = write_splits(tb, tmp_path / "plain")
+    aug = write_splits(tb, tmp_path / "aug", subtrees=2)
+    p_src, p_tgt = (f.read_text().splitlines() for f in plain["train"])
+    a_src, a_tgt = (f.read_text().splitlines() for f in aug["train"])
+    assert a_src[:len(p_src)] == p_src and a_tgt[:len(p_tgt)] == p_tgt  # every sentence, first and as before
+    extra = list(zip(a_src[len(p_src):], a_tgt[len(p_tgt):]))
+    # each distinct constituent of 2+ words once: the dog / A cat / sits on the mat / on the mat / the mat / a dog;
+    # "saw a dog" is a VP of 3 words; Bob's NP and the VPs of one word are too short
+    assert sorted(s for s, _ in extra) == sorted(["The dog", "A cat", "sits on the mat", "on the mat", "the mat",
+                                                  "saw a dog", "a dog"])
+    for s, tgt in extra:  # the pairs read back as trees over their own words
+        assert delinearize(" ".join(x if is_bracket(x) else LEAF for x in tgt.split()), s.split()).words() == s.split()
+    for split in ("valid", "test"):  # only training is augmented; the gold trees are the sentences'
+        assert [f.read_text() for f in aug[split]] == [f.read_text() for f in plain[split]]
+    assert (tmp_path / "aug/train.gold.mrg").read_text() == (tmp_path / "plain/train.gold.mrg").read_text()

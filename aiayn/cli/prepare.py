@@ -27,18 +27,21 @@ def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
 
     if not args.treebank:
         raise UserError("prepare --task parse needs --treebank PATH (a folder of .mrg files or treebank.zip)")
+    if args.subtrees < 0:
+        raise UserError(f"prepare --subtrees must be 0 (off) or a number of words, got {args.subtrees}")
     out = check_output_folder(args.out, is_prepared)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".trees", dir=out.parent) as tmp:
         try:
-            files = write_splits(Path(args.treebank), Path(tmp), args.linearization)
+            files = write_splits(Path(args.treebank), Path(tmp), args.linearization, args.subtrees)
         except TreeError as e:
             raise UserError(str(e)) from None
         symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if is_bracket(x)}
         manifest = prepare(files, out, "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
                            cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols),
                            dedup=False, max_ratio=0.0, carry=Path(tmp),  # trees outgrow their sentences
-                           task={"task": "parse", "linearization": args.linearization})
+                           task={"task": "parse", "linearization": args.linearization,
+                                 **({"subtrees": str(args.subtrees)} if args.subtrees else {})})
     print(json.dumps(manifest["splits"], indent=1))
 
 
@@ -118,6 +121,9 @@ def add_prepare(sub) -> None:
     p.add_argument("--linearization", choices=["words", "xx"], default="words",
                    help="--task parse: trees with the words as leaves (default; each leaf copies its word) or "
                         "with XX placeholders as §6.3 and Vinyals et al. (xx)")
+    p.add_argument("--subtrees", type=int, default=0, metavar="N",
+                   help="--task parse: also train on every distinct constituent of at least N words as a pair of "
+                        "its own (ours; 0, the default: off)")
     p.add_argument("--src", help="source language suffix, e.g. en")
     p.add_argument("--tgt", help="target language suffix, e.g. de")
     p.add_argument("--train", help="train split name/prefix, or SRC_FILE,TGT_FILE")
