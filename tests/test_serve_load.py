@@ -249,3 +249,21 @@ def test_a_flood_of_slow_bodies_leaves_health_answering(random_model):
     assert health and all(code == 200 for code, _ in health), health
     assert max(t for _, t in health) < 2.0, health
     assert len(err.splitlines()) < 400, err[-3000:]
+
+
+def test_health_answers_above_the_connection_limit_and_other_paths_do_not(random_model):
+    """uvicorn refuses any request once its connections reach the limit (here 4 requests + 64 = 68),
+    before the app sees the path; /health is exempt. 80 idle connections hold the table full: a health
+    check gets 200, a translation uvicorn's 503. Without the exemption the health check got 503 too."""
+    url, port, proc = start(random_model[0], "--limit-concurrency", "4")
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(80)]
+    try:
+        time.sleep(0.5)  # the server has accepted them all
+        health = httpx.get(url + "/health", timeout=5)
+        busy = httpx.post(url + "/translate", json={"sentences": ["a b"]}, timeout=5)
+    finally:
+        for s in socks:
+            s.close()
+        err = stop(proc)
+    assert health.status_code == 200, (health.status_code, health.text)
+    assert busy.status_code == 503 and "Exceeded concurrency limit" in err, (busy.status_code, err[-2000:])

@@ -283,6 +283,25 @@ def _training_length(translator: Translator) -> int:
     return (translator.data_max_len or 1 << 30) - 1
 
 
+def health_exempt_protocol() -> type:
+    """uvicorn's HTTP/1.1 protocol (h11) with its connection limit lifted for /health. Above the limit
+    uvicorn answers 503 before the app sees the path, so while a flood of connections is being
+    refused and closed, a health check arriving among them would be refused too."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HealthExempt(H11Protocol):
+        @property  # read by uvicorn after it has set the request's scope, before it applies the limit
+        def limit_concurrency(self) -> int | None:
+            scope = getattr(self, "scope", None)
+            return None if scope is not None and scope.get("path") == "/health" else self._limit
+
+        @limit_concurrency.setter
+        def limit_concurrency(self, value: int | None) -> None:
+            self._limit = value
+
+    return HealthExempt
+
+
 def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
           limits: Limits | None = None, precision: str = "auto", compiled: bool = False) -> None:
     """Run the app under uvicorn with connection limits and timeouts; the open-file limit is raised
@@ -311,5 +330,5 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: st
     log.info("serving on http://%s:%d: %d requests at once, %d connections (open-file limit %d)", host, port,
              limits.limit_concurrency, connections, files)
     uvicorn.run(create_app(translator, limits), host=host, port=port, log_level="info",
-                limit_concurrency=connections, timeout_keep_alive=max(1, round(limits.keep_alive_s)),
-                h11_max_incomplete_event_size=64 * 1024)
+                limit_concurrency=connections, http=health_exempt_protocol(),
+                timeout_keep_alive=max(1, round(limits.keep_alive_s)), h11_max_incomplete_event_size=64 * 1024)
