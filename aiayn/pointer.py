@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .parse import is_bracket
 from .tokenizer import PAD
 
 
@@ -77,9 +78,10 @@ MAX_DEPTH = 64  # deeper nesting shares the last embedding; treebank trees stay 
 
 
 def bracket_deltas(pieces: list[str]) -> Tensor:
-    """(V,) +1 for each opening-bracket piece (`▁(NP`), -1 for each closing one (`▁)NP`), else 0."""
-    return torch.tensor([(p[:2] == "\u2581(") - (p[:2] == "\u2581)") if len(p) > 2 else 0 for p in pieces],
-                        dtype=torch.float32)
+    """(V,) +1 for each opening-bracket piece (`▁(NP`), -1 for each closing one (`▁)NP`), else 0: the
+    pieces tree search reads as brackets (treesearch.py)."""
+    sym = [p[1:] if p.startswith("\u2581") and is_bracket(p[1:]) else "" for p in pieces]
+    return torch.tensor([(s[:1] == "(") - (s[:1] == ")") for s in sym], dtype=torch.float32)
 
 
 class BracketDepth(nn.Module):
