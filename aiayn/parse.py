@@ -96,6 +96,11 @@ def read_trees(text: str, name: str = "<text>") -> list[Tree]:
     return trees
 
 
+def escape(word: str) -> str:
+    """The treebank's spelling of a word: `(` as -LRB- and `)` as -RRB-, so no word reads as a bracket."""
+    return word.replace("(", "-LRB-").replace(")", "-RRB-")
+
+
 def _utf8(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8")

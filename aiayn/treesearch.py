@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .parse import LEAF, Tree, TreeError, delinearize, is_bracket, symbols_from_pieces
+from .parse import LEAF, Tree, TreeError, delinearize, escape, is_bracket, symbols_from_pieces
 from .tokenizer import BOS, EOS, PAD
 
 MAX_DEPTH = 64  # open brackets at once; the sample's trees reach 28
@@ -138,7 +138,8 @@ class _TreeState:
 
 class Parser:
     """§6.3 from Python: ``Parser.load("parse.safetensors").parse(["The dog runs ."])`` gives one
-    well-formed tree per line (None for an empty one), over exactly the line's words."""
+    well-formed tree per line (None for an empty one), over exactly the line's words (with `(` and `)`
+    spelled -LRB- and -RRB-, as in the treebank)."""
 
     def __init__(self, translator, words: bool, free: bool = False):
         self.translator = translator
@@ -161,6 +162,7 @@ class Parser:
     def parse(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
               progress: bool = False) -> list[Tree | None]:
         t = self.translator
+        lines = [" ".join(escape(w) for w in line.split()) for line in lines]  # words as the treebank spells them
         hyps = t.translate_ids(t.encode_sources(lines), beam, alpha, 1, progress)
         return [delinearize(symbols_from_pieces(t.tokenizer.id_to_piece(h[0].tokens) if h else []), line.split())
                 if line.split() else None for h, line in zip(hyps, lines)]

@@ -184,6 +184,10 @@ def test_prepare_train_parse_score_end_to_end(tmp_path):
         pieces = parser.translator.tokenizer.id_to_piece(h[0].tokens)
         assert _valid(pieces, parser.translator.tokenizer.id_to_piece(parser.translator.tokenizer.encode([line])[0]))
     assert [tree.words() for tree in parser.parse(words)] == [line.split() for line in words]
+    # Parentheses in the input are spelled as the treebank does, never read as brackets: the tree reads back.
+    (tree,) = parser.parse(["( the dog ) runs (NP a)"])
+    want = ["-LRB-", "the", "dog", "-RRB-", "runs", "-LRB-NP", "a-RRB-"]
+    assert tree.words() == want and one(str(tree)).words() == want
     # A translation model is refused by its metadata, in one line.
     meta_free = tmp_path / "translation.safetensors"
     tensors, meta = read_weights(ckpt)
