@@ -62,7 +62,7 @@ class ModelConfig:
     pre_norm: bool = False  # §3.1 uses post-norm LayerNorm(x + Sublayer(x))
     learned_positions: bool = False  # Table 3 row (E)
     pointer_input: bool = False  # §6.3 option (ours): decoder inputs carry the next source word's state (pointer.py)
-    depth_input: bool = False  # §6.3 option (ours): decoder inputs carry the number of open brackets (pointer.py)
+    depth_input: bool = False  # §6.3 option (ours): decoder inputs carry the open brackets' count (pointer.py; F1 -3)
     share_embeddings: bool = True  # §3.4 one matrix for both embeddings and the softmax
     fp32_logits: bool = True  # under bf16 autocast, the output projection and softmax stay fp32
     max_positions: int = 1024
