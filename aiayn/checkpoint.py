@@ -29,7 +29,7 @@ class CheckpointError(ValueError):
 
 
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters (tied weights once, under their first name) and persistent buffers."""
+    """Parameters (tied weights once, under their first name); buffers are not saved (a model rebuilds them)."""
     model = getattr(model, "module", model)  # unwrap DDP
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
     tensors = {k: v.detach().float().cpu().contiguous() for k, v in model.named_parameters()}
