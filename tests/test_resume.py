@@ -295,7 +295,7 @@ def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(
 
 
 def test_a_pointer_parser_resumes_bit_identically_after_sigkill(tmp_path):
-    """§6.3's parser (words as leaves, model.pointer_input): SIGKILL, resume in a new process, the
+    """§6.3's parser (words as leaves, model.pointer_input and depth_input): SIGKILL, resume in a new process, the
     same final tensors and the parse task in the metadata as an uninterrupted run."""
     from test_parse import tiny_treebank
 
@@ -304,11 +304,11 @@ def test_a_pointer_parser_resumes_bit_identically_after_sigkill(tmp_path):
     subprocess.run(aiayn("prepare", "--task", "parse", "--treebank", str(tiny_treebank(tmp_path / "tb")), "-o",
                          str(prep), "--preset", "parse", "--data.vocab_size", "60"), check=True, capture_output=True,
                    timeout=180)
-    extra = ("--preset", "parse", *TINY, "--train.max_minutes", "0")
+    extra = ("--preset", "parse", *TINY, "--train.max_minutes", "0", "--model.depth_input", "true")
     subprocess.run(start_training(prep, tmp_path / "straight", extra), check=True, capture_output=True, timeout=180)
     run = tmp_path / "run"
     kill_after_step_15(start_training(prep, run, extra), run)
     assert "resumed from step-000000" in resume(run).stderr
     (got, meta), (want, _) = final_bytes(run), final_bytes(tmp_path / "straight")
-    assert got == want and "pointer_proj.weight" in got
+    assert got == want and "pointer_proj.weight" in got and "depth.embed.weight" in got
     assert json.loads(meta["extra"]) == {"task": "parse", "linearization": "words"}
