@@ -3,8 +3,9 @@
 `Transformer.decode_step` runs the decoder's modules one token at a time: for a few rows most of
 its time is per-call overhead, not arithmetic (bench/decode_step.py). `FusedDecoder` computes the
 same step from the model's weights directly: one Q|K|V product per layer, the encoder-decoder
-keys and values projected once per sentence, self-attention caches preallocated and reused when
-beams are reordered, no module calls and no autocast. The arithmetic is the model's at the same
+keys and values projected once per sentence, self-attention caches written once and never moved (a
+table of rows follows the beams; compiled, the gather fuses into attention), no module calls and no
+autocast. The arithmetic is the model's at the same
 precision: in bf16 the products run in bf16 while the residual stream, LayerNorm and softmax stay
 in fp32, as under autocast. Search uses it through the `IncrementalDecoder` contract (search.py).
 """
@@ -54,41 +55,34 @@ class _Layer:
 
 
 class FusedState:
-    """Search state: self-attention keys/values per layer in time-major buffers (capacity, rows, h,
-    d), so the filled positions are one contiguous block that reordering copies into a spare buffer
-    of the same size (no allocation per step); the encoder side once per source."""
+    """Search state: self-attention keys/values per layer in time-major buffers (capacity, rows, h, d)
+    that are written once and never moved, and a table `idx` (capacity, rows): the buffer row that
+    holds position t of decoder row r. Reordering beams rewrites that table only (integers, not
+    vectors); the step gathers each row's history through it. The encoder side once per source."""
 
     def __init__(self, cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int, rows: int,
                  layers: list[_Layer], dtype: torch.dtype, capacity: int = 64):
         self.cross, self.pad, self.group, self.n = cross, pad, group, 0  # pad: (B, 1, 1, S), True at padding
         self.k = [torch.empty(capacity, rows, L.heads[0], L.heads[1], dtype=dtype) for L in layers]
         self.v = [torch.empty(capacity, rows, L.heads[0], L.heads[2], dtype=dtype) for L in layers]
-        self.spare: tuple[list[Tensor], list[Tensor]] | None = None
+        self.idx = torch.empty(capacity, rows, dtype=torch.long)
 
     def grow(self) -> None:
         """Double the capacity, keeping what is filled."""
-        for buf in (self.k, self.v):
-            for i, x in enumerate(buf):
-                y = x.new_empty(2 * x.size(0), *x.shape[1:])
-                y[:self.n] = x[:self.n]
-                buf[i] = y
-        self.spare = None
+        def doubled(x: Tensor) -> Tensor:
+            y = x.new_empty(2 * x.size(0), *x.shape[1:])
+            y[:self.n] = x[:self.n]
+            return y
+        self.k, self.v, self.idx = [doubled(x) for x in self.k], [doubled(x) for x in self.v], doubled(self.idx)
 
     def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
         """Keep decoder rows `rows`; `sources` selects the sources when that set changes."""
         if sources is not None:
             self.cross = [(k.index_select(0, sources), v.index_select(0, sources)) for k, v in self.cross]
             self.pad = self.pad.index_select(0, sources)
-        same = rows.numel() == self.k[0].size(1)
-        if not same or self.spare is None:
-            self.spare = ([x.new_empty(x.size(0), rows.numel(), *x.shape[2:]) for x in self.k],
-                          [x.new_empty(x.size(0), rows.numel(), *x.shape[2:]) for x in self.v])
-        sk, sv, n = *self.spare, self.n
-        for i in range(len(self.k)):  # the filled block only, into the spare's (contiguous) block
-            torch.index_select(self.k[i][:n], 1, rows, out=sk[i][:n])
-            torch.index_select(self.v[i][:n], 1, rows, out=sv[i][:n])
-        self.spare = (self.k, self.v) if same else None
-        self.k, self.v = sk, sv
+        idx = self.idx.new_empty(self.idx.size(0), rows.numel())
+        torch.index_select(self.idx[:self.n], 1, rows, out=idx[:self.n])
+        self.idx = idx
 
 
 class FusedDecoder:
@@ -154,16 +148,21 @@ class FusedDecoder:
         """Feed the next token of each row, tokens (R,) -> next-token logits (R, V)."""
         if state.n == state.k[0].size(0):
             state.grow()
-        logits = self._step(tokens, state.n, state.k, state.v, state.cross, state.pad, state.group)
+        logits = self._step(tokens, state.n, state.k, state.v, state.idx, state.cross, state.pad, state.group)
         state.n += 1
         return logits
 
-    def _tensor_step(self, tokens: Tensor, n: int, ks: list[Tensor], vs: list[Tensor],
+    def _tensor_step(self, tokens: Tensor, n: int, ks: list[Tensor], vs: list[Tensor], idx: Tensor,
                      cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int) -> Tensor:
-        """The step over the state's tensors: writes position n of the caches, returns the logits."""
+        """The step over the state's tensors: writes position n of the caches and of the row table
+        (row r's new entry lies in buffer row r), returns the logits."""
+        R, cap_rows = tokens.size(0), ks[0].size(1)
+        idx[n] = torch.arange(R, device=tokens.device)
+        # Where each row's positions 0..n lie in a buffer seen as (capacity · rows, h, d).
+        where = (idx[:n + 1] + torch.arange(n + 1, device=tokens.device)[:, None] * cap_rows).view(-1)
         x = self.embed.index_select(0, tokens) * math.sqrt(self.d) + self.pos[n]
         for i, L in enumerate(self.layers):
-            x = self._out(x, L.norms[0], self._self_attention(self._inp(x, L.norms[0]), L, ks[i], vs[i], n))
+            x = self._out(x, L.norms[0], self._self_attention(self._inp(x, L.norms[0]), L, ks[i], vs[i], n, where))
             x = self._out(x, L.norms[1], self._cross_attention(self._inp(x, L.norms[1]), L, cross[i], pad, group))
             x = self._out(x, L.norms[2], self.linear(F.relu(self.linear(self._inp(x, L.norms[2]), L.f1)), L.f2))
         if self.final is not None:
@@ -178,18 +177,23 @@ class FusedDecoder:
         """§3.1: LayerNorm(x + y); pre-norm: x + y. The residual stream stays fp32."""
         return x + y if self.pre_norm else F.layer_norm(x + y, (self.d,), *norm)
 
-    def _self_attention(self, y: Tensor, L: _Layer, kc: Tensor, vc: Tensor, n: int) -> Tensor:
-        """kc, vc: this layer's time-major caches (capacity, R, h, d); position n is written here."""
+    def _self_attention(self, y: Tensor, L: _Layer, kc: Tensor, vc: Tensor, n: int, where: Tensor) -> Tensor:
+        """kc, vc: this layer's time-major caches (capacity, rows, h, d); position n is written here.
+        where: the buffer rows of each row's history, (n + 1) · R."""
         h, dk, dv = L.heads[:3]
         R = y.size(0)
         q, k, v = self.linear(y, L.qkv).split([h * dk, h * dk, h * dv], 1)
-        kc[n] = k.view(R, h, dk)
-        vc[n] = v.view(R, h, dv)
-        q = q.view(R, h, 1, dk)
-        keys, values = kc[:n + 1].permute(1, 2, 3, 0), vc[:n + 1].permute(1, 2, 0, 3)
-        scores = q @ keys / math.sqrt(dk)  # (R, h, 1, n + 1)
-        a = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values
-        return self.linear(a.view(R, h * dv), L.o)
+        kc[n][:R] = k.view(R, h, dk)
+        vc[n][:R] = v.view(R, h, dv)
+        keys = kc.view(-1, h, dk).index_select(0, where).view(n + 1, R, h, dk)
+        values = vc.view(-1, h, dv).index_select(0, where).view(n + 1, R, h, dv)
+        if self.compiled:  # products and sums inductor fuses with the gather: the history is never copied
+            scores = (q.view(1, R, h, dk).float() * keys.float()).sum(-1) / math.sqrt(dk)  # (n + 1, R, h)
+            a = (torch.softmax(scores, dim=0).unsqueeze(-1) * values.float()).sum(0).to(q.dtype)
+        else:  # the module's arithmetic (model.py), bit for bit
+            scores = q.view(R, h, 1, dk) @ keys.permute(1, 2, 3, 0) / math.sqrt(dk)  # (R, h, 1, n + 1)
+            a = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values.permute(1, 2, 0, 3)
+        return self.linear(a.reshape(R, h * dv), L.o)
 
     def _cross_attention(self, y: Tensor, L: _Layer, kv: tuple[Tensor, Tensor], pad: Tensor, g: int) -> Tensor:
         """The g rows of one source are that source's g queries (B, h, g, d_k)."""

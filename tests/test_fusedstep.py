@@ -65,6 +65,22 @@ def test_fused_step_equals_the_modules_under_autocast_bf16():
     steps_agree(model, FusedDecoder(model, torch.bfloat16, capacity=4), bf16=True)
 
 
+def test_reordering_moves_the_row_table_not_the_cached_keys_and_values():
+    """Beams reorder by rewriting which buffer row holds each position (integers); the keys and
+    values written at a step stay where they were, and the logits still equal the modules'."""
+    model = toy()
+    fused = FusedDecoder(model, capacity=16)
+    state = fused.start_decoding(sources(), 4)
+    fused.decode_step(torch.full((12,), 5), state)
+    before = [(x.data_ptr(), x[0].clone()) for x in state.k + state.v]
+    state.reorder(torch.tensor([3, 3, 1, 0, 4, 5, 6, 7, 8, 8, 8, 8]))
+    fused.decode_step(torch.full((12,), 6), state)
+    for x, (ptr, first) in zip(state.k + state.v, before):  # the same storage, position 0 untouched
+        assert x.data_ptr() == ptr and torch.equal(x[0], first)
+    assert state.idx[:2, :4].tolist() == [[3, 3, 1, 0], [0, 1, 2, 3]]  # position 0 from the parents; 1 written in place
+    steps_agree(model, fused, bf16=False)
+
+
 @pytest.mark.parametrize("beam", [1, 4])
 def test_search_through_the_fused_step_finds_the_same_hypotheses_batch_or_one_by_one(beam):
     model = toy()
