@@ -92,7 +92,8 @@ class FusedDecoder:
     linear.Int8Linear, as translate.quantize_int8 makes them (the fused Q|K|V one included: the
     same per-channel weight scales and per-row activation scales, so the same numbers). encoder:
     the model whose `encode` runs (default `model`; int8: translate.quantize_int8's copy).
-    compiled: the step runs through `torch.compile` (see `compiled_step`)."""
+    compiled: the step, and the encoder with the encoder-decoder projections, run through
+    `torch.compile` (see `compiled_step`)."""
 
     def __init__(self, model, dtype: torch.dtype = torch.float32, capacity: int = 64, int8: bool = False,
                  encoder=None, compiled: bool = False):
@@ -112,6 +113,7 @@ class FusedDecoder:
         cpu_onednn = onednn_available() and self.embed.device.type == "cpu" and not compiled
         self.fp32_linear = _onednn if cpu_onednn else F.linear  # inductor picks its own kernel
         self._step = compiled_step(self._tensor_step, self._weight_tensors()) if compiled else self._tensor_step
+        self._start = compiled_step(self._tensor_start, self._weight_tensors()) if compiled else self._tensor_start
 
     def _weight_tensors(self) -> list[Tensor]:
         """Every tensor the step reads besides its arguments: the weights, embeddings and positions."""
@@ -132,6 +134,10 @@ class FusedDecoder:
     @torch.no_grad()
     def start_decoding(self, src: Tensor, group: int = 1) -> FusedState:
         """Encode src (B, S) with the model, project every layer's encoder-decoder keys and values."""
+        cross, mask = self._start(src.clone(memory_format=torch.contiguous_format))  # a slice compiled again
+        return FusedState(cross, ~mask, group, src.size(0) * group, self.layers, self.dtype, self.capacity)
+
+    def _tensor_start(self, src: Tensor) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
         with torch.autocast(src.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16):
             memory, mask, _ = self.encoder.encode(src)
         B, S = src.shape
@@ -141,7 +147,7 @@ class FusedDecoder:
             k = self.linear(memory, L.ck).view(B, S, h, dk).transpose(1, 2)  # (B, h, S, d_k)
             v = self.linear(memory, L.cv).view(B, S, h, dv).transpose(1, 2)
             cross.append((k.contiguous(), v.contiguous()) if self.compiled else (k, v))  # one stride pattern
-        return FusedState(cross, ~mask, group, B * group, self.layers, self.dtype, self.capacity)
+        return cross, mask
 
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, state: FusedState) -> Tensor:
