@@ -285,8 +285,9 @@ class Translator:
         return self.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
 
     def compile_now(self) -> float:
-        """With `compiled`, compile the decoder step now (its graphs: one sentence and a batch, the
-        first position and the rest) so no request waits for it; returns the seconds it took."""
+        """With `compiled`, compile the encoder and the decoder step now (their graphs: one sentence
+        and a batch; the step's first position and the rest) so no request waits for it; returns the
+        seconds it took."""
         if not isinstance(self.search_model, FusedDecoder) or not self.search_model.compiled:
             return 0.0
         start = time.perf_counter()
@@ -296,7 +297,7 @@ class Translator:
         self.translate_ids(ids[:1], beam=self.decode_cfg.beam)
         self.translate_ids(ids, beam=self.decode_cfg.beam)
         seconds = time.perf_counter() - start
-        log.info("decoder step compiled in %.1f s (torch.compile; inductor caches it on disk)", seconds)
+        log.info("encoder and decoder step compiled in %.1f s (torch.compile; inductor caches it on disk)", seconds)
         return seconds
 
 
