@@ -338,6 +338,13 @@ def _build(splits: dict[str, tuple[Path, Path]], folder: Path, new: Path, src_la
     return stats, tok
 
 
+def check_vocabulary(proto: bytes, data_dir: Path) -> None:
+    """§5.1: a checkpoint reads prepared data only in its own shared vocabulary (the same SentencePiece model)."""
+    path = Path(data_dir) / "spm.model"
+    if not path.exists() or path.read_bytes() != proto:
+        raise DataError(f"{data_dir}: its vocabulary is not the checkpoint's; pass the run's prepared data")
+
+
 def load_manifest(data_dir: Path) -> dict:
     path = Path(data_dir) / "manifest.json"
     if not path.exists():

@@ -16,7 +16,7 @@ import sacrebleu
 
 from .checkpoint import CheckpointError, read_weights, save_weights
 from .config import DecodeConfig, from_dict
-from .data import DataError, load_manifest
+from .data import DataError, check_vocabulary, load_manifest
 
 log = logging.getLogger("aiayn")
 BEAMS = (2, 4, 6)
@@ -67,8 +67,7 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
     if sentences:
         src, ref = src[:sentences], ref[:sentences]
     translator = Translator.load(checkpoint, device=device, precision=precision)
-    if translator.tokenizer.proto != (data_dir / "spm.model").read_bytes():
-        raise DataError(f"{data_dir}: its vocabulary is not the checkpoint's; pass the run's prepared data")
+    check_vocabulary(translator.tokenizer.proto, data_dir)
     ids = translator.encode_sources(src)
     points = []
     for beam in beams:

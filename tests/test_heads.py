@@ -3,6 +3,7 @@ the role statistics on hand-built attention patterns."""
 
 import copy
 import math
+import shutil
 
 import pytest
 import torch
@@ -257,9 +258,13 @@ def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys):
     args = ["heads", "--checkpoint", str(ckpt), "--data", str(toy_prepared), "--treebank", str(bank), "-o", str(out),
             "--sentences", "5", "--bleu-sentences", "6"]
     # bad input: named, and refused before any measuring (nothing written)
-    bad = {"--checkpoint": (str(tmp_path / "none.safetensors"), "no such file"),
-           "--data": (str(tmp_path), "manifest.json"), "--treebank": (str(tmp_path / "nobank.zip"), "nobank.zip")}
-    for flag, (value, words) in bad.items():
+    other = tmp_path / "other-vocabulary"  # another prepared folder: its ids would be read as the model's
+    shutil.copytree(toy_prepared, other)
+    (other / "spm.model").write_bytes((other / "spm.model").read_bytes()[:-1] + b"?")
+    bad = [("--checkpoint", str(tmp_path / "none.safetensors"), "no such file"),
+           ("--data", str(tmp_path), "manifest.json"), ("--treebank", str(tmp_path / "nobank.zip"), "nobank.zip"),
+           ("--data", str(other), "its vocabulary is not the checkpoint's")]
+    for flag, value, words in bad:
         argv = [value if i and args[i - 1] == flag else a for i, a in enumerate(args)]
         assert main(argv) != 0
         assert words in capsys.readouterr().err and not out.exists()

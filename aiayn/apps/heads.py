@@ -24,7 +24,7 @@ from scipy.stats import spearmanr  # noqa: E402
 
 from ..batches import TokenData  # noqa: E402
 from ..checkpoint import load_checkpoint  # noqa: E402
-from ..data import load_manifest  # noqa: E402
+from ..data import check_vocabulary, load_manifest  # noqa: E402
 from ..files import atomic_write, new_folder  # noqa: E402
 from ..heads import (  # noqa: E402
     SUBLAYERS,
@@ -120,6 +120,7 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
     model, cfg, tokenizer, _ = load_checkpoint(checkpoint)
     model.eval()
     settings = load_manifest(data_dir)["settings"]
+    check_vocabulary(tokenizer.proto, data_dir)
     trees = _trees(settings, treebank, sentences)
     valid = TokenData(data_dir, "valid")
     src = (data_dir / f"valid.{settings['src']}.txt").read_text().splitlines()[:bleu_sentences]
