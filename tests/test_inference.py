@@ -1,6 +1,7 @@
 """Inference precisions: `auto` by processor, int8 against fp32, batch == one by one in each; `tune`."""
 
 import json
+import shutil
 
 import pytest
 import sacrebleu
@@ -102,11 +103,15 @@ def test_tune_picks_the_best_validation_bleu_and_translate_uses_it(trained, tmp_
 
 
 def test_tune_bad_input_gets_one_line_errors(trained, tmp_path, capsys):
-    ckpt, _ = trained
+    ckpt, data = trained
+    other = tmp_path / "other-vocabulary"
+    shutil.copytree(data, other)
+    (other / "spm.model").write_bytes((other / "spm.model").read_bytes()[:-1] + b"?")
     cases = [(["--checkpoint", str(tmp_path / "none.safetensors")], "checkpoint not found"),
              (["--checkpoint", str(ckpt), "--beams", "2,x"], "--beams: expected comma-separated numbers"),
              (["--checkpoint", str(ckpt), "--alphas", "-1"], "--alphas finite and >= 0"),
-             (["--checkpoint", str(ckpt), "--data", str(tmp_path)], "no manifest.json")]
+             (["--checkpoint", str(ckpt), "--data", str(tmp_path)], "no manifest.json"),
+             (["--checkpoint", str(ckpt), "--data", str(other)], "its vocabulary is not the checkpoint's")]
     for args, message in cases:
         assert main(["tune", *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
