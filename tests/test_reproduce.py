@@ -154,10 +154,10 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     assert not (work / "table3" / "A-h1").exists()
 
 
-@pytest.mark.parametrize("folder", ["", "rerun"])
+@pytest.mark.parametrize("folder", ["reproduction", "reproduction-rerun"])
 def test_the_committed_report_renders_byte_for_byte(tmp_path, folder):
     """docs/reproduction/REPORT.md (and the rerun's, issue #27) is what --render-only makes of the committed results."""
-    docs = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / folder
+    docs = Path(__file__).resolve().parents[1] / "docs" / folder
     shutil.copytree(docs / "results", tmp_path / "results")
     p = reproduce("--suite", "table3", "--render-only", "--report", tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
