@@ -5,6 +5,7 @@ import copy
 import math
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_config
@@ -270,9 +271,19 @@ def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys):
         assert words in capsys.readouterr().err and not out.exists()
     assert main([*args[:-1], "0"]) != 0 and "--bleu-sentences must be at least 1" in capsys.readouterr().err
     assert main(args) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["heads.json", "importance.png", "pruned.safetensors",
-                                                     "pruning.png", "roles.png"]
+    assert sorted(p.name for p in out.iterdir()) == ["examples.png", "heads.json", "importance.png",
+                                                     "pruned.safetensors", "pruning.png", "roles.png"]
     r = json.loads((out / "heads.json").read_text())
+    # the example maps: each sublayer's most important head by ablation, rows are distributions over the
+    # keys, and the decoder's self-attention never looks ahead (§3.2.3)
+    for e in r["examples"]:
+        t = np.array(r["ablation"][e["sublayer"]])
+        assert (e["layer"], e["head"]) == np.unravel_index(t.argmax(), t.shape)
+        w = np.array(e["weights"])
+        assert w.shape == (len(e["rows"]), len(e["cols"])) and np.allclose(w.sum(1), 1, atol=1e-3)
+        if e["sublayer"] == "decoder_self":
+            assert np.triu(w, 1).max() == 0
+    assert sorted({e["sublayer"] for e in r["examples"]}) == ["cross", "decoder_self", "encoder_self"]
     # the pruned checkpoint (weights zeroed by hand) scores what the gated model scored at that step
     from aiayn.checkpoint import load_checkpoint
     from aiayn.heads import eval_batches, nll_per_token

@@ -39,10 +39,11 @@ from ..heads import (  # noqa: E402
     syntactic_agreement,
 )
 from ..tokenizer import EOS, Tokenizer  # noqa: E402
-from ..translate import Translator  # noqa: E402
+from ..translate import Translator, attention_data  # noqa: E402
+from .plot import heatmap  # noqa: E402
 
 log = logging.getLogger("aiayn")
-FILES = ("heads.json", "importance.png", "roles.png", "pruning.png", "pruned.safetensors")
+FILES = ("heads.json", "importance.png", "roles.png", "pruning.png", "examples.png", "pruned.safetensors")
 _PUNCT = set(".,!?;:")
 
 
@@ -141,6 +142,7 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
     order = prune_order(ablation)
     shuffled = order[:]
     random.Random(seed).shuffle(shuffled)
+    examples = _examples(model, tokenizer, ablation, src, ref)  # the whole model's maps, before any pruning
     log.info("pruning curves (%d heads), by importance and at random", len(order))
     curves = {"importance": pruning_curve(model, order, evaluate), "random": pruning_curve(model, shuffled, evaluate)}
     as_list = lambda d: {k: v.tolist() for k, v in d.items()}  # noqa: E731
@@ -151,7 +153,30 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
             "spearman_ablation_gradient": float(spearmanr(a, g).statistic),
             "roles": {n: as_list(r) for n, r in roles.items()}, "syntactic": syntactic, "pruning": curves,
             "removable_at_0.5_bleu": removable,
-            "pruned_heads": [r["head"] for r in curves["importance"][1:removable["importance"] + 1]]}
+            "pruned_heads": [r["head"] for r in curves["importance"][1:removable["importance"] + 1]],
+            "examples": examples}
+
+
+# Where AttentionData keeps each sublayer's maps, and the tokens of their queries and keys.
+_MAPS = {"encoder_self": ("encoder_self", "src_tokens", "src_tokens"),
+         "decoder_self": ("decoder_self", "tgt_out_tokens", "tgt_in_tokens"),
+         "cross": ("cross", "tgt_out_tokens", "src_tokens")}
+
+
+def _examples(model, tokenizer: Tokenizer, ablation: dict, src: list[str], ref: list[str], n: int = 2,
+              max_words: int = 12) -> list[dict]:
+    """Figures 3-5 for the heads that matter: the most important head of each sublayer (by ablation) on
+    the first `n` validation sentences of at most `max_words` source words, teacher-forced on the reference."""
+    chosen = [i for i, s in enumerate(src) if len(s.split()) <= max_words][:n] or [0]
+    maps = [attention_data(model, tokenizer, src[i], ref[i]) for i in chosen]
+    out = []
+    for name in SUBLAYERS:
+        layer, head = divmod(int(ablation[name].argmax()), ablation[name].size(1))
+        field, rows, cols = _MAPS[name]
+        for i, data in zip(chosen, maps):
+            out.append({"sublayer": name, "layer": layer, "head": head, "sentence": i, "rows": getattr(data, rows),
+                        "cols": getattr(data, cols), "weights": getattr(data, field)[layer, head].round(4).tolist()})
+    return out
 
 
 def _importance_figure(result: dict, path: Path) -> None:
@@ -218,7 +243,7 @@ def _save_pruned(result: dict, path: Path) -> None:
 
 
 def write(result: dict, out: Path) -> Path:
-    """heads.json, the three pictures and the pruned checkpoint, replacing an earlier `aiayn heads`
+    """heads.json, the four pictures and the pruned checkpoint, replacing an earlier `aiayn heads`
     folder whole."""
     with new_folder(out, is_heads_output) as tmp:
         _save_pruned(result, tmp / "pruned.safetensors")
@@ -226,4 +251,19 @@ def write(result: dict, out: Path) -> Path:
         _importance_figure(result, tmp / "importance.png")
         _roles_figure(result, tmp / "roles.png")
         _pruning_figure(result, tmp / "pruning.png")
+        _examples_figure(result, tmp / "examples.png")
     return Path(out)
+
+
+def _examples_figure(result: dict, path: Path) -> None:
+    """The most important head of each sublayer on the example sentences: one row per sublayer."""
+    ex = result["examples"]
+    per_row = max(1, len(ex) // len(SUBLAYERS))
+    size = 1.2 + 0.2 * max(max(len(e["rows"]), len(e["cols"])) for e in ex)
+    fig, axes = plt.subplots(len(SUBLAYERS), per_row, figsize=(per_row * size, len(SUBLAYERS) * size), squeeze=False)
+    for ax, e in zip(axes.flat, ex):
+        heatmap(ax, np.array(e["weights"]), e["rows"], e["cols"],
+                f"{e['sublayer']} L{e['layer'] + 1} H{e['head'] + 1}, sentence {e['sentence'] + 1}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -17,7 +17,8 @@ from ..files import new_folder  # noqa: E402
 from ..translate import AttentionData  # noqa: E402
 
 
-def _heatmap(ax, w: np.ndarray, rows: list[str], cols: list[str], title: str) -> None:
+def heatmap(ax, w: np.ndarray, rows: list[str], cols: list[str], title: str) -> None:
+    """One attention map (queries × keys) on `ax`, its tokens as tick labels."""
     ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(float(w.max()), 1e-6), aspect="auto")
     ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
     ax.set_yticks(range(len(rows)), rows, fontsize=7)
@@ -33,7 +34,7 @@ def _grid(maps: np.ndarray, rows: list[str], cols: list[str], title: str, path: 
     size = 1.0 + 0.22 * max(len(rows), len(cols))
     fig, axes = plt.subplots(nrow, ncol, figsize=(ncol * size, nrow * size), squeeze=False)
     for ax, (w, name) in zip(axes.flat, panels):
-        _heatmap(ax, w, rows, cols, name)
+        heatmap(ax, w, rows, cols, name)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.suptitle(title)
@@ -76,7 +77,7 @@ def _plot_attention(data: AttentionData, out_dir: Path) -> list[Path]:
     mean = data.cross.mean((0, 1))
     size = 1.5 + 0.3 * max(mean.shape)
     fig, ax = plt.subplots(figsize=(size, size))
-    _heatmap(ax, mean, data.tgt_out_tokens, data.src_tokens, "cross attention, mean of layers and heads")
+    heatmap(ax, mean, data.tgt_out_tokens, data.src_tokens, "cross attention, mean of layers and heads")
     ax.set_xlabel("source")
     ax.set_ylabel("output")
     fig.tight_layout()

@@ -247,7 +247,8 @@ def heads_section(rs: list[dict]) -> list[str]:
                     f"{v:.1%} of {syn['arcs']:,} arcs of the Penn Treebank sample's development trees (head rules); "
                     f"always guessing the word {syn['baseline_offset']:+d} away gets {syn['baseline_accuracy']:.1%}."]
         # the pictures are `aiayn heads`'s own (importance.png, ...), copied beside the report's as img/heads-NAME-*.png
-        out += [""] + [f"![{name} {kind}](img/heads-{name}-{kind}.png)" for kind in ("importance", "pruning", "roles")]
+        kinds = ("importance", "pruning", "roles") + (("examples",) if r.get("examples") else ())
+        out += [""] + [f"![{name} {kind}](img/heads-{name}-{kind}.png)" for kind in kinds]
         out += [""]
     return out
 
