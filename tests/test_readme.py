@@ -52,10 +52,11 @@ def test_python_block_runs_as_written(toy_corpus, tmp_path):
     code = code.replace('aiayn.preset("multi30k")', 'aiayn.apply_overrides(aiayn.preset("multi30k"), TINY)')
     tiny = dict(zip(TINY[::2], TINY[1::2]))
     prelude = f"TINY = {{k[2:]: v for k, v in {tiny!r}.items()}}\n"
-    p = subprocess.run([sys.executable, "-c", prelude + code + "\nprint('cross', maps.cross.shape)"], cwd=cwd,
-                       capture_output=True, text=True, timeout=300)
+    code += "\nprint('cross', maps.cross.shape)\n" + block("python-heads", PYTHON_DOC)
+    p = subprocess.run([sys.executable, "-c", prelude + code], cwd=cwd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-1500:]
     assert "cross (1, 4," in p.stdout  # TINY: one layer; the multi30k preset: 4 heads
+    assert "'importance':" in p.stdout and (cwd / "heads-py" / "heads.json").exists()  # the heads block ran
 
 
 def test_readme_is_a_front_door():
