@@ -114,6 +114,7 @@ class FusedDecoder:
         self.fp32_linear = _onednn if cpu_onednn else F.linear  # inductor picks its own kernel
         self._step = compiled_step(self._tensor_step, self._weight_tensors()) if compiled else self._tensor_step
         self._start = compiled_step(self._tensor_start, self._weight_tensors()) if compiled else self._tensor_start
+        self._hidden = compiled_step(self._tensor_hidden, self._weight_tensors()) if compiled else self._tensor_hidden
 
     def _weight_tensors(self) -> list[Tensor]:
         """Every tensor the step reads besides its arguments: the weights, embeddings and positions."""
@@ -158,10 +159,40 @@ class FusedDecoder:
         state.n += 1
         return logits
 
+    @torch.no_grad()
+    def decode_hidden(self, tokens: Tensor, state: FusedState) -> Tensor:
+        """`decode_step` without the output layer: the decoder's last states (R, d_model), for
+        `project` (shortlist.py)."""
+        if state.n == state.k[0].size(0):
+            state.grow()
+        x = self._hidden(tokens, state.n, state.k, state.v, state.idx, state.cross, state.pad, state.group)
+        state.n += 1
+        return x
+
+    def output_rows(self, rows: Tensor) -> Proj:
+        """The output layer restricted to the vocabulary ids `rows` (its weight's rows). bf16 weights
+        are kept as fp32 numbers: `project` sums their products in fp32 with one kernel for any
+        number of columns (oneDNN's bf16 kernels round differently as the column count changes,
+        which would make a sentence's logits depend on the other sentences of its batch)."""
+        if isinstance(self.out, Int8Linear):
+            return self.out.select(rows)
+        return self.out[0].index_select(0, rows).float(), None
+
+    def project(self, x: Tensor, out: Proj) -> Tensor:
+        """Logits of the states x (R, d_model) through `output_rows`'s layer."""
+        if isinstance(out, Int8Linear):
+            return out(x)
+        return self.fp32_linear(x.to(self.out_dtype).float(), *out)
+
     def _tensor_step(self, tokens: Tensor, n: int, ks: list[Tensor], vs: list[Tensor], idx: Tensor,
                      cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int) -> Tensor:
+        """The step over the state's tensors, to the logits (R, V)."""
+        return self.linear(self._tensor_hidden(tokens, n, ks, vs, idx, cross, pad, group), self.out, self.out_dtype)
+
+    def _tensor_hidden(self, tokens: Tensor, n: int, ks: list[Tensor], vs: list[Tensor], idx: Tensor,
+                       cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int) -> Tensor:
         """The step over the state's tensors: writes position n of the caches and of the row table
-        (row r's new entry lies in buffer row r), returns the logits."""
+        (row r's new entry lies in buffer row r), returns the decoder's last states."""
         R, cap_rows = tokens.size(0), ks[0].size(1)
         idx[n] = torch.arange(R, device=tokens.device)
         # Where each row's positions 0..n lie in a buffer seen as (capacity · rows, h, d).
@@ -173,7 +204,7 @@ class FusedDecoder:
             x = self._out(x, L.norms[2], self.linear(F.relu(self.linear(self._inp(x, L.norms[2]), L.f1)), L.f2))
         if self.final is not None:
             x = F.layer_norm(x, (self.d,), *self.final)
-        return self.linear(x, self.out, self.out_dtype)
+        return x
 
     def _inp(self, x: Tensor, norm: tuple[Tensor, Tensor]) -> Tensor:
         """§3.1: what a sub-layer sees: x; pre-norm: LayerNorm(x)."""

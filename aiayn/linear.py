@@ -146,5 +146,15 @@ class Int8Linear(nn.Module):
                 o.add_(self.bias)
         return out.view(*shape[:-1], self.out_features)
 
+    def select(self, rows: Tensor) -> Int8Linear:
+        """The same layer restricted to output channels `rows`, with the same numbers."""
+        sub = Int8Linear.__new__(Int8Linear)
+        nn.Module.__init__(sub)
+        sub.in_features, sub.out_features = self.in_features, rows.numel()
+        sub.register_buffer("w_scale", self.w_scale.index_select(0, rows))
+        sub.register_buffer("w_q", self.w_q.index_select(1, rows).contiguous())
+        sub.register_buffer("bias", None if self.bias is None else self.bias.index_select(0, rows))
+        return sub
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights and rows"

@@ -18,6 +18,7 @@ from .config import ConfigError, DecodeConfig
 from .fusedstep import FusedDecoder, fusable
 from .linear import kernel_cache
 from .search import Hypothesis, beam_search, greedy_search
+from .shortlist import Shortlist, ShortlistDecoder, ShortlistError, vocabulary_id
 from .tokenizer import BOS, EOS, PAD, Tokenizer
 
 log = logging.getLogger("aiayn")
@@ -150,6 +151,19 @@ class Translator:
         self.tokenizer = tokenizer
         self.decode_cfg = decode or DecodeConfig()
         self.data_max_len = 0  # subwords per side in training (data.max_len), when loaded from a checkpoint
+        self.shortlist: Shortlist | None = None  # see use_shortlist
+
+    def use_shortlist(self, shortlist: Shortlist | str | Path | None) -> None:
+        """Decode over each sentence's shortlist of target subwords (shortlist.py; None: the whole
+        vocabulary, the paper's). Needs the fused step (a Transformer without parser inputs)."""
+        if shortlist is not None and not isinstance(shortlist, Shortlist):
+            shortlist = Shortlist.load(Path(shortlist), self.tokenizer.proto)
+        if shortlist is not None and shortlist.vocab != vocabulary_id(self.tokenizer.proto):
+            raise ShortlistError("the shortlist was built for another vocabulary than this model's")
+        if shortlist is not None and not isinstance(self.search_model, FusedDecoder):
+            raise ConfigError("a shortlist needs the fused decoder step, which this model does not take "
+                              "(parser inputs, forward hooks or not a Transformer)")
+        self.shortlist = shortlist
 
     @property
     def model(self) -> torch.nn.Module:
@@ -174,12 +188,16 @@ class Translator:
         elif self.compiled:
             log.warning("compiled decoding needs the fused step, which this model does not take (parser inputs, "
                         "forward hooks or not a Transformer): decoding without torch.compile")
+        if getattr(self, "shortlist", None) is not None:
+            self.use_shortlist(self.shortlist)  # the new model must take it too
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device | None = None, precision: str = "auto",
-             compiled: bool = False, **decode_overrides) -> Translator:
+             compiled: bool = False, shortlist: Shortlist | str | Path | None = None, **decode_overrides
+             ) -> Translator:
         """Load a checkpoint; decode_overrides are DecodeConfig fields (beam, alpha, max_len_a,
-        max_len_b, nbest, max_tokens). device None: CUDA when available, else the CPU."""
+        max_len_b, nbest, max_tokens). device None: CUDA when available, else the CPU.
+        shortlist: a file of `aiayn shortlist` (see use_shortlist)."""
         import dataclasses
 
         from .checkpoint import load_checkpoint
@@ -200,6 +218,7 @@ class Translator:
             raise ConfigError(f"decode.beam ({cfg.decode.beam}) is larger than the vocabulary ({len(tokenizer)})")
         translator = cls(model, tokenizer, cfg.decode, dev, precision, compiled=compiled)
         translator.data_max_len = cfg.data.max_len  # the training length: a server's default sentence limit
+        translator.use_shortlist(shortlist)
         return translator
 
     def encode_sources(self, lines: list[str]) -> list[list[int]]:
@@ -250,11 +269,15 @@ class Translator:
             for b, i in enumerate(batch):
                 src[b, :len(ids[i])] = torch.tensor(ids[i])
             src = src.to(self.device)
+            model = self.search_model if self.shortlist is None else ShortlistDecoder(
+                self.search_model, *self.shortlist.columns(src))
             with ctx:
                 if beam == 1:
-                    hyps = [[h] for h in greedy_search(self.search_model, src, d.max_len_a, d.max_len_b, limit)]
+                    hyps = [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, limit)]
                 else:
-                    hyps = beam_search(self.search_model, src, beam, alpha, d.max_len_a, d.max_len_b, nbest, limit)
+                    hyps = beam_search(model, src, beam, alpha, d.max_len_a, d.max_len_b, nbest, limit)
+            if isinstance(model, ShortlistDecoder):
+                hyps = model.full_ids(hyps)
             for i, h in zip(batch, hyps):
                 results[i] = h
             bar.update(len(batch))

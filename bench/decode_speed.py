@@ -6,7 +6,8 @@ process one library's idle threads slowed the other by 10-25 %. Reported: median
 sentences/s and target tokens/s, sacreBLEU of each, the ratio to HF, and single-sentence
 latency (p50/p95 over 200 sentences, 1 and 2 threads). `-modules`: the decoder's modules
 instead of the fused step; `-compiled`: the fused step under torch.compile, whose compile time
-(paid once per process, before the clock starts) is reported as `compile_s`.
+(paid once per process, before the clock starts) is reported as `compile_s`; `-shortlist`:
+`translate --shortlist` with `aiayn shortlist`'s defaults, built from --data's training pairs.
 
     .venv/bin/pip install -e '.[bench]'      # scripts/setup.sh does this
     .venv/bin/python bench/decode_speed.py   # [--checkpoint FILE --src FILE --ref FILE]
@@ -36,6 +37,7 @@ import torch
 from benchdata import CHECKPOINT, DATA, prepared_data, trained_checkpoint
 
 from aiayn.apps.export import export_ct2, export_hf
+from aiayn.shortlist import build
 from aiayn.translate import Translator
 
 
@@ -69,14 +71,16 @@ def ct2_translate(translator, sp, src: list[str], beam: int, alpha: float) -> tu
 # -modules: the same precision with the decoder step through the modules, not fusedstep
 SYSTEMS = ("aiayn-fp32", "aiayn-bf16", "aiayn-int8", "hf-generate-fp32", "ct2-float32", "ct2-int8",
            "aiayn-fp32-modules", "aiayn-bf16-modules", "aiayn-int8-modules",
-           "aiayn-fp32-compiled", "aiayn-bf16-compiled", "aiayn-int8-compiled")
+           "aiayn-fp32-compiled", "aiayn-bf16-compiled", "aiayn-int8-compiled",
+           "aiayn-int8-shortlist", "aiayn-int8-compiled-shortlist", "aiayn-bf16-shortlist")
 
 
 def load_system(name: str, checkpoint: Path, export_dir: Path, threads: int):
     """(translate a list of sentences -> (texts, target tokens), the aiayn Translator or None)."""
     torch.set_num_threads(threads)
     if name.startswith("aiayn-"):
-        t = Translator.load(checkpoint, precision=name.split("-")[1], compiled=name.endswith("-compiled"))
+        shortlist = export_dir / "shortlist.safetensors" if name.endswith("-shortlist") else None
+        t = Translator.load(checkpoint, precision=name.split("-")[1], compiled="-compiled" in name, shortlist=shortlist)
         t.compile_seconds = t.compile_now()  # the start-up cost of -compiled (0 otherwise)
         if name.endswith("-modules"):
             t.fused = False
@@ -142,6 +146,7 @@ def main() -> None:
     p.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
     p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.en.txt")
     p.add_argument("--ref", type=Path, default=DATA / "test_2016_flickr.de.txt")
+    p.add_argument("--data", type=Path, default=DATA, help="prepared data whose training pairs make the -shortlist")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--unbatched", type=int, default=200,
@@ -166,6 +171,8 @@ def main() -> None:
     ref = Path(args.ref).read_text(encoding="utf-8").splitlines()
     export_dir = Path(tempfile.mkdtemp())
     export_hf(Path(args.checkpoint), export_dir / "hf")
+    if any(s.endswith("-shortlist") for s in systems):
+        build(prepared_data(args.data)).save(export_dir / "shortlist.safetensors")
     for quant in ("float32", "int8"):
         if f"ct2-{quant}" in systems:
             try:

@@ -78,3 +78,37 @@ def test_bad_override_is_a_clear_error(toy_corpus, tmp_path, capsys):
     assert "train.warmup" in capsys.readouterr().err
     assert main(["train", "--data", str(tmp_path), "--run", str(tmp_path / "r")]) == 2
     assert "manifest.json" in capsys.readouterr().err
+
+
+def test_shortlist_command_and_translate_with_it(trained, tmp_path, capsys):
+    """`aiayn shortlist` then `translate --shortlist`: one that holds every subword translates as
+    without one; one that holds few keeps each sentence in its own set; a foreign one is refused."""
+    from aiayn.shortlist import Shortlist, vocabulary_id
+    from aiayn.tokenizer import Tokenizer
+    from aiayn.translate import Translator
+
+    work, prep = trained
+    ckpt, src = str(work / "avg.safetensors"), str(prep / "test.en.txt")
+    outs = {}
+    for name, flags in (("none", []), ("all", ["--per-source", "60", "--frequent", "60"]),
+                        ("few", ["--per-source", "2", "--frequent", "0"])):
+        extra = []
+        if name != "none":
+            assert main(["shortlist", "--data", str(prep), "-o", str(tmp_path / f"{name}.st"), *flags]) == 0
+            extra = ["--shortlist", str(tmp_path / f"{name}.st")]
+        assert main(["translate", "--checkpoint", ckpt, "-i", src, "-o", str(tmp_path / name), *extra]) == 0
+        outs[name] = (tmp_path / name).read_text().splitlines()
+    assert outs["all"] == outs["none"]
+    tok = Tokenizer((prep / "spm.model").read_bytes())
+    few = Shortlist.load(tmp_path / "few.st", tok.proto)
+    lines = (prep / "test.en.txt").read_text().splitlines()
+    translator = Translator.load(ckpt, shortlist=tmp_path / "few.st")
+    for line, hyps, out in zip(lines, translator.hypotheses(lines), outs["few"]):
+        allowed = set(few.table[tok.encode([line])[0]].flatten().tolist()) | {0, 1, 2, 3}
+        assert set(hyps[0].ids) <= allowed and hyps[0].text == out, (line, out)
+    Shortlist(few.table, few.frequent, vocabulary_id(b"another model")).save(tmp_path / "foreign.st")
+    capsys.readouterr()
+    assert main(["translate", "--checkpoint", ckpt, "-i", src, "--shortlist", str(tmp_path / "foreign.st")]) == 2
+    err = capsys.readouterr().err
+    assert "foreign.st: built for another vocabulary" in err and "Traceback" not in err
+    assert main(["shortlist", "--data", str(prep), "-o", str(tmp_path / "x.st"), "--per-source", "0"]) == 2

@@ -14,6 +14,7 @@ from ..checkpoint import CheckpointError
 from ..config import ConfigError
 from ..data import DataError
 from ..files import FileError
+from ..shortlist import ShortlistError
 from ..tokenizer import TokenizerError
 from . import apps, decoding, evidence, prepare, training
 from .common import UserError
@@ -24,6 +25,7 @@ log = logging.getLogger("aiayn")
 VERBS = {
     "params": training.add_params, "prepare": prepare.add_prepare, "train": training.add_train,
     "average": training.add_average, "translate": decoding.add_translate, "tune": decoding.add_tune,
+    "shortlist": prepare.add_shortlist,
     "score": decoding.add_score, "parse": decoding.add_parse, "plot": apps.add_plot, "heads": apps.add_heads,
     "serve": apps.add_serve,
     "export": apps.add_export, "config": training.add_config, "reproduce": evidence.add_reproduce,
@@ -49,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     try:
         args.func(args, extra)
-    except (UserError, ConfigError, DataError, CheckpointError, TokenizerError, FileError) as e:
+    except (UserError, ConfigError, DataError, CheckpointError, TokenizerError, FileError,
+            ShortlistError) as e:
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -55,7 +55,7 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
                                    "nbest": args.nbest, "max_tokens": args.max_tokens}.items() if v is not None}
     try:
         translator = Translator.load(args.checkpoint, device=args.device, precision=args.precision,
-                                     compiled=args.compile, **overrides)
+                                     compiled=args.compile, shortlist=args.shortlist, **overrides)
     except ConfigError as e:
         raise UserError(_name_the_flag(str(e), _DECODE_FLAGS)) from None
     translator.compile_now()
@@ -203,6 +203,8 @@ def add_translate(sub) -> None:
     p.add_argument("--compile", action="store_true",
                    help="run the decoder step under torch.compile: faster on CPU once compiled, which takes "
                         "1-2 minutes at start (bench/decode_speed.py measures both; default: off)")
+    p.add_argument("--shortlist", help="a file of `aiayn shortlist`: each sentence's output layer and softmax "
+                                       "run over its own likely target subwords (faster; default: all of them)")
     p.set_defaults(func=cmd_translate)
 
 

@@ -136,3 +136,31 @@ def add_prepare(sub) -> None:
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--config", help="YAML config")
     p.set_defaults(func=cmd_prepare)
+
+
+def cmd_shortlist(args: argparse.Namespace, extra: list[str]) -> None:
+    """A decoding shortlist from prepared data's training pairs (shortlist.py; not in the paper)."""
+    from ..files import check_output_file
+    from ..shortlist import build
+
+    if extra:
+        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
+    if args.per_source < 1 or args.frequent < 0:
+        raise UserError(f"--per-source must be >= 1 and --frequent >= 0, got {args.per_source} and {args.frequent}")
+    check_output_file(args.output)
+    shortlist = build(Path(args.data), args.per_source, args.frequent)
+    shortlist.save(Path(args.output))
+    log.info("wrote %s: %d target subwords for every sentence, up to %d more per source subword",
+             args.output, len(shortlist.frequent), args.per_source)
+
+
+def add_shortlist(sub) -> None:
+    """`aiayn shortlist` and its flags."""
+    p = sub.add_parser("shortlist", help="a target-vocabulary shortlist for faster decoding (translate --shortlist)")
+    p.add_argument("--data", required=True, help="prepared data (aiayn prepare): its training pairs and vocabulary")
+    p.add_argument("-o", "--output", required=True, help="the shortlist file (.safetensors)")
+    p.add_argument("--per-source", type=int, default=100,
+                   help="target subwords kept per source subword, by co-occurrence (Dice) (default 100)")
+    p.add_argument("--frequent", type=int, default=200,
+                   help="most frequent target subwords, kept for every sentence (default 200)")
+    p.set_defaults(func=cmd_shortlist)
