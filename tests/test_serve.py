@@ -271,3 +271,20 @@ def test_attention_is_capped_and_computed_off_the_event_loop(translator, monkeyp
 
     code = "import sys, aiayn.apps.serve; print('matplotlib' in sys.modules)"  # no plotting library, ever
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_a_server_with_a_shortlist_answers_as_its_translator_and_says_so(toy_prepared):
+    """`serve --shortlist`: the app answers what the shortlisted translator gives; /health reports it."""
+    from aiayn.shortlist import build
+
+    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=len(tok), d_model=16, d_ff=32, h=2, N=1, p_drop=0.0, max_positions=64)
+    translator = Translator(Transformer(cfg), tok, DecodeConfig(max_len_b=6))
+    plain = translator.translate(["the dog runs", "a cat"])
+    translator.use_shortlist(build(toy_prepared, per_source=2, frequent=0))
+    short = translator.translate(["the dog runs", "a cat"])
+    client = TestClient(create_app(translator))
+    assert client.post("/translate", json={"sentences": ["the dog runs", "a cat"]}).json()["translations"] == short
+    assert client.get("/health").json()["decode"]["shortlist"] is True
+    assert short != plain  # a random model's translations leave two subwords per source word

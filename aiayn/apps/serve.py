@@ -275,7 +275,8 @@ def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_
                        "max_subwords": max_subwords, "max_beam": limits.max_beam,
                        "max_attention_subwords": attention_subwords},
             "model": {"d_model": cfg.d_model, "N": cfg.N, "h": cfg.h, "vocab_size": cfg.vocab_size},
-            "decode": {"beam": d.beam, "alpha": d.alpha, "max_len_b": d.max_len_b}}
+            "decode": {"beam": d.beam, "alpha": d.alpha, "max_len_b": d.max_len_b,
+                       "shortlist": translator.shortlist is not None}}
 
 
 def _training_length(translator: Translator) -> int:
@@ -303,7 +304,8 @@ def health_exempt_protocol() -> type:
 
 
 def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
-          limits: Limits | None = None, precision: str = "auto", compiled: bool = False) -> None:
+          limits: Limits | None = None, precision: str = "auto", compiled: bool = False,
+          shortlist: str | None = None) -> None:
     """Run the app under uvicorn with connection limits and timeouts; the open-file limit is raised
     to its hard maximum so that many connections cannot make the server unreachable."""
     import resource
@@ -311,7 +313,8 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: st
     import uvicorn
 
     limits = limits or Limits()
-    translator = Translator.load(checkpoint, device=device, precision=precision, compiled=compiled)
+    translator = Translator.load(checkpoint, device=device, precision=precision, compiled=compiled,
+                                 shortlist=shortlist)
     translator.compile_now()  # before the first request, not during it
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):

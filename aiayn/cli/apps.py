@@ -95,7 +95,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
                     max_attention_subwords=args.max_attention_subwords, timeout_s=args.timeout,
                     read_timeout_s=args.read_timeout, limit_concurrency=args.limit_concurrency,
                     keep_alive_s=args.keep_alive)
-    serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision, args.compile)
+    serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision, args.compile, args.shortlist)
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
@@ -173,6 +173,7 @@ def add_serve(sub) -> None:
                    help="as for translate (default auto)")
     p.add_argument("--compile", action="store_true",
                    help="as for translate: the decoder step is compiled before the server listens (default: off)")
+    p.add_argument("--shortlist", help="as for translate: a file of `aiayn shortlist` (default: the whole vocabulary)")
     p.set_defaults(func=cmd_serve)
 
 
