@@ -107,3 +107,22 @@ def test_file_round_trip_and_its_errors(tmp_path):
     np.save(tmp_path / "x.npy", np.zeros(3))
     with pytest.raises(ShortlistError, match="not a shortlist"):
         Shortlist.load(tmp_path / "x.npy")
+
+
+def test_compiled_shortlisted_search_finds_the_eager_ones_hypotheses_in_a_batch_or_alone():
+    """int8 compiled (`translate --precision int8 --compile --shortlist`, the fastest in
+    bench/README.md): the compiled step without its output layer, then the shortlist's columns."""
+    model = toy(N=1)
+    kw = {"int8": True, "encoder": quantize_int8(model)}
+    eager, compiled = FusedDecoder(model, **kw), FusedDecoder(model, compiled=True, **kw)
+    g = torch.Generator().manual_seed(3)
+    sl = Shortlist(torch.randint(4, 97, (97, 4), generator=g), torch.tensor([4, 5, 6, 7, 8, 9]), "v")
+    src = sources()
+
+    def tokens(fused, s):
+        short = ShortlistDecoder(fused, *sl.columns(s))
+        return [[h.tokens for h in hs] for hs in short.full_ids(_search(short, s, 4))]
+
+    ref = tokens(eager, src)
+    assert tokens(compiled, src) == ref
+    assert [tokens(compiled, src[b:b + 1, :int((src[b] != 0).sum())])[0] for b in range(3)] == ref
