@@ -81,11 +81,14 @@ class Shortlist:
         return cls(torch.from_numpy(tensors["table"]), torch.from_numpy(tensors["frequent"]), meta["vocab_sha256"])
 
 
-def _pairs(data_dir: Path, split: str = "train") -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The split's source and target subword sequences (data.py's flat arrays + offsets)."""
+def _pairs(data_dir: Path, split: str = "train", max_pairs: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The split's source and target subword sequences (data.py's flat arrays + offsets); with
+    max_pairs, every k-th pair so that at most max_pairs are read (spread over the whole corpus)."""
     def side(name: str) -> list[np.ndarray]:
         tok, off = np.load(data_dir / f"{split}.{name}.tok.npy"), np.load(data_dir / f"{split}.{name}.off.npy")
-        return np.split(tok, off[1:]) if len(off) else []
+        stride = -(-len(off) // max_pairs) if max_pairs else 1
+        ends = np.append(off[1:], len(tok))
+        return [tok[a:b] for a, b in zip(off[::stride], ends[::stride])]
     return side("src"), side("tgt")
 
 
@@ -106,18 +109,20 @@ def cooccurrence(src: list[np.ndarray], tgt: list[np.ndarray], V: int
     return np.stack([keys // V, keys % V], 1), counts, df(src), df(tgt)
 
 
-def build(data_dir: Path, per_source: int = 100, frequent: int = 200) -> Shortlist:
-    """The shortlist of prepared data's training pairs (`aiayn prepare`'s folder), in its vocabulary."""
+def build(data_dir: Path, per_source: int = 100, frequent: int = 200, max_pairs: int = 1_000_000) -> Shortlist:
+    """The shortlist of prepared data's training pairs (`aiayn prepare`'s folder), in its vocabulary;
+    from at most `max_pairs` of them, evenly spread (0: all)."""
     from .data import load_manifest
     from .tokenizer import Tokenizer
 
     data_dir = Path(data_dir)
     load_manifest(data_dir)
-    if per_source < 1 or frequent < 0:
-        raise ValueError(f"per_source must be >= 1 and frequent >= 0, got {per_source} and {frequent}")
+    if per_source < 1 or frequent < 0 or max_pairs < 0:
+        raise ValueError(f"per_source must be >= 1, frequent and max_pairs >= 0, got {per_source}, {frequent}, "
+                         f"{max_pairs}")
     proto = (data_dir / "spm.model").read_bytes()
     V = len(Tokenizer(proto))
-    src, tgt = _pairs(data_dir)
+    src, tgt = _pairs(data_dir, max_pairs=max_pairs)
     pairs, both, src_df, tgt_df = cooccurrence(src, tgt, V)
     s, t = pairs[:, 0], pairs[:, 1]
     dice = 2 * both / (src_df[s] + tgt_df[t])

@@ -16,10 +16,14 @@ from aiayn.translate import cast_bf16, quantize_int8
 from tests.test_fusedstep import sources, toy
 
 
-def test_table_holds_each_source_subwords_best_dice_partners(toy_prepared):
-    """Brute force: count sentence pairs in Python, rank every target id by Dice, keep the first k."""
-    sl = build(toy_prepared, per_source=3, frequent=5)
+@pytest.mark.parametrize("max_pairs,stride", [(0, 1), (200, 2), (150, 3)])
+def test_table_holds_each_source_subwords_best_dice_partners(toy_prepared, max_pairs, stride):
+    """Brute force: count sentence pairs in Python (every stride-th when capped), rank
+    every target id by Dice, keep the first k."""
+    sl = build(toy_prepared, per_source=3, frequent=5, max_pairs=max_pairs)
     src, tgt = _pairs(toy_prepared)
+    assert 300 < len(src) <= 400  # so that 200 pairs at most is every 2nd, 150 every 3rd
+    src, tgt = src[::stride], tgt[::stride]
     both, cs, ct, freq = Counter(), Counter(), Counter(), Counter()
     for s, t in zip(src, tgt):
         S, T = set(s.tolist()), set(t.tolist())

@@ -148,7 +148,9 @@ def cmd_shortlist(args: argparse.Namespace, extra: list[str]) -> None:
     if args.per_source < 1 or args.frequent < 0:
         raise UserError(f"--per-source must be >= 1 and --frequent >= 0, got {args.per_source} and {args.frequent}")
     check_output_file(args.output)
-    shortlist = build(Path(args.data), args.per_source, args.frequent)
+    if args.max_pairs < 0:
+        raise UserError(f"--max-pairs must be >= 0, got {args.max_pairs}")
+    shortlist = build(Path(args.data), args.per_source, args.frequent, args.max_pairs)
     shortlist.save(Path(args.output))
     log.info("wrote %s: %d target subwords for every sentence, up to %d more per source subword",
              args.output, len(shortlist.frequent), args.per_source)
@@ -163,4 +165,6 @@ def add_shortlist(sub) -> None:
                    help="target subwords kept per source subword, by co-occurrence (Dice) (default 100)")
     p.add_argument("--frequent", type=int, default=200,
                    help="most frequent target subwords, kept for every sentence (default 200)")
+    p.add_argument("--max-pairs", type=int, default=1_000_000,
+                   help="count co-occurrences on at most this many training pairs, spread evenly (default 1M; 0: all)")
     p.set_defaults(func=cmd_shortlist)
