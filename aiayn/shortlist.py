@@ -78,6 +78,11 @@ class Shortlist:
             raise ShortlistError(f"{path}: not a shortlist file (no aiayn_shortlist metadata or tables)")
         if proto is not None and meta.get("vocab_sha256") != vocabulary_id(proto):
             raise ShortlistError(f"{path}: built for another vocabulary than the checkpoint's")
+        table, frequent = tensors["table"], tensors["frequent"]
+        ids = all(x.dtype.kind in "iu" and (x.size == 0 or 0 <= x.min() <= x.max() < len(table))
+                  for x in (table, frequent))
+        if table.ndim != 2 or frequent.ndim != 1 or not ids:
+            raise ShortlistError(f"{path}: corrupt (the tables are not ids of its {len(table)}-entry vocabulary)")
         return cls(torch.from_numpy(tensors["table"]), torch.from_numpy(tensors["frequent"]), meta["vocab_sha256"])
 
 

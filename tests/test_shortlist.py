@@ -96,7 +96,7 @@ def test_shortlisted_search_is_the_same_in_any_batch_and_stays_in_each_sentences
 
 
 def test_file_round_trip_and_its_errors(tmp_path):
-    sl = Shortlist(torch.tensor([[3, 5], [6, 3]]), torch.tensor([4]), vocabulary_id(b"proto"))
+    sl = Shortlist(torch.tensor([[3, 3]] * 4 + [[3, 5], [6, 3], [4, 3]]), torch.tensor([4]), vocabulary_id(b"proto"))
     path = tmp_path / "sl.safetensors"
     sl.save(path)
     back = Shortlist.load(path, b"proto")
@@ -108,6 +108,13 @@ def test_file_round_trip_and_its_errors(tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ShortlistError, match="not a shortlist"):
         Shortlist.load(tmp_path / "bad.safetensors")
+    from safetensors.numpy import save_file
+
+    for table in (np.array([3, 5]), np.array([[3, 9], [6, 3]]), np.array([[3.0, 1.0], [1.0, 3.0]])):
+        save_file({"table": table, "frequent": np.array([1])}, str(tmp_path / "odd.safetensors"),
+                  metadata={"aiayn_shortlist": '{"vocab_sha256": "x"}'})
+        with pytest.raises(ShortlistError, match="corrupt"):
+            Shortlist.load(tmp_path / "odd.safetensors")
     np.save(tmp_path / "x.npy", np.zeros(3))
     with pytest.raises(ShortlistError, match="not a shortlist"):
         Shortlist.load(tmp_path / "x.npy")
