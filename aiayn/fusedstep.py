@@ -153,21 +153,22 @@ class FusedDecoder:
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, state: FusedState) -> Tensor:
         """Feed the next token of each row, tokens (R,) -> next-token logits (R, V)."""
-        if state.n == state.k[0].size(0):
-            state.grow()
-        logits = self._step(tokens, state.n, state.k, state.v, state.idx, state.cross, state.pad, state.group)
-        state.n += 1
-        return logits
+        return self._advance(self._step, tokens, state)
 
     @torch.no_grad()
     def decode_hidden(self, tokens: Tensor, state: FusedState) -> Tensor:
         """`decode_step` without the output layer: the decoder's last states (R, d_model), for
         `project` (shortlist.py)."""
+        return self._advance(self._hidden, tokens, state)
+
+    @staticmethod
+    def _advance(step, tokens: Tensor, state: FusedState) -> Tensor:
+        """Run `step` at the state's next position (growing its caches when full), then move on."""
         if state.n == state.k[0].size(0):
             state.grow()
-        x = self._hidden(tokens, state.n, state.k, state.v, state.idx, state.cross, state.pad, state.group)
+        out = step(tokens, state.n, state.k, state.v, state.idx, state.cross, state.pad, state.group)
         state.n += 1
-        return x
+        return out
 
     def output_rows(self, rows: Tensor) -> Proj:
         """The output layer restricted to the vocabulary ids `rows` (its weight's rows). bf16 weights

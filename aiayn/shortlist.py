@@ -83,7 +83,7 @@ class Shortlist:
                   for x in (table, frequent))
         if table.ndim != 2 or frequent.ndim != 1 or not ids:
             raise ShortlistError(f"{path}: corrupt (the tables are not ids of its {len(table)}-entry vocabulary)")
-        return cls(torch.from_numpy(tensors["table"]), torch.from_numpy(tensors["frequent"]), meta["vocab_sha256"])
+        return cls(torch.from_numpy(table), torch.from_numpy(frequent), meta["vocab_sha256"])
 
 
 def _pairs(data_dir: Path, split: str = "train", max_pairs: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -145,11 +145,10 @@ def cmd_shortlist(args: argparse.Namespace, extra: list[str]) -> None:
 
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-    if args.per_source < 1 or args.frequent < 0:
-        raise UserError(f"--per-source must be >= 1 and --frequent >= 0, got {args.per_source} and {args.frequent}")
+    if args.per_source < 1 or args.frequent < 0 or args.max_pairs < 0:
+        raise UserError(f"--per-source must be >= 1, --frequent and --max-pairs >= 0; got {args.per_source}, "
+                        f"{args.frequent}, {args.max_pairs}")
     check_output_file(args.output)
-    if args.max_pairs < 0:
-        raise UserError(f"--max-pairs must be >= 0, got {args.max_pairs}")
     shortlist = build(Path(args.data), args.per_source, args.frequent, args.max_pairs)
     shortlist.save(Path(args.output))
     log.info("wrote %s: %d target subwords for every sentence, up to %d more per source subword",
