@@ -38,6 +38,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # setup() joined the process group, so close() leaves it
 
     @property
     def is_main(self) -> bool:
@@ -58,12 +59,20 @@ def setup(device: str | None, threads: int, timeout_minutes: float = 60.0) -> Di
         torch.backends.cudnn.allow_tf32 = True
     else:
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
-    if world > 1 and not dist.is_initialized():
+    owns = world > 1 and not dist.is_initialized()
+    if owns:
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo",
                                 timeout=datetime.timedelta(minutes=timeout_minutes))
     if rank != 0:
         log.setLevel(logging.WARNING)  # rank 0 speaks for the run
-    return Dist(rank, world, dev)
+    return Dist(rank, world, dev, owns)
+
+
+def leave(env: Dist) -> None:
+    """Leave the process group that `setup` joined, while Python is still whole: left to interpreter
+    shutdown, gloo's threads can abort the process (SIGABRT) after a run that succeeded."""
+    if env.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def cpu_paths(precision: str) -> str:

@@ -14,7 +14,7 @@ from .checkpoint import (
 )
 from .config import Config, load_yaml
 from .files import hold_data, lock_run
-from .runs import Dist, Run, cpu_paths, progress_log, setup, write_provenance
+from .runs import Dist, Run, cpu_paths, leave, progress_log, setup, write_provenance
 from .trainer import Trainer
 from .translate import native_bf16
 
@@ -109,3 +109,4 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
             handler.close()
         for lock in locks:
             lock.release()
+        leave(env)
