@@ -272,3 +272,20 @@ def test_bf16_without_native_bf16_is_named_in_the_log(toy_prepared, tmp_path, mo
     text = (tmp_path / "run/train.log").read_text()
     assert "native bf16 no; products in bf16 through oneDNN" in text
     assert "WARNING this CPU has no native bf16" in text
+
+
+def test_leave_closes_only_the_group_that_setup_joined():
+    """A finished run leaves the process group it joined (left to interpreter shutdown, gloo can
+    abort a rank), and leaves alone a group its caller made."""
+    import torch.distributed as dist
+
+    from aiayn.runs import Dist, leave
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        leave(Dist(owns_group=False))  # the caller's group
+        assert dist.is_initialized()
+        leave(Dist(owns_group=True))
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
