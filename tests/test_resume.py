@@ -162,10 +162,11 @@ def _clock_worker(rank: int, world: int, port: int, prep: str, run: str, out: st
 
     cfg = tiny_config(max_steps=10**6, max_minutes=0.03)
     state = train(cfg, Path(prep), Path(run))
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"step": state["step"], "elapsed": state["elapsed"]}))
     import torch.distributed as dist
 
-    dist.destroy_process_group()
+    left = not dist.is_initialized()  # train() leaves the process group it joined
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"step": state["step"], "elapsed": state["elapsed"],
+                                                         "left_group": left}))
 
 
 def test_ddp_ranks_with_disagreeing_clocks_stop_together(toy_prepared, tmp_path):
@@ -181,6 +182,7 @@ def test_ddp_ranks_with_disagreeing_clocks_stop_together(toy_prepared, tmp_path)
                 p.kill()
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0 == r1  # same last step, and rank 0's clock for both
+    assert r0["left_group"]
     assert r0["elapsed"] >= 0.03 * 60 and r0["step"] > 5
 
 
