@@ -38,7 +38,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     device: torch.device = torch.device("cpu")
-    owns_group: bool = False  # setup() joined the process group, so close() leaves it
+    owns_group: bool = False  # setup() joined the process group, so leave() leaves it
 
     @property
     def is_main(self) -> bool:
@@ -69,8 +69,8 @@ def setup(device: str | None, threads: int, timeout_minutes: float = 60.0) -> Di
 
 
 def leave(env: Dist) -> None:
-    """Leave the process group that `setup` joined, while Python is still whole: left to interpreter
-    shutdown, gloo's threads can abort the process (SIGABRT) after a run that succeeded."""
+    """Leave the process group that `setup` joined, while Python is still whole, as PyTorch asks of
+    every run (a group left to interpreter shutdown can abort a rank); a caller's own group stays."""
     if env.owns_group and dist.is_initialized():
         dist.destroy_process_group()
 
