@@ -142,6 +142,8 @@ def main() -> None:
         raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     ckpt = trained_checkpoint() if args.checkpoint == str(CHECKPOINT) else Path(args.checkpoint)
     data = prepared_data(Path(args.data)) if args.data == str(DATA) else Path(args.data)
+    if not (data / "valid.en.txt").is_file():
+        raise SystemExit(f"{data}: no valid.en.txt; --data takes a folder made by `aiayn prepare`")
     lines = (data / "valid.en.txt").read_text(encoding="utf-8").splitlines()[:args.sentences]
     torch.set_num_threads(1)
     out = {"beam": 4, "threads": 1, "sentences": len(lines), "torch": torch.__version__,
