@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,7 +162,7 @@ class Translator:
             raise ShortlistError("the shortlist was built for another vocabulary than this model's")
         if shortlist is not None and not isinstance(self.search_model, FusedDecoder):
             raise ConfigError("a shortlist needs the fused decoder step, which this model does not take "
-                              "(parser inputs, forward hooks or not a Transformer)")
+                              "(parser inputs, forward hooks, an ensemble or not a Transformer)")
         self.shortlist = shortlist
 
     @property
@@ -187,20 +187,21 @@ class Translator:
                 self.search_model = FusedDecoder(self.search_model, dtype, compiled=self.compiled)
         elif self.compiled:
             log.warning("compiled decoding needs the fused step, which this model does not take (parser inputs, "
-                        "forward hooks or not a Transformer): decoding without torch.compile")
+                        "forward hooks, an ensemble or not a Transformer): decoding without torch.compile")
         if getattr(self, "shortlist", None) is not None:
             self.use_shortlist(self.shortlist)  # the new model must take it too
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device | None = None, precision: str = "auto",
-             compiled: bool = False, shortlist: Shortlist | str | Path | None = None, **decode_overrides
-             ) -> Translator:
-        """Load a checkpoint; decode_overrides are DecodeConfig fields (beam, alpha, max_len_a,
-        max_len_b, nbest, max_tokens). device None: CUDA when available, else the CPU.
+    def load(cls, path: str | Path | Sequence[str | Path], device: str | torch.device | None = None,
+             precision: str = "auto", compiled: bool = False, shortlist: Shortlist | str | Path | None = None,
+             **decode_overrides) -> Translator:
+        """Load a checkpoint, or several of one vocabulary as an ensemble.Ensemble (decoding settings
+        from the first); decode_overrides are DecodeConfig fields (beam, alpha, max_len_a, max_len_b,
+        nbest, max_tokens). device None: CUDA when available, else the CPU.
         shortlist: a file of `aiayn shortlist` (see use_shortlist)."""
         import dataclasses
 
-        from .checkpoint import load_checkpoint
+        from .ensemble import load_models
 
         fields = [f.name for f in dataclasses.fields(DecodeConfig)]
         unknown = [k for k in decode_overrides if k not in fields]
@@ -210,7 +211,7 @@ class Translator:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         dev = pick_device(device)
-        model, cfg, tokenizer, _ = load_checkpoint(Path(path), dev)
+        model, cfg, tokenizer = load_models([path] if isinstance(path, (str, Path)) else list(path), dev)
         for k, v in decode_overrides.items():
             setattr(cfg.decode, k, v)
         cfg.decode.validate()

@@ -147,17 +147,23 @@ class Parser:
             translator.model = TreeSearch(translator.model, translator.tokenizer, words).eval()
 
     @classmethod
-    def load(cls, path: str | Path, device: str | None = None, free: bool = False, **decode) -> Parser:
-        """A parsing checkpoint (its metadata names the task); a translation model is refused."""
+    def load(cls, path: str | Path | list[str | Path], device: str | None = None, free: bool = False,
+             **decode) -> Parser:
+        """A parsing checkpoint (its metadata names the task), or several trained on the same data as
+        an ensemble (ensemble.py); a translation model is refused."""
         from .checkpoint import read_task
         from .translate import Translator
 
-        translator = Translator.load(path, device=device, **decode)
-        task = read_task(Path(path))
-        if task.get("task") != "parse":
-            raise TreeError(f"{path}: not a parsing model (its metadata names the task {task['task']!r}); "
-                            "train one on data from `aiayn prepare --task parse`")
-        return cls(translator, task.get("linearization") == "words", free)
+        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        tasks = [read_task(Path(p)) for p in paths]
+        for p, task in zip(paths, tasks):
+            if task.get("task") != "parse":
+                raise TreeError(f"{p}: not a parsing model (its metadata names the task {task['task']!r}); "
+                                "train one on data from `aiayn prepare --task parse`")
+            if task.get("linearization") != tasks[0].get("linearization"):
+                raise TreeError(f"{p}: its trees are linearized as {task.get('linearization')!r}, {paths[0]}'s as "
+                                f"{tasks[0].get('linearization')!r}: an ensemble's parsers must share one")
+        return cls(Translator.load(paths, device=device, **decode), tasks[0].get("linearization") == "words", free)
 
     def parse(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
               progress: bool = False) -> list[Tree | None]:

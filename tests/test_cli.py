@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import sacrebleu
@@ -53,6 +54,20 @@ def test_translate_stdin_nbest_and_greedy(trained, tmp_path):
     greedy = subprocess.run(cmd + ["--beam", "1"], input="the big dog runs\n", capture_output=True, text=True,
                             check=True)
     assert greedy.stdout.count("\n") == 1
+
+
+def test_translate_with_several_checkpoints_decodes_their_ensemble(trained, tmp_path):
+    """The same model twice is the model (mean of equal log-probabilities); the run's last checkpoint
+    beside the average is another ensemble, decoded without complaint, one line per input line."""
+    work, prep = trained
+    src, avg = str(prep / "test.en.txt"), str(work / "avg.safetensors")
+    last = str(sorted((work / "run" / "checkpoints").glob("step-*.safetensors"))[-1])
+    for name, ckpts in (("one", [avg]), ("twice", [avg, avg]), ("two", [avg, last])):
+        assert main(["translate", "--checkpoint", *ckpts, "-i", src, "-o", str(tmp_path / name),
+                     "--precision", "fp32"]) == 0
+    assert (tmp_path / "twice").read_text() == (tmp_path / "one").read_text()
+    assert len((tmp_path / "two").read_text().splitlines()) == len(Path(src).read_text().splitlines())
+    assert main(["translate", "--checkpoint", avg, str(tmp_path / "none.safetensors"), "-i", src]) == 2
 
 
 def test_output_into_a_closed_pipe_is_not_a_traceback(trained):

@@ -195,6 +195,15 @@ def test_prepare_train_parse_score_end_to_end(tmp_path):
     p = aiayn("parse", "--checkpoint", meta_free, "-i", prep / "test.words.txt")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "not a parsing model (its metadata names the task 'translate')" in p.stderr
+    p = aiayn("parse", "--checkpoint", ckpt, meta_free, "-i", prep / "test.words.txt")  # nor inside an ensemble
+    assert p.returncode == 2 and f"{meta_free}: not a parsing model" in p.stderr and "Traceback" not in p.stderr
+    # Two checkpoints of the run parse as an ensemble, still trees over exactly the words.
+    two = sorted((run / "checkpoints").glob("step-*.safetensors"))[-2:]
+    assert len(two) == 2
+    p = aiayn("parse", "--checkpoint", *two, "-i", prep / "test.words.txt", "-o", tmp_path / "ens.mrg")
+    assert p.returncode == 0, p.stderr[-1500:]
+    assert [t.words() for t in read_trees((tmp_path / "ens.mrg").read_text())] == [
+        line.split() for line in (prep / "test.words.txt").read_text().splitlines()]
     p = aiayn("parse", "--checkpoint", ckpt, "-i", prep / "test.words.txt", "-o", tmp_path / "hyp.mrg")
     assert p.returncode == 0, p.stderr[-1500:]
     gold = read_trees((prep / "test.gold.mrg").read_text())

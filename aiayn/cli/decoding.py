@@ -187,7 +187,9 @@ def cmd_parse(args: argparse.Namespace, extra: list[str]) -> None:
 def add_translate(sub) -> None:
     """`aiayn translate` and its flags."""
     p = sub.add_parser("translate", help="translate raw text with beam search (§6.1)")
-    p.add_argument("--checkpoint", required=True, help="a .safetensors model from train or average")
+    p.add_argument("--checkpoint", required=True, nargs="+",
+                   help="a .safetensors model from train or average; several of one vocabulary decode as an "
+                        "ensemble (the mean of their log-probabilities at every step)")
     p.add_argument("-i", "--input", help="input file (default: standard input)")
     p.add_argument("-o", "--output", help="output file (default: standard output)")
     p.add_argument("--ref", help="reference file: print sacreBLEU BLEU and chrF to stderr")
@@ -243,7 +245,8 @@ def add_score(sub) -> None:
 def add_parse(sub) -> None:
     """`aiayn parse` and its flags."""
     p = sub.add_parser("parse", help="constituency parsing with a model trained on --task parse data (§6.3)")
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True, nargs="+",
+                   help="a .safetensors parser; several trained on the same data decode as an ensemble")
     p.add_argument("-i", "--input", help="sentences, words separated by spaces (default: standard input)")
     p.add_argument("-o", "--output", help="trees, one per line (default: standard output)")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
