@@ -7,6 +7,8 @@
 #   treebank PCFG read off the training trees (given the gold tags).
 # Treebank: $TREEBANK, else ../shared/data/ptb-sample/treebank.zip, else NLTK's public copy.
 # Extra arguments are config overrides for training, e.g. --train.max_minutes 10.
+# MEMBERS=N (default 1) trains N parsers with seeds 1..N side by side in $RUN/member1..N, the cores shared
+# out among them, each for the preset's 60 minutes, and parses with their ensemble (aiayn parse --checkpoint A B).
 # Re-running continues an unfinished run (aiayn train --resume).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,19 +25,42 @@ if [ ! -e "$TREEBANK" ]; then
     mv "$TREEBANK.part" "$TREEBANK"
   fi
 fi
+MEMBERS=${MEMBERS:-1}
 $AIAYN prepare --task parse --treebank "$TREEBANK" -o "$DATA" --preset parse >/dev/null
-if [ -f "$RUN/config.yaml" ]; then
-  $AIAYN train --resume "$RUN" "$@"
-else
-  $AIAYN train --data "$DATA" --run-dir "$RUN" --preset parse "$@"
+train_one() {  # RUN_DIR [overrides...]: train (or continue) one parser, then average its last 5 checkpoints
+  local run=$1
+  shift
+  if [ -f "$run/config.yaml" ]; then
+    $AIAYN train --resume "$run" "$@"
+  else
+    $AIAYN train --data "$DATA" --run-dir "$run" --preset parse "$@"
+  fi
+  $AIAYN average --run-dir "$run" --last 5 -o "$run/averaged.safetensors"
+}
+CKPTS=()
+if [ "$MEMBERS" -le 1 ]; then
+  train_one "$RUN" "$@"
+  CKPTS=("$RUN/averaged.safetensors")
+else  # an ensemble: MEMBERS seeds trained side by side, the cores shared out, decoded together
+  mkdir -p "$RUN"
+  THREADS=$(( $(nproc) / MEMBERS > 0 ? $(nproc) / MEMBERS : 1 ))
+  pids=()
+  for k in $(seq 1 "$MEMBERS"); do
+    echo "training member $k of $MEMBERS ($THREADS thread(s)); log: $RUN/member$k.log"
+    train_one "$RUN/member$k" --train.seed "$k" --train.threads "$THREADS" "$@" > "$RUN/member$k.log" 2>&1 &
+    pids+=($!)
+    CKPTS+=("$RUN/member$k/averaged.safetensors")
+  done
+  for k in "${!pids[@]}"; do
+    wait "${pids[$k]}" || { echo "member $((k + 1)) failed: see $RUN/member$((k + 1)).log" >&2; exit 1; }
+  done
 fi
-$AIAYN average --run-dir "$RUN" --last 5 -o "$RUN/averaged.safetensors"
 for split in valid test; do
-  $AIAYN parse --checkpoint "$RUN/averaged.safetensors" -i "$DATA/$split.words.txt" -o "$RUN/$split.parsed.mrg"
-  $AIAYN parse --free --checkpoint "$RUN/averaged.safetensors" -i "$DATA/$split.words.txt" -o "$RUN/$split.free.mrg"
+  $AIAYN parse --checkpoint "${CKPTS[@]}" -i "$DATA/$split.words.txt" -o "$RUN/$split.parsed.mrg"
+  $AIAYN parse --free --checkpoint "${CKPTS[@]}" -i "$DATA/$split.words.txt" -o "$RUN/$split.free.mrg"
 done
 for split in valid test; do
-  echo "== PTB sample $split split, averaged last 5 checkpoints, tree-constrained search =="
+  echo "== PTB sample $split split, ${#CKPTS[@]} parser(s), each its last 5 checkpoints averaged, tree-constrained search =="
   $AIAYN score --parse --hyp "$RUN/$split.parsed.mrg" --ref "$DATA/$split.gold.mrg"
   echo "== same model, free search (aiayn parse --free), repaired =="
   $AIAYN score --parse --hyp "$RUN/$split.free.mrg" --ref "$DATA/$split.gold.mrg"

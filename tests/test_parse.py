@@ -415,3 +415,29 @@ def test_constituents_by_hand_and_the_augmented_training_split(tmp_path):
     for split in ("valid", "test"):  # only training is augmented; the gold trees are the sentences'
         assert [f.read_text() for f in aug[split]] == [f.read_text() for f in plain[split]]
     assert (tmp_path / "aug/train.gold.mrg").read_text() == (tmp_path / "plain/train.gold.mrg").read_text()
+
+
+def test_ptb_script_trains_members_side_by_side_and_parses_with_their_ensemble(tmp_path):
+    """scripts/ptb.sh with MEMBERS=2 on a tiny treebank: two seeds trained at once, each averaged,
+    both splits parsed by their ensemble into trees over exactly the words, then scored."""
+    import os
+
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "tb").mkdir()
+    env = {**os.environ, "TREEBANK": str(tiny_treebank(tmp_path / "tb")), "RUN": str(tmp_path / "run"),
+           "DATA": str(tmp_path / "data"), "MEMBERS": "2"}
+    p = subprocess.run(["bash", str(repo / "scripts/ptb.sh"), "--model.d_model", "16", "--model.d_ff", "32",
+                        "--model.N", "1", "--train.max_steps", "6", "--data.max_tokens", "600"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-2000:]
+    for k in (1, 2):
+        run = tmp_path / f"run/member{k}"
+        assert (run / "averaged.safetensors").is_file()
+        assert f"--train.seed {k}" in " ".join(__import__("json").loads((run / "run.json").read_text())
+                                               ["sessions"][0]["command"])
+    for split in ("valid", "test"):
+        words = (tmp_path / f"data/{split}.words.txt").read_text().splitlines()
+        for kind in ("parsed", "free"):
+            trees = read_trees((tmp_path / f"run/{split}.{kind}.mrg").read_text())
+            assert [t.words() for t in trees] == [line.split() for line in words]
+    assert p.stdout.count("2 parser(s)") == 2 and p.stdout.count("F1 ") >= 6
