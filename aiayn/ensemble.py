@@ -29,7 +29,8 @@ class Ensemble(nn.Module):
         super().__init__()
         if not models:
             raise ValueError("an ensemble needs at least one model")
-        self.members = nn.ModuleList(models)
+        # Search's fused steps (fusedstep.FusedDecoder) are not modules: then a plain list.
+        self.members = nn.ModuleList(models) if all(isinstance(m, nn.Module) for m in models) else list(models)
         # Sources are truncated to what every member can encode.
         self.cfg = dataclasses.replace(models[0].cfg, max_positions=min(m.cfg.max_positions for m in models))
 

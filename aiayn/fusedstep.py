@@ -99,7 +99,8 @@ class FusedDecoder:
                  encoder=None, compiled: bool = False):
         if model.cfg.pointer_input or model.cfg.depth_input:
             raise ValueError("the fused decoder step has no pointer or depth input (model.pointer_input, depth_input)")
-        self.model, self.dtype, self.capacity, cfg = model, dtype, capacity, model.cfg
+        self.model, self.dtype, self.capacity, self.cfg = model, dtype, capacity, model.cfg
+        cfg = self.cfg
         self.pre_norm, self.d = cfg.pre_norm, cfg.d_model
         self.layers = [_weights(layer, dtype, int8) for layer in model.decoder]
         self.embed = model.tgt_embed.weight.detach()

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from .attention import without_dead_heads
 from .config import ConfigError, DecodeConfig
+from .ensemble import Ensemble, load_models
 from .fusedstep import FusedDecoder, fusable
 from .linear import kernel_cache
 from .search import Hypothesis, beam_search, greedy_search
@@ -122,6 +123,13 @@ def pick_device(name: str | torch.device | None) -> torch.device:
     return dev
 
 
+def _casts_itself(model: torch.nn.Module) -> bool:
+    """Whether search runs fused steps only (FusedDecoder computes in its own precision, outside autocast)."""
+    if isinstance(model, Ensemble):
+        return all(isinstance(m, FusedDecoder) for m in model.members)
+    return isinstance(model, FusedDecoder)
+
+
 class Translator:
     """A trained model, its vocabulary and decoding settings, ready to translate sentences.
 
@@ -173,23 +181,31 @@ class Translator:
     @model.setter
     def model(self, model: torch.nn.Module) -> None:
         # What the search runs: bf16 and int8 decode with a converted copy of the model (a wrapper
-        # set here, such as parse.LeafCounting, is converted with what it wraps).
+        # set here, such as parse.LeafCounting, is converted with what it wraps); an ensemble, member by member.
         self._model = model
+        if isinstance(model, Ensemble):
+            fuse = all(fusable(without_dead_heads(m)[0]) for m in model.members)  # all fused or none: one autocast
+            self.search_model = Ensemble([self._searchable(m, fuse) for m in model.members])
+        else:
+            self.search_model = self._searchable(model, True)
+        if self.compiled and not _casts_itself(self.search_model):
+            log.warning("compiled decoding needs the fused step, which this model does not take (parser inputs, "
+                        "forward hooks or not a Transformer): decoding without torch.compile")
+        if getattr(self, "shortlist", None) is not None:
+            self.use_shortlist(self.shortlist)  # the new model must take it too
+
+    def _searchable(self, model: torch.nn.Module, fuse: bool) -> torch.nn.Module:
+        """One model as search runs it: live heads only, converted to the precision, fused when it can be."""
         slim, dead = without_dead_heads(model)  # heads pruned by `aiayn heads` cost nothing here
         if dead:
             log.info("decoding without the %d attention heads whose W^O columns are zero (pruned)", dead)
-        self.search_model = {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(slim)
-        if self.fused and fusable(slim):  # the same numbers, fewer calls
+        out = {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(slim)
+        if self.fused and fuse and fusable(slim):  # the same numbers, fewer calls
             if self.precision == "int8":
-                self.search_model = FusedDecoder(slim, int8=True, encoder=self.search_model, compiled=self.compiled)
-            else:
-                dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
-                self.search_model = FusedDecoder(self.search_model, dtype, compiled=self.compiled)
-        elif self.compiled:
-            log.warning("compiled decoding needs the fused step, which this model does not take (parser inputs, "
-                        "forward hooks, an ensemble or not a Transformer): decoding without torch.compile")
-        if getattr(self, "shortlist", None) is not None:
-            self.use_shortlist(self.shortlist)  # the new model must take it too
+                return FusedDecoder(slim, int8=True, encoder=out, compiled=self.compiled)
+            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+            return FusedDecoder(out, dtype, compiled=self.compiled)
+        return out
 
     @classmethod
     def load(cls, path: str | Path | Sequence[str | Path], device: str | torch.device | None = None,
@@ -201,7 +217,6 @@ class Translator:
         shortlist: a file of `aiayn shortlist` (see use_shortlist)."""
         import dataclasses
 
-        from .ensemble import load_models
 
         fields = [f.name for f in dataclasses.fields(DecodeConfig)]
         unknown = [k for k in decode_overrides if k not in fields]
@@ -260,7 +275,7 @@ class Translator:
             raise ValueError(f"nbest must be in [1, beam={beam}], got {nbest}")
         results: list[list[Hypothesis]] = [[] for _ in ids]
         limit = self.model.cfg.max_positions - 1
-        autocast = self.precision == "bf16" and not isinstance(self.search_model, FusedDecoder)  # it casts itself
+        autocast = self.precision == "bf16" and not _casts_itself(self.search_model)
         ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if autocast
                else torch.autocast(self.device.type, enabled=False))  # int8: fp32 around the int8 products
         bar = tqdm(total=sum(1 for x in ids if x), unit="sent", disable=not progress, leave=False)
@@ -312,7 +327,7 @@ class Translator:
         """With `compiled`, compile the encoder and the decoder step now (their graphs: one sentence
         and a batch; the step's first position and the rest) so no request waits for it; returns the
         seconds it took."""
-        if not isinstance(self.search_model, FusedDecoder) or not self.search_model.compiled:
+        if not (self.compiled and _casts_itself(self.search_model)):
             return 0.0
         start = time.perf_counter()
         # Lengths that equal no other size of the step (beam, h, batch): PyTorch gives equal sizes

@@ -8,6 +8,7 @@ import torch
 from aiayn.checkpoint import CheckpointError, model_tensors, save_weights
 from aiayn.config import Config, ModelConfig
 from aiayn.ensemble import Ensemble, load_models
+from aiayn.fusedstep import FusedDecoder
 from aiayn.model import Transformer
 from aiayn.models import build_model
 from aiayn.search import beam_search, greedy_search
@@ -78,6 +79,13 @@ def test_loading_several_checkpoints_needs_one_vocabulary(tmp_path):
     assert isinstance(load_models([a])[0], Transformer)
     with pytest.raises(CheckpointError, match="c.safetensors: its vocabulary differs from .*a.safetensors"):
         load_models([a, c])
+    lines = ["w1 x1 y1", "w5 x5", "w12 x3 y0 w7"]
     t = Translator.load([a, a], precision="fp32", max_len_b=8)
-    assert t.translate(["w1 x1 y1", "w5 x5"]) == Translator.load(a, precision="fp32", max_len_b=8).translate(
-        ["w1 x1 y1", "w5 x5"])
+    assert t.translate(lines) == Translator.load(a, precision="fp32", max_len_b=8).translate(lines)
+    # Members decode through the fused step (fusedstep.py) when all can: the same output as through their modules.
+    for precision in ("fp32", "bf16"):
+        fused = Translator.load([a, b], precision=precision, max_len_b=8)
+        assert all(isinstance(m, FusedDecoder) for m in fused.search_model.members)
+        plain = Translator(fused.model, fused.tokenizer, fused.decode_cfg, precision=precision, fused=False)
+        assert not any(isinstance(m, FusedDecoder) for m in plain.search_model.members)
+        assert fused.translate(lines) == plain.translate(lines)
