@@ -166,7 +166,7 @@ def test_prepare_train_parse_score_end_to_end(tmp_path):
     assert (prep / "test.gold.mrg").read_text().splitlines()[0] == "(S (NP (DT The) (NN dog)) (VP (VBZ runs)) (. .))"
     p = aiayn("train", "--data", prep, "--run-dir", run, "--preset", "parse", "--model.d_model", "32", "--model.d_ff",
               "64", "--model.N", "1", "--train.max_steps", "40", "--train.max_minutes", "0", "--train.threads", "1",
-              "--data.max_tokens", "600", "--train.lr_scale", "2")
+              "--data.max_tokens", "600", "--train.lr_scale", "2", "--train.save_every", "20")
     assert p.returncode == 0, p.stderr[-1500:]
     ckpt = sorted((run / "checkpoints").glob("step-*.safetensors"))[-1]
     # The target's leaves are the source's own subwords (what lets each leaf copy its word).
