@@ -123,6 +123,14 @@ def pick_device(name: str | torch.device | None) -> torch.device:
     return dev
 
 
+def _live_heads(model: torch.nn.Module) -> torch.nn.Module:
+    """The model without the heads `aiayn heads` pruned (they cost nothing in decoding)."""
+    slim, dead = without_dead_heads(model)
+    if dead:
+        log.info("decoding without the %d attention heads whose W^O columns are zero (pruned)", dead)
+    return slim
+
+
 def _casts_itself(model: torch.nn.Module) -> bool:
     """Whether search runs fused steps only (FusedDecoder computes in its own precision, outside autocast)."""
     if isinstance(model, Ensemble):
@@ -184,23 +192,22 @@ class Translator:
         # set here, such as parse.LeafCounting, is converted with what it wraps); an ensemble, member by member.
         self._model = model
         if isinstance(model, Ensemble):
-            fuse = all(fusable(without_dead_heads(m)[0]) for m in model.members)  # all fused or none: one autocast
-            self.search_model = Ensemble([self._searchable(m, fuse) for m in model.members])
+            slims = [_live_heads(m) for m in model.members]
+            fuse = all(fusable(m) for m in slims)  # all fused or none: one autocast for the whole step
+            self.search_model = Ensemble([self._searchable(m, fuse) for m in slims])
         else:
-            self.search_model = self._searchable(model, True)
+            slim = _live_heads(model)
+            self.search_model = self._searchable(slim, fusable(slim))
         if self.compiled and not _casts_itself(self.search_model):
             log.warning("compiled decoding needs the fused step, which this model does not take (parser inputs, "
                         "forward hooks or not a Transformer): decoding without torch.compile")
         if getattr(self, "shortlist", None) is not None:
             self.use_shortlist(self.shortlist)  # the new model must take it too
 
-    def _searchable(self, model: torch.nn.Module, fuse: bool) -> torch.nn.Module:
-        """One model as search runs it: live heads only, converted to the precision, fused when it can be."""
-        slim, dead = without_dead_heads(model)  # heads pruned by `aiayn heads` cost nothing here
-        if dead:
-            log.info("decoding without the %d attention heads whose W^O columns are zero (pruned)", dead)
+    def _searchable(self, slim: torch.nn.Module, fuse: bool) -> torch.nn.Module:
+        """One model (its live heads only) as search runs it: converted to the precision, fused if `fuse`."""
         out = {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(slim)
-        if self.fused and fuse and fusable(slim):  # the same numbers, fewer calls
+        if self.fused and fuse:  # the same numbers, fewer calls
             if self.precision == "int8":
                 return FusedDecoder(slim, int8=True, encoder=out, compiled=self.compiled)
             dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
@@ -216,7 +223,6 @@ class Translator:
         nbest, max_tokens). device None: CUDA when available, else the CPU.
         shortlist: a file of `aiayn shortlist` (see use_shortlist)."""
         import dataclasses
-
 
         fields = [f.name for f in dataclasses.fields(DecodeConfig)]
         unknown = [k for k in decode_overrides if k not in fields]
