@@ -96,7 +96,23 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[tor
     cfg, tokenizer = read_meta(meta, path)
     model = build_model(cfg.model, tokenizer.pieces_list())
     load_into(model, tensors, path)
+    if cfg.model.tag_input:  # a parser that reads tags beside its words brings its tagger (tagger.py)
+        model.src_tagger = read_tagger(meta, tokenizer, path)
     return model.to(device).eval(), cfg, tokenizer, int(meta.get("step", 0))
+
+
+def read_tagger(meta: dict[str, str], tokenizer: Tokenizer, path: Path | str):
+    """The part-of-speech tagger a `model.tag_input` checkpoint carries in its metadata."""
+    from .tagger import SourceTagger, Tagger, TaggerError
+
+    try:
+        text = json.loads(meta.get("extra", "{}"))["tagger"]
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"{path}: damaged metadata (model.tag_input is on but no tagger is stored)") from None
+    try:
+        return SourceTagger(Tagger.from_json(text, str(path)), tokenizer.pieces_list())
+    except TaggerError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def read_meta(meta: dict[str, str], path: Path | str) -> tuple[Config, Tokenizer]:

@@ -63,6 +63,7 @@ class ModelConfig:
     learned_positions: bool = False  # Table 3 row (E)
     pointer_input: bool = False  # §6.3 option (ours): decoder inputs carry the next source word's state (pointer.py)
     depth_input: bool = False  # §6.3 option (ours): decoder inputs carry the open brackets' count (pointer.py; F1 -3)
+    tag_input: bool = False  # §6.3 option (ours): source subwords carry their word's part-of-speech tag (tagger.py)
     share_embeddings: bool = True  # §3.4 one matrix for both embeddings and the softmax
     fp32_logits: bool = True  # under bf16 autocast, the output projection and softmax stay fp32
     max_positions: int = 1024
@@ -96,7 +97,7 @@ class ModelConfig:
             raise ConfigError(f"model.rnn_variant bahdanau scores with the additive attention of Bahdanau et al.; "
                               f"model.rnn_attention {self.rnn_attention!r} is Luong et al.'s (use rnn_variant luong)")
         _check_positive("model", self, "vocab_size", "d_model", "d_ff", "h", "N", "max_positions")
-        for name in ("pointer_input", "depth_input"):
+        for name in ("pointer_input", "depth_input", "tag_input"):
             if getattr(self, name) and self.arch != "transformer":
                 raise ConfigError(f"model.{name} is a Transformer option; model.arch is {self.arch!r}")
         if self.conv_kernel < 1 or self.conv_kernel % 2 == 0 or self.conv_channels < 0:

@@ -8,6 +8,7 @@ Token tensors are right-padded with ``pad_id``. Attention weights are returned a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +20,7 @@ from .config import ModelConfig
 from .dropout import Dropout
 from .linear import Linear
 from .pointer import BracketDepth, PointerState, gather, next_positions
+from .tagger import N_TAGS
 
 
 def sinusoidal_positions(n: int, d: int) -> Tensor:
@@ -265,6 +267,9 @@ class Transformer(nn.Module):
             self.pointer_proj = nn.Linear(d, d, bias=False)
         if cfg.depth_input:  # §6.3 option: so does the number of open brackets
             self.depth = BracketDepth(V, d)
+        if cfg.tag_input:  # §6.3 option: each source subword's word class joins its embedding (tagger.py)
+            self.tag_embed = nn.Embedding(N_TAGS, d, padding_idx=0)
+        self.src_tagger: Callable[[Tensor], Tensor] | None = None  # tags sources given without (from the checkpoint)
         self.enc_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.dec_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.reset_parameters()
@@ -282,10 +287,13 @@ class Transformer(nn.Module):
         with torch.no_grad():  # the padding row starts at zero (fairseq practice)
             self.src_embed.weight[self.cfg.pad_id].zero_()
             self.tgt_embed.weight[self.cfg.pad_id].zero_()
+            if self.cfg.tag_input:
+                self.tag_embed.weight[0].zero_()
 
     # -- embeddings ------------------------------------------------------------------------
-    def _embed(self, tokens: Tensor, embed: nn.Embedding, side: str, offset: int = 0) -> Tensor:
-        """§3.4-3.5: Dropout(Embedding(x)·√d_model + PE) for positions offset..offset+T."""
+    def _embed(self, tokens: Tensor, embed: nn.Embedding, side: str, offset: int = 0, tags: Tensor | None = None
+               ) -> Tensor:
+        """§3.4-3.5: Dropout(Embedding(x)·√d_model + PE) for positions offset..offset+T (+ the tags' embedding)."""
         T = tokens.size(1)
         if offset + T > self.cfg.max_positions:
             raise ValueError(
@@ -293,21 +301,35 @@ class Transformer(nn.Module):
             )
         pos = (self.src_pos if side == "src" else self.tgt_pos) if self.cfg.learned_positions else self.pe
         x = embed(tokens) * math.sqrt(self.cfg.d_model) + pos[offset:offset + T]
+        if tags is not None:
+            x = x + self.tag_embed(tags) * math.sqrt(self.cfg.d_model)
         return self.emb_dropout(x)
 
     # -- encoder ---------------------------------------------------------------------------
     def source_mask(self, src: Tensor) -> Tensor:
         return (src != self.cfg.pad_id)[:, None, None, :]  # (B, 1, 1, S)
 
-    def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
-        """src (B, S) -> memory (B, S, d), src_mask (B, 1, 1, S), per-layer self-attention weights."""
+    def encode(self, src: Tensor, need_weights: bool = False, src_tags: Tensor | None = None
+               ) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """src (B, S) -> memory (B, S, d), src_mask (B, 1, 1, S), per-layer self-attention weights.
+        With model.tag_input, `src_tags` (B, S) are the subwords' tag ids, else the model's tagger's."""
         mask = self.source_mask(src)
-        x = self._embed(src, self.src_embed, "src")
+        x = self._embed(src, self.src_embed, "src", tags=self._source_tags(src, src_tags))
         weights = []
         for layer in self.encoder:
             x, w = layer(x, mask, need_weights)
             weights.append(w)
         return self.enc_norm(x), mask, weights
+
+    def _source_tags(self, src: Tensor, src_tags: Tensor | None) -> Tensor | None:
+        if not self.cfg.tag_input:
+            return None
+        if src_tags is None:
+            if self.src_tagger is None:
+                raise ValueError("this model reads part-of-speech tags beside its words (model.tag_input), and "
+                                 "neither tags nor a tagger were given")
+            src_tags = self.src_tagger(src)
+        return src_tags
 
     # -- decoder ---------------------------------------------------------------------------
     def _decode(
@@ -330,9 +352,9 @@ class Transformer(nn.Module):
         """Encoder-decoder keys and values of every decoder layer, computed once per source."""
         return [layer.cross_attn.project_kv(memory) for layer in self.decoder]
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+    def forward(self, src: Tensor, tgt_in: Tensor, src_tags: Tensor | None = None) -> Tensor:
         """Teacher-forced logits: src (B, S), tgt_in (B, T) -> (B, T, V)."""
-        memory, mask, _ = self.encode(src)
+        memory, mask, _ = self.encode(src, src_tags=src_tags)
         extra = self._pointed(src, memory, tgt_in)
         logits, _, _ = self._decode(tgt_in, self.cross_kv(memory), mask, None, False, extra)
         return logits

@@ -38,7 +38,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list
         sync = j == len(batches) - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
         with (contextlib.nullcontext() if sync else model.no_sync()):
             with autocast(device, cfg.train.precision):
-                logits = model(batch.src, batch.tgt_in)
+                logits = model(*batch.inputs())
             loss, nll, _ = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, cfg.model.pad_id)
             # DDP averages gradients over ranks; scaling by world makes that a global-token mean.
             (loss * (weight * world / total_tokens)).backward()
@@ -77,7 +77,7 @@ def validate(model: nn.Module, data: TokenData, cfg: Config, device: torch.devic
     for idx in make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, 0, 0)[env.rank::env.world]:
         b = collate(data, idx).to(device)
         with autocast(device, cfg.train.precision):
-            logits = model(b.src, b.tgt_in)
+            logits = model(*b.inputs())
         loss, nll, k = label_smoothed_loss(logits, b.tgt_out, cfg.train.label_smoothing, cfg.model.pad_id)
         sums += torch.tensor([loss.item(), nll.item(), k], dtype=torch.float64)
     if env.world > 1:

@@ -39,6 +39,7 @@ from .models import build_model
 from .optim import make_optimizer, noam_lr
 from .runs import Dist, Run, _check_state, _main_thread, _rank_seed, _rng_state, _set_rng_state, progress_log
 from .steps import epoch_batches, shard, train_step, valid_bleu, validate
+from .tagger import SourceTagger, Tagger
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("aiayn")
@@ -75,7 +76,8 @@ class Trainer:
         self.tokenizer = Tokenizer.load(str(self.data_dir / "spm.model"))
         cfg.model.vocab_size = len(self.tokenizer)
         cfg.validate()
-        self.train_data, self.valid_data = TokenData(data_dir, "train"), TokenData(data_dir, "valid")
+        tags = cfg.model.tag_input  # §6.3 option: part-of-speech tags beside the words (tagger.py)
+        self.train_data, self.valid_data = TokenData(data_dir, "train", tags), TokenData(data_dir, "valid", tags)
         self._batches: tuple[int, list[np.ndarray]] | None = None
         self.per_update = self._batches_per_update()
         self.state: dict = {"step": 0, "epoch": 0, "batch": 0, "elapsed": 0.0, "best_bleu": -1.0,
@@ -91,6 +93,9 @@ class Trainer:
                 self.fwd_model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
         settings = self.manifest["settings"]
         self.task = {k: settings[k] for k in ("task", "linearization") if k in settings}  # §6.3 models say so
+        if tags:  # checkpoints carry the tagger, so a parser tags its own input
+            self.task["tagger"] = (self.data_dir / "tagger.json").read_text()
+            self.model.src_tagger = SourceTagger(Tagger.from_json(self.task["tagger"]), self.tokenizer.pieces_list())
         k = cfg.train.valid_bleu_sentences
         self.v_src = (self.data_dir / f"valid.{settings['src']}.txt").read_text().splitlines()[:k]
         self.v_ref = (self.data_dir / f"valid.{settings['tgt']}.txt").read_text().splitlines()[:k]

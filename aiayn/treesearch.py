@@ -170,5 +170,7 @@ class Parser:
         t = self.translator
         lines = [" ".join(escape(w) for w in line.split()) for line in lines]  # words as the treebank spells them
         hyps = t.translate_ids(t.encode_sources(lines), beam, alpha, 1, progress)
-        return [delinearize(symbols_from_pieces(t.tokenizer.id_to_piece(h[0].tokens) if h else []), line.split())
+        tagger = next((m.src_tagger.tagger for m in t.model.modules() if getattr(m, "src_tagger", None)), None)
+        return [delinearize(symbols_from_pieces(t.tokenizer.id_to_piece(h[0].tokens) if h else []), line.split(),
+                            tagger.tag(line.split()) if tagger else None)  # its tagger's tags, else XX
                 if line.split() else None for h, line in zip(hyps, lines)]

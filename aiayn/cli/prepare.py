@@ -37,12 +37,37 @@ def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
         except TreeError as e:
             raise UserError(str(e)) from None
         symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if is_bracket(x)}
+        tagging = _train_tagger(Path(tmp)) if args.tags else None
         manifest = prepare(files, out, "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
                            cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols),
                            dedup=False, max_ratio=0.0, carry=Path(tmp),  # trees outgrow their sentences
                            task={"task": "parse", "linearization": args.linearization,
-                                 **({"subtrees": str(args.subtrees)} if args.subtrees else {})})
+                                 **({"subtrees": str(args.subtrees)} if args.subtrees else {}),
+                                 **({"tags": "perceptron-jackknife"} if args.tags else {})})
+    if tagging:
+        from ..tagger import write_tag_arrays
+        from ..tokenizer import Tokenizer
+
+        write_tag_arrays(out, *tagging, Tokenizer.load(str(out / "spm.model")).pieces_list())
     print(json.dumps(manifest["splits"], indent=1))
+
+
+def _train_tagger(folder: Path) -> tuple:
+    """A part-of-speech tagger from the training trees' gold tags (tagger.py), written to `tagger.json`, and
+    the training sentences' jackknifed tags (words -> tags, also in raw/train.tags)."""
+    from ..parse import read_trees
+    from ..tagger import Tagger, TaggerError, jackknife
+
+    sents = [[(w, t) for t, w in tree.tagged()] for tree in read_trees((folder / "train.gold.mrg").read_text())]
+    log.info("training a part-of-speech tagger on %d trees, and %d more for jackknifed training tags", len(sents), 10)
+    try:
+        tagger = Tagger.train(sents)
+        tags = jackknife(sents)
+    except TaggerError as e:
+        raise UserError(str(e)) from None
+    (folder / "tagger.json").write_text(tagger.to_json())
+    (folder / "raw" / "train.tags").write_text("".join(" ".join(t) + "\n" for t in tags))
+    return tagger, {" ".join(w for w, _ in s): t for s, t in zip(sents, tags)}
 
 
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
@@ -124,6 +149,9 @@ def add_prepare(sub) -> None:
     p.add_argument("--subtrees", type=int, default=0, metavar="N",
                    help="--task parse: also train on every distinct constituent of at least N words as a pair of "
                         "its own (ours; 0, the default: off)")
+    p.add_argument("--tags", action="store_true",
+                   help="--task parse: also tag the words (a perceptron trained on the training trees; training "
+                        "tags jackknifed) for models with model.tag_input (ours; off by default)")
     p.add_argument("--src", help="source language suffix, e.g. en")
     p.add_argument("--tgt", help="target language suffix, e.g. de")
     p.add_argument("--train", help="train split name/prefix, or SRC_FILE,TGT_FILE")
