@@ -1,5 +1,7 @@
 """Export to Hugging Face Marian: same logits, same tokens, same beam search (a second code path)."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -74,6 +76,14 @@ def test_export_refuses_what_marian_cannot_hold(toy_prepared, tmp_path, capsys):
     save_weights(tmp_path / "p.safetensors", model_tensors(Transformer(cfg.model)), cfg, tok, 0)
     assert main(["export", "hf", "--checkpoint", str(tmp_path / "p.safetensors"), "-o", str(tmp_path / "o")]) == 2
     assert "post-norm" in capsys.readouterr().err
+    if importlib.util.find_spec("nltk"):  # a parser that reads part-of-speech tags (tagger.py)
+        from aiayn.tagger import Tagger
+
+        cfg.model.pre_norm, cfg.model.tag_input = False, True
+        save_weights(tmp_path / "t.safetensors", model_tensors(Transformer(cfg.model)), cfg, tok, 0,
+                     {"task": "parse", "tagger": Tagger.train([[("a", "DT")]]).to_json()})
+        assert main(["export", "hf", "--checkpoint", str(tmp_path / "t.safetensors"), "-o", str(tmp_path / "o")]) == 2
+        assert "tag_input parser has inputs Marian and CTranslate2 lack" in capsys.readouterr().err
 
 
 def test_ctranslate2_gives_the_same_translations(exported, tmp_path):

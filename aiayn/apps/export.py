@@ -98,9 +98,9 @@ def marian_config(model: Transformer, beam: int, max_length: int):
                           "translate it with `aiayn translate`")
     if cfg.pre_norm:
         raise ExportError("MarianMTModel is post-norm only; a pre_norm model cannot be exported")
-    if cfg.pointer_input or cfg.depth_input:
-        raise ExportError("a model.pointer_input or depth_input parser has inputs Marian and CTranslate2 lack; "
-                          "use `aiayn parse`")
+    if cfg.pointer_input or cfg.depth_input or cfg.tag_input:
+        raise ExportError("a model.pointer_input, depth_input or tag_input parser has inputs Marian and CTranslate2 "
+                          "lack; use `aiayn parse`")
     if cfg.head_dim_k * cfg.h != cfg.d_model or cfg.head_dim_v * cfg.h != cfg.d_model:
         raise ExportError("MarianMTModel needs d_k = d_v = d_model / h")
     return MarianConfig(
