@@ -37,13 +37,14 @@ def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
         except TreeError as e:
             raise UserError(str(e)) from None
         symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if is_bracket(x)}
-        tagging = _train_tagger(Path(tmp)) if args.tags else None
+        tags = args.tags or cfg.model.tag_input  # the preset's model reads tags: prepare them
+        tagging = _train_tagger(Path(tmp)) if tags else None
         manifest = prepare(files, out, "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
                            cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols),
                            dedup=False, max_ratio=0.0, carry=Path(tmp),  # trees outgrow their sentences
                            task={"task": "parse", "linearization": args.linearization,
                                  **({"subtrees": str(args.subtrees)} if args.subtrees else {}),
-                                 **({"tags": "perceptron-jackknife"} if args.tags else {})})
+                                 **({"tags": "perceptron-jackknife"} if tags else {})})
     if tagging:
         from ..tagger import write_tag_arrays
         from ..tokenizer import Tokenizer
@@ -151,7 +152,7 @@ def add_prepare(sub) -> None:
                         "its own (ours; 0, the default: off)")
     p.add_argument("--tags", action="store_true",
                    help="--task parse: also tag the words (a perceptron trained on the training trees; training "
-                        "tags jackknifed) for models with model.tag_input (ours; off by default)")
+                        "tags jackknifed) for models with model.tag_input (ours; on when the preset's model has it)")
     p.add_argument("--src", help="source language suffix, e.g. en")
     p.add_argument("--tgt", help="target language suffix, e.g. de")
     p.add_argument("--train", help="train split name/prefix, or SRC_FILE,TGT_FILE")
