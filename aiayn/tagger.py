@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -29,6 +30,9 @@ TAG_ID = {t: i + 1 for i, t in enumerate(TAGSET)}
 OTHER = len(TAGSET) + 1
 N_TAGS = len(TAGSET) + 2  # the tag embedding's rows
 FOLDS = 10
+
+
+logging.getLogger("nltk.tag.perceptron").setLevel(logging.WARNING)  # not a line per training pass
 
 
 class TaggerError(ValueError):
