@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # §6.3 on the Penn Treebank sample (NLTK's 3,914 WSJ trees), end to end on this machine:
 #   prepare (words -> linearized trees with the words as leaves; split by file: 0001-0159 / 0160-0179 /
-#   0180-0199) -> train the `parse` preset (60 minutes) -> average the last 5 checkpoints
+#   0180-0199; every word tagged by a part-of-speech tagger trained on the training trees, the training
+#   words jackknifed) -> train the `parse` preset (60 minutes) -> average the last 5 checkpoints
 #   -> parse the validation and test splits with the tree-constrained search (the preset's beam and alpha)
 #   and without it (--free) -> EVALB F1, beside two baselines on the same split: right-branching and a
 #   treebank PCFG read off the training trees (given the gold tags).

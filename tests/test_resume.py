@@ -297,8 +297,8 @@ def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(
 
 
 def test_a_pointer_parser_resumes_bit_identically_after_sigkill(tmp_path):
-    """§6.3's parser (words as leaves, model.pointer_input and depth_input): SIGKILL, resume in a new process, the
-    same final tensors and the parse task in the metadata as an uninterrupted run."""
+    """§6.3's parser (words as leaves, model.pointer_input, depth_input and tag_input): SIGKILL, resume in a new
+    process, the same final tensors and the parse task and tagger in the metadata as an uninterrupted run."""
     from test_parse import tiny_treebank
 
     (tmp_path / "tb").mkdir()
@@ -312,5 +312,7 @@ def test_a_pointer_parser_resumes_bit_identically_after_sigkill(tmp_path):
     kill_after_step_15(start_training(prep, run, extra), run)
     assert "resumed from step-000000" in resume(run).stderr
     (got, meta), (want, _) = final_bytes(run), final_bytes(tmp_path / "straight")
-    assert got == want and "pointer_proj.weight" in got and "depth.embed.weight" in got
-    assert json.loads(meta["extra"]) == {"task": "parse", "linearization": "words"}
+    assert got == want and "pointer_proj.weight" in got and "depth.embed.weight" in got and "tag_embed.weight" in got
+    extra = json.loads(meta["extra"])
+    assert extra.pop("tagger") == (prep / "tagger.json").read_text()  # the parse preset reads tags (tagger.py)
+    assert extra == {"task": "parse", "linearization": "words"}

@@ -129,9 +129,14 @@ def test_prepare_with_tags_train_and_parse_end_to_end(tmp_path):
     save_file(tensors, tmp_path / "untagged.safetensors", {**meta, "extra": json.dumps(extra)})
     with pytest.raises(CheckpointError, match="untagged.safetensors: damaged metadata .model.tag_input is on"):
         load_checkpoint(tmp_path / "untagged.safetensors")
-    p = aiayn("prepare", "--task", "parse", "--treebank", tb, "-o", tmp_path / "plain", "--preset", "parse",
+    p = aiayn("prepare", "--task", "parse", "--treebank", tb, "-o", tmp_path / "plain", "--preset", "parse-paper",
+              "--data.vocab_size", "60")  # words alone: the paper's model reads no tags
+    assert p.returncode == 0, p.stderr[-1500:]
+    assert not (tmp_path / "plain/train.src.tag.npy").exists()
+    p = aiayn("prepare", "--task", "parse", "--treebank", tb, "-o", tmp_path / "auto", "--preset", "parse",
               "--data.vocab_size", "60")
     assert p.returncode == 0, p.stderr[-1500:]
+    assert (tmp_path / "auto/train.src.tag.npy").exists()  # the parse preset's model reads tags: prepare tags
     p = aiayn("train", "--data", tmp_path / "plain", "--run-dir", tmp_path / "run2", *common,
               "--model.tag_input", "true")
     assert p.returncode == 2
