@@ -223,7 +223,7 @@ def _encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | No
     return counts
 
 
-_PREPARED = ("manifest.json", "spm.model", "raw")  # what prepare writes, besides *.npy, *.txt and *.gold.mrg
+_PREPARED = ("manifest.json", "spm.model", "raw", "tagger.json")  # besides *.npy, *.txt and *.gold.mrg
 
 
 def is_prepared(folder: Path) -> bool:
