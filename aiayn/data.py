@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import unicodedata
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -244,7 +244,7 @@ def prepare(
     splits: dict[str, tuple[str | Path, str | Path]], out: str | Path, src_lang: str, tgt_lang: str,
     vocab_size: int = 37000, max_len: int = 256, strict: bool = False, seed: int = 1,
     symbols: tuple[str, ...] = (), dedup: bool = True, max_ratio: float = 3.0, carry: Path | None = None,
-    task: dict[str, str] | None = None,
+    task: dict[str, str] | None = None, on_build: Callable[[], None] | None = None,
 ) -> dict:
     """Validate, learn the joint vocabulary on train, and cache every split, in bounded memory.
 
@@ -256,7 +256,8 @@ def prepare(
     The cache is built in a hidden sibling of `out` and swapped in whole at the end: a failure
     leaves the old cache as it was, a trainer that memory-maps it keeps reading the old files, and
     a folder in use by a trainer or holding files prepare did not write is refused. `carry`: a
-    folder whose contents are copied into the cache (the parse task's raw text and gold trees).
+    folder whose contents are copied into the cache (the parse task's raw text and gold trees);
+    `on_build`: called once before they are, only when the cache is built (the parse task's tagger).
     Returns the manifest; if one with the same inputs and settings exists in `out`, it is reused.
     """
     splits = {name: (Path(s), Path(t)) for name, (s, t) in splits.items()}
@@ -287,6 +288,8 @@ def prepare(
                 new_folder(out, is_prepared) as new:
             stats, tok = _build(splits, Path(tmp), new, src_lang, tgt_lang, vocab_size, max_len, strict, seed,
                                 symbols, dedup, max_ratio)
+            if on_build is not None:
+                on_build()
             if carry is not None:
                 shutil.copytree(carry, new, dirs_exist_ok=True)
             manifest = {"settings": settings, "inputs": inputs, "vocab_size": len(tok), "splits": stats,

@@ -94,11 +94,18 @@ def test_prepare_with_tags_train_and_parse_end_to_end(tmp_path):
     (tmp_path / "tb").mkdir()
     tb = tiny_treebank(tmp_path / "tb")
     prep, run = tmp_path / "prep", tmp_path / "run"
-    for _ in range(2):  # the second time (scripts/ptb.sh re-run) the prepared folder is recognised and reused
+    logs, arrays = [], []
+    for i in range(3):  # again (scripts/ptb.sh re-run): the folder is reused and its taggers are not retrained;
+        if i == 2:  # a third time with a tag array lost (a crash before it was written): it comes back the same
+            (prep / "train.src.tag.npy").unlink()
         p = aiayn("prepare", "--task", "parse", "--tags", "--treebank", tb, "-o", prep, "--preset", "parse",
                   "--data.vocab_size", "60")
         assert p.returncode == 0, p.stderr[-1500:]
-    assert "reusing the prepared data" in p.stderr
+        logs.append(p.stderr)
+        arrays.append((prep / "train.src.tag.npy").read_bytes())
+    assert ["training a part-of-speech tagger" in x for x in logs] == [True, False, False]
+    assert ["reusing the prepared data" in x for x in logs] == [False, True, True]
+    assert arrays[0] == arrays[1] == arrays[2]
     tok = Tokenizer.load(str(prep / "spm.model"))
     jk = {" ".join(w): t.split() for w, t in zip(
         (s.words() for s in read_trees((prep / "train.gold.mrg").read_text())),

@@ -38,18 +38,20 @@ def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
             raise UserError(str(e)) from None
         symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if is_bracket(x)}
         tags = args.tags or cfg.model.tag_input  # the preset's model reads tags: prepare them
-        tagging = _train_tagger(Path(tmp)) if tags else None
+        built: list[tuple] = []  # the taggers are trained only when the folder is built, not when reused
         manifest = prepare(files, out, "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
                            cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols),
                            dedup=False, max_ratio=0.0, carry=Path(tmp),  # trees outgrow their sentences
                            task={"task": "parse", "linearization": args.linearization,
                                  **({"subtrees": str(args.subtrees)} if args.subtrees else {}),
-                                 **({"tags": "perceptron-jackknife"} if tags else {})})
-    if tagging:
+                                 **({"tags": "perceptron-jackknife"} if tags else {})},
+                           on_build=(lambda: built.append(_train_tagger(Path(tmp)))) if tags else None)
+    if tags and (built or not all((out / f"{s}.src.tag.npy").exists() for s in ("train", "valid"))):
         from ..tagger import write_tag_arrays
         from ..tokenizer import Tokenizer
 
-        write_tag_arrays(out, *tagging, Tokenizer.load(str(out / "spm.model")).pieces_list())
+        write_tag_arrays(out, *(built[0] if built else _read_tagging(out)),
+                         Tokenizer.load(str(out / "spm.model")).pieces_list())
     print(json.dumps(manifest["splits"], indent=1))
 
 
@@ -69,6 +71,17 @@ def _train_tagger(folder: Path) -> tuple:
     (folder / "tagger.json").write_text(tagger.to_json())
     (folder / "raw" / "train.tags").write_text("".join(" ".join(t) + "\n" for t in tags))
     return tagger, {" ".join(w for w, _ in s): t for s, t in zip(sents, tags)}
+
+
+def _read_tagging(folder: Path) -> tuple:
+    """The tagger and jackknifed training tags that _train_tagger wrote into a prepared folder."""
+    from ..parse import read_trees
+    from ..tagger import Tagger
+
+    words = [" ".join(t.words()) for t in read_trees((folder / "train.gold.mrg").read_text())]
+    tags = (folder / "raw" / "train.tags").read_text().splitlines()
+    tagger = Tagger.from_json((folder / "tagger.json").read_text(), str(folder / "tagger.json"))
+    return tagger, {w: t.split() for w, t in zip(words, tags)}
 
 
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
