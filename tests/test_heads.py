@@ -312,3 +312,27 @@ def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys):
     (foreign / "notes.txt").write_text("mine")
     assert main([*args[:-5], str(foreign), *args[-4:]]) != 0
     assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_the_pruned_checkpoint_keeps_the_models_metadata(toy_prepared, tmp_path):
+    """A parser pruned by `aiayn heads` stays a parser: its task label (and a tagged parser's tagger) survive."""
+    import json
+
+    import aiayn
+    from aiayn.apps.heads import _save_pruned
+    from aiayn.checkpoint import list_checkpoints, read_task, read_weights, save_weights
+    from aiayn.config import from_dict
+    from aiayn.tokenizer import Tokenizer
+
+    aiayn.train(tiny_config(max_steps=2), str(toy_prepared), str(tmp_path / "run"))
+    tensors, meta = read_weights(list_checkpoints(tmp_path / "run")[-1])
+    ckpt = tmp_path / "parser.safetensors"  # the same weights, labelled as a parse model's checkpoint is
+    save_weights(ckpt, tensors, from_dict(json.loads(meta["config"])), Tokenizer.load(str(toy_prepared / "spm.model")),
+                 2, {"task": "parse", "linearization": "words"})
+    heads = [["encoder_self", 0, 1]]
+    _save_pruned({"checkpoint": str(ckpt), "pruned_heads": heads}, tmp_path / "pruned.safetensors")
+    assert read_task(tmp_path / "pruned.safetensors") == {"task": "parse", "linearization": "words"}
+    pruned, extra = read_weights(tmp_path / "pruned.safetensors")
+    assert json.loads(extra["extra"])["pruned_heads"] == heads
+    changed = [k for k in tensors if not torch.equal(tensors[k], pruned[k])]
+    assert changed == ["encoder.0.self_attn.w_o.weight"]  # the one head's W^O columns, nothing else

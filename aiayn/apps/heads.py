@@ -234,12 +234,14 @@ def _pruning_figure(result: dict, path: Path) -> None:
 
 
 def _save_pruned(result: dict, path: Path) -> None:
-    """The checkpoint without the heads that go at <= 0.5 BLEU (importance order), W^O columns zeroed."""
-    from ..checkpoint import model_tensors, save_weights
+    """The checkpoint without the heads that go at <= 0.5 BLEU (importance order), W^O columns zeroed;
+    its metadata kept (a parser's task label and tagger)."""
+    from ..checkpoint import model_tensors, read_weights, save_weights
 
     model, cfg, tokenizer, step = load_checkpoint(Path(result["checkpoint"]))
     prune(model, [tuple(h) for h in result["pruned_heads"]])
-    save_weights(path, model_tensors(model), cfg, tokenizer, step, {"pruned_heads": result["pruned_heads"]})
+    extra = json.loads(read_weights(Path(result["checkpoint"]))[1].get("extra", "{}"))
+    save_weights(path, model_tensors(model), cfg, tokenizer, step, {**extra, "pruned_heads": result["pruned_heads"]})
 
 
 def write(result: dict, out: Path) -> Path:
