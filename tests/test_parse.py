@@ -197,6 +197,10 @@ def test_prepare_train_parse_score_end_to_end(tmp_path):
     assert "not a parsing model (its metadata names the task 'translate')" in p.stderr
     p = aiayn("parse", "--checkpoint", ckpt, meta_free, "-i", prep / "test.words.txt")  # nor inside an ensemble
     assert p.returncode == 2 and f"{meta_free}: not a parsing model" in p.stderr and "Traceback" not in p.stderr
+    for verb in (["translate", "-i", prep / "test.words.txt"], ["tune", "--data", prep], ["serve"]):
+        p = aiayn(verb[0], "--checkpoint", ckpt, *verb[1:])  # and a parser is refused by the translation verbs
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-800:]
+        assert f"{ckpt}: a parsing model (its metadata names the task 'parse'); `aiayn {verb[0]}`" in p.stderr
     p = aiayn("parse", "--checkpoint", ckpt, tmp_path / "none.safetensors", "-i", prep / "test.words.txt")
     assert p.returncode == 2 and "none.safetensors: unreadable metadata" in p.stderr and "Traceback" not in p.stderr
     # Two checkpoints of the run parse as an ensemble, still trees over exactly the words.

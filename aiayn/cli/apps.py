@@ -10,6 +10,7 @@ from pathlib import Path
 from ..files import check_output_file, check_output_folder
 from .common import (
     UserError,
+    refuse_parser,
 )
 
 log = logging.getLogger("aiayn")
@@ -95,6 +96,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
                     max_attention_subwords=args.max_attention_subwords, timeout_s=args.timeout,
                     read_timeout_s=args.read_timeout, limit_concurrency=args.limit_concurrency,
                     keep_alive_s=args.keep_alive)
+    refuse_parser(args.checkpoint, "serve")
     serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision, args.compile, args.shortlist)
 
 

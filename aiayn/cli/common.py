@@ -17,6 +17,20 @@ class UserError(Exception):
     """An error caused by the user's input; printed as one line, exit status 2."""
 
 
+def refuse_parser(paths: str | Path | list, verb: str) -> None:
+    """A §6.3 parsing checkpoint given to a translation verb: refused in one line, pointing at `aiayn parse`."""
+    from ..checkpoint import CheckpointError, read_task
+
+    for p in [paths] if isinstance(paths, (str, Path)) else paths:
+        try:
+            task = read_task(Path(p)) if Path(p).is_file() else {}
+        except CheckpointError:
+            continue  # the loader names what is wrong with it
+        if task.get("task") == "parse":
+            raise UserError(f"{p}: a parsing model (its metadata names the task 'parse'); `aiayn {verb}` is for "
+                            f"translation models: parse with `aiayn parse --checkpoint {p}`")
+
+
 def _parse_overrides(extra: list[str]) -> dict[str, str]:
     """`--train.lr_scale 2 --model.N=4` -> {"train.lr_scale": "2", "model.N": "4"}."""
     out: dict[str, str] = {}

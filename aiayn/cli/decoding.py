@@ -18,6 +18,7 @@ from .common import (
     _numbers,
     _read_input,
     _score_lines,
+    refuse_parser,
 )
 
 log = logging.getLogger("aiayn")
@@ -53,6 +54,7 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
                                    "nbest": args.nbest, "max_tokens": args.max_tokens}.items() if v is not None}
+    refuse_parser(args.checkpoint, "translate")
     try:
         translator = Translator.load(args.checkpoint, device=args.device, precision=args.precision,
                                      compiled=args.compile, shortlist=args.shortlist, **overrides)
@@ -103,6 +105,7 @@ def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
     beams, alphas = _numbers(args.beams, int, "--beams"), _numbers(args.alphas, float, "--alphas")
     if any(b < 1 for b in beams) or any(not (math.isfinite(a) and a >= 0) for a in alphas):
         raise UserError("--beams must be >= 1 and --alphas finite and >= 0")
+    refuse_parser(args.checkpoint, "tune")
     best, points, out = tune(args.checkpoint, args.data, beams, alphas, args.sentences, args.precision, args.output,
                              args.device)
     print(f"{'beam':>4} {'alpha':>5} {'valid BLEU':>10} {'BP':>6}")
