@@ -2,14 +2,16 @@
 # §6.3 on the Penn Treebank sample (NLTK's 3,914 WSJ trees), end to end on this machine:
 #   prepare (words -> linearized trees with the words as leaves; split by file: 0001-0159 / 0160-0179 /
 #   0180-0199; every word tagged by a part-of-speech tagger trained on the training trees, the training
-#   words jackknifed) -> train the `parse` preset (60 minutes) -> average the last 5 checkpoints
-#   -> parse the validation and test splits with the tree-constrained search (the preset's beam and alpha)
+#   words jackknifed) -> train two parsers of the `parse` preset (seeds 1 and 2) side by side for 60 minutes
+#   -> average each one's last 5 checkpoints -> parse the validation and test splits with their ensemble,
+#   with the tree-constrained search (the preset's beam and alpha)
 #   and without it (--free) -> EVALB F1, beside two baselines on the same split: right-branching and a
 #   treebank PCFG read off the training trees (given the gold tags).
 # Treebank: $TREEBANK, else ../shared/data/ptb-sample/treebank.zip, else NLTK's public copy.
 # Extra arguments are config overrides for training, e.g. --train.max_minutes 10.
-# MEMBERS=N (default 1) trains N parsers with seeds 1..N side by side in $RUN/member1..N, the cores shared
-# out among them, each for the preset's 60 minutes, and parses with their ensemble (aiayn parse --checkpoint A B).
+# MEMBERS=N (default 2, chosen on the development split) trains N parsers with seeds 1..N side by side in
+# $RUN/member1..N, the cores shared out among them, each for the preset's 60 minutes, and parses with their
+# ensemble (aiayn parse --checkpoint A B); MEMBERS=1 trains one parser in $RUN on every core.
 # Re-running continues an unfinished run (aiayn train --resume).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +28,7 @@ if [ ! -e "$TREEBANK" ]; then
     mv "$TREEBANK.part" "$TREEBANK"
   fi
 fi
-MEMBERS=${MEMBERS:-1}
+MEMBERS=${MEMBERS:-2}
 $AIAYN prepare --task parse --treebank "$TREEBANK" -o "$DATA" --preset parse >/dev/null
 train_one() {  # RUN_DIR [overrides...]: train (or continue) one parser, then average its last 5 checkpoints
   local run=$1
