@@ -82,7 +82,10 @@ def read_task(path: Path) -> dict[str, str]:
     for a §6.3 parser, {"task": "translate"} when its data named no task."""
     try:
         with open(path, "rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+            n = int.from_bytes(f.read(8), "little")
+            if n > Path(path).stat().st_size - 8:  # a pickle's first bytes read as a header of exabytes
+                raise ValueError("not a safetensors header")
+            header = json.loads(f.read(n))
         extra = json.loads((header.get("__metadata__") or {}).get("extra", "{}"))
     except (OSError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{path}: unreadable metadata ({e})") from None
