@@ -16,6 +16,7 @@ from typing import Any
 from ..files import atomic_write
 from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedule, _plot_table1
 from .plan import converged_at
+from .summary import summary_section
 from .table1 import quadratic_fit
 from .verdicts import data_words, schedule_words, table3_section
 
@@ -273,6 +274,7 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
             "A suite resumes where it stopped when its command is run again.", ""]
     if command and "--render-only" not in command:
         out += [f"Last command: `{command}`", ""]
+    out += summary_section(results)
     if "budget" in results:
         out += budget_section(results["budget"], img)
     if "table3" in results:

@@ -67,6 +67,22 @@ def seed_test(x: float | Sequence[float], reference: Sequence[float]) -> SeedTes
     return SeedTest(delta, p, t_quantile(0.975, df) * scale, (delta - h90, delta + h90), n, m)
 
 
+def seeds_to_settle(delta: float, reference: Sequence[float], margin: float | None = None, alpha: float = 0.05,
+                    cap: int = 20) -> int | None:
+    """Fewest seeds of a row that would settle it were its true effect `delta` and its seeds spread as
+    the reference's: seed_test's p below alpha, or, for a no-change claim (`margin`, |delta| < margin),
+    the 90 % interval inside ±margin. None beyond `cap` seeds."""
+    n, s = len(reference), statistics.stdev(reference)
+    for m in range(1, cap + 1):
+        df, scale = n + m - 2, s * math.sqrt(1 / m + 1 / n)
+        if margin is not None and abs(delta) < margin:
+            if abs(delta) + t_quantile(0.95, df) * scale < margin:
+                return m
+        elif abs(delta) > t_quantile(1 - alpha / 2, df) * scale:
+            return m
+    return None
+
+
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error over the rows of one table)."""
     m = len(pvalues)

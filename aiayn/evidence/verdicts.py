@@ -46,7 +46,7 @@ def _paired_p(runs: list[dict]) -> float:
     return max(r.get("paired_bs", {}).get("p", 1.0) for r in runs)
 
 
-def _paper_deltas(p: dict) -> tuple[float, float]:
+def paper_deltas(p: dict) -> tuple[float, float]:
     return math.log(p["ppl"]) - math.log(p["ref_ppl"]), p["bleu"] - p["ref_bleu"]
 
 
@@ -66,7 +66,7 @@ def analyse(refs: list[dict], rows: list[dict]) -> list[RowVerdict]:
         p = v.r.get("paper")
         if v.failed or not p:
             continue
-        d_nll, d_bleu = _paper_deltas(p)
+        d_nll, d_bleu = paper_deltas(p)
         v.v_nll = judge(d_nll, NLL_MARGIN, v.nll, v.p_nll, NLL_MARGIN, higher_is_better=False)
         v.v_bleu = judge(d_bleu, BLEU_MARGIN, v.bleu, v.p_bleu, BLEU_MARGIN, higher_is_better=True)
     return out
@@ -84,7 +84,7 @@ def _row_line(v: RowVerdict) -> str:
     bp = statistics.mean(x["bleu"].get("valid", {}).get("bp", 0) for x in runs)
     paper = "–"
     if p:
-        d_nll, d_bleu = _paper_deltas(p)
+        d_nll, d_bleu = paper_deltas(p)
         paper = f"{p['label']}: {d_nll:+.3f} / {d_bleu:+.1f}"
     pbs = [x["paired_bs"] for x in runs if "paired_bs" in x]
     pbs_cell = ", ".join(f"{b['delta']:+.2f} (p {b['p']:.3f})" for b in pbs) or "–"
@@ -173,11 +173,16 @@ def schedule_words(r: dict) -> str:
             f"{t['clip_norm'] or 'none'}")
 
 
+def families(rs: list[dict]) -> dict[str, tuple[list[dict], list[dict]]]:
+    """Table 3's results by family (main, depth, stability): its reference seeds and its rows."""
+    return {f: ([r for r in rs if r.get("family", "main") == f and r["group"] == "ref"],
+                [r for r in rs if r.get("family", "main") == f and r["group"] != "ref"])
+            for f in ("main", "depth", "stability")}
+
+
 def table3_section(rs: list[dict], img: Path, machine_words) -> list[str]:
     """Table 3's section: the protocol, one table per family, the verdict counts, provenance."""
-    fam = {f: ([r for r in rs if r.get("family", "main") == f and r["group"] == "ref"],
-               [r for r in rs if r.get("family", "main") == f and r["group"] != "ref"])
-           for f in ("main", "depth", "stability")}
+    fam = families(rs)
     refs = fam["main"][0]
     if not refs:
         return ["## Table 3 at small scale", "", "No reference run has finished yet.", ""]
