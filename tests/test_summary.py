@@ -62,4 +62,4 @@ def test_the_summary_names_held_contradicted_and_open_rows_and_their_budget():
     more = int(re.search(r"C-open (\d+);", text).group(1))
     assert scipy_stats.ttest_ind(_runs(0.03, more + 1), REF).pvalue < 0.05 / 3  # Bonferroni over 3 rows
     assert scipy_stats.ttest_ind(_runs(0.03, more), REF).pvalue >= 0.05 / 3
-    assert "luong +2.50 BLEU (p 0.001)" in text  # Transformer minus family
+    assert "luong (valid NLL 1.8000) +2.50 BLEU (p 0.001)" in text  # Transformer minus family

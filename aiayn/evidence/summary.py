@@ -78,7 +78,8 @@ def arch_words(rs: list[dict]) -> str:
         if name == "transformer":
             continue
         pbs = g[0].get("paired_bs")
-        part = f"{name} {-pbs['delta']:+.2f} BLEU (p {pbs['p']:.3f})" if pbs else f"{name} (no paired bootstrap)"
+        part = f"{name} (valid NLL {statistics.mean(r['valid_nll'] for r in g):.4f}) " + (
+            f"{-pbs['delta']:+.2f} BLEU (p {pbs['p']:.3f})" if pbs else "no paired bootstrap yet")
         if len(g) > 1 and len(base) > 1:
             t = seed_test([r["valid_nll"] for r in g], [r["valid_nll"] for r in base])
             part += f", over {len(g)} and {len(base)} seeds ΔNLL {-t.delta:+.4f} (p {t.p:.3f})"
