@@ -120,7 +120,7 @@ def gradient_importance(model: nn.Module, data: TokenData, cfg: Config, device: 
 
 # -- roles: statistics of one sentence's weights w (h, T, S) ------------------------------------
 def positional(w: Tensor, offset: int) -> Tensor:
-    """Mean attention of query i on key i + offset (−1: the previous token, +1: the next), over the
+    """Mean attention of query i on key i + offset (0: its own token, −1: the previous, +1: the next), over the
     queries that have such a key; (h,). Self-attention only (T = S)."""
     T = w.size(-2)
     i = torch.arange(max(0, -offset), min(T, T - offset))
@@ -158,8 +158,8 @@ def alignment_agreement(w: Tensor, others: Tensor) -> Tensor:
 
 
 # -- roles over sentences, and pruning --------------------------------------------------------
-ROLES = {"encoder_self": ("previous", "next", "sink", "rare_word", "entropy"),
-         "decoder_self": ("previous", "sink", "rare_word", "entropy"),
+ROLES = {"encoder_self": ("current", "previous", "next", "sink", "rare_word", "entropy"),
+         "decoder_self": ("current", "previous", "sink", "rare_word", "entropy"),
          "cross": ("sink", "rare_word", "entropy", "agreement")}
 
 
@@ -169,6 +169,7 @@ def _sublayer_roles(name: str, w: Tensor, keys: Tensor, others: Tensor | None, f
     out = {"sink": sink(w, keys, facts["sinks"]), "entropy": entropy(w),
            "rare_word": rare_word(w, keys, freq, facts["sinks"] | {BOS})}
     if name != "cross":
+        out["current"] = positional(w, 0)
         out["previous"] = positional(w, -1)
     if name == "encoder_self":
         out["next"] = positional(w, 1)

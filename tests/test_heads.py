@@ -110,6 +110,8 @@ def test_roles_on_hand_built_patterns():
     w = torch.stack([prev, uniform, eos])  # (h = 3, T, S)
     assert positional(w, -1).tolist() == pytest.approx([1.0, 0.2, 0.0])  # no query after the EOS key
     assert positional(w, +1).tolist() == pytest.approx([0.0, 0.2, 0.25])  # query 3 of queries 0-3
+    assert positional(w, 0).tolist() == pytest.approx([0.2, 0.2, 0.2])  # one diagonal 1 each: (0,0), -, (4,4)
+    assert positional(torch.eye(T)[None], 0).tolist() == pytest.approx([1.0])  # every query on its own token
     assert entropy(w).tolist() == pytest.approx([0.0, math.log(T), 0.0], abs=1e-6)
     assert sink(w, keys, {3}).tolist() == pytest.approx([0.0, 0.2, 1.0])
     freq = {7: 50, 9: 2, 8: 40, 11: 30, 3: 1000}
@@ -305,6 +307,9 @@ def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys):
     syn = r["syntactic"]
     assert (syn["arcs"], syn["baseline_offset"], syn["baseline_accuracy"]) == (8, 1, 5 / 8)
     assert len(r["roles"]["encoder_self"]["syntactic"]) == 2  # layers of the tiny model
+    for sub in ("encoder_self", "decoder_self"):  # the share on its own token, per layer and head
+        assert np.array(r["roles"][sub]["current"]).shape == (2, len(r["ablation"][sub][0]))
+        assert 0 < np.array(r["roles"][sub]["current"]).min() and np.array(r["roles"][sub]["current"]).max() <= 1
 
     assert main(args) == 0  # its own earlier output is replaced
     foreign = tmp_path / "other"

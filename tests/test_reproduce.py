@@ -349,7 +349,8 @@ def test_the_heads_section_reads_its_numbers_from_the_result(tmp_path):
          "role_sentences": 20, "ablation": {"encoder_self": t, "decoder_self": t, "cross": [[0.3, 0.1], [0.0, 0.0]]},
          "spearman_ablation_gradient": 0.8, "removable_at_0.5_bleu": {"importance": 1, "random": 0},
          "pruning": {"importance": curve, "random": curve},
-         "roles": {"encoder_self": {"previous": [[0.1, 0.7], [0.2, 0.3]]}, "cross": {"sink": [[0.2, 0.1], [0.4, 0.1]]}},
+         "roles": {"encoder_self": {"previous": [[0.1, 0.7], [0.2, 0.3]]}, "cross": {"sink": [[0.2, 0.1], [0.4, 0.1]]},
+                   "decoder_self": {"current": [[0.1, 0.2], [0.99, 0.3]]}},
          "syntactic": {"accuracy": [[0.1, 0.25], [0.5, 0.2]], "arcs": 1234, "baseline_offset": 1,
                        "baseline_accuracy": 0.3}}
     (tmp_path / "results" / "heads").mkdir(parents=True)
@@ -359,6 +360,7 @@ def test_the_heads_section_reads_its_numbers_from_the_result(tmp_path):
     assert "1 of 12 heads go at a cost of at most 0.5 BLEU when removed least important first, 0 in a random" in text
     assert "cross L1 H1 (+0.300 nats)" in text and "encoder_self L1 H2 (+0.200 nats)" in text
     assert "encoder_self L1 H2 attends to the previous token (0.70)" in text and "cross L2 H1 rests on" in text
+    assert "decoder_self L2 H1 attends to the current token (0.99)" in text
     assert "(L2 H1) does so for 50.0% of 1,234 arcs" in text and "the word +1 away gets 30.0%" in text
 
 

@@ -236,7 +236,8 @@ def heads_section(rs: list[dict]) -> list[str]:
         roles = r["roles"]
         found = [("encoder_self", "previous", "attends to the previous token"),
                  ("encoder_self", "next", "attends to the next token"), ("cross", "sink", "rests on EOS/punctuation"),
-                 ("encoder_self", "rare_word", "attends to the rarest word")]
+                 ("encoder_self", "rare_word", "attends to the rarest word"),
+                 ("decoder_self", "current", "attends to the current token")]
         out += ["- **Roles** (mean attention share over "
                 f"{r['role_sentences']} sentences; the strongest head of each): "
                 + "; ".join(f"{sub} {_where(roles[sub][role])[1]} {words} ({_where(roles[sub][role])[0]:.2f})"
