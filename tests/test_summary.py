@@ -63,3 +63,6 @@ def test_the_summary_names_held_contradicted_and_open_rows_and_their_budget():
     assert scipy_stats.ttest_ind(_runs(0.03, more + 1), REF).pvalue < 0.05 / 3  # Bonferroni over 3 rows
     assert scipy_stats.ttest_ind(_runs(0.03, more), REF).pvalue >= 0.05 / 3
     assert "luong (valid NLL 1.8000) +2.50 BLEU (p 0.001)" in text  # Transformer minus family
+    assert "the tune suite has not run" in text
+    tuned = "\n".join(summary_section({"table3": refs + rows, "arch": arch, "tune": [arch[1]]}))
+    assert "the tune suite has not run" not in tuned and "luong (valid NLL 1.8000)" in tuned
