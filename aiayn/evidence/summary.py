@@ -1,5 +1,5 @@
-"""The report in one paragraph: which of Table 3's claims held at this scale, which did not, which are
-inconclusive and how many more seeds would settle them; the Transformer against each family (§6.2)."""
+"""The report in one paragraph: which of Table 3's claims (§6.2) held at this scale, which did not, which
+are inconclusive and how many more seeds would settle them; the Transformer against each family (§6.1)."""
 
 from __future__ import annotations
 
