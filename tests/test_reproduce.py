@@ -385,3 +385,21 @@ def test_the_report_is_rendered_at_most_once_a_minute_while_rows_run():
         now[0] = t
         call()
     assert runs == [5.0, 65.0, 130.0] and RENDER_EVERY_S == 60.0
+
+
+def test_the_progress_line_counts_the_arch_seeds_and_names_suites_not_run(tmp_path):
+    """Issue #27: five models, then seeds 2 and 3 of the Transformer, the best recurrent and ConvS2S: 11 runs;
+    a suite without results reads "not run", not "0 of 12"."""
+    from aiayn.evidence.report import render
+    from aiayn.evidence.suites import planned
+
+    assert planned(tmp_path)["arch"] == 5 + 3 * 2
+    results = tmp_path / "results" / "arch"
+    results.mkdir(parents=True)
+    src = Path(__file__).resolve().parents[1] / "docs" / "reproduction-rerun" / "results" / "arch"
+    files = sorted(src.glob("*.json"))[:2]
+    for f in files:
+        shutil.copy(f, results / f.name)
+    text = render(tmp_path, "", planned(tmp_path)).read_text()
+    line = next(x for x in text.splitlines() if x.startswith("Progress:"))
+    assert f"arch {len(files)} of 11 rows" in line and "tune not run" in line and "table3 not run" in line

@@ -268,9 +268,9 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
            "WMT14: compare directions, not values.", ""]
     planned = planned or {}
     t1_path = report_dir / "results" / "table1" / "table1.json"
-    done = {s: f"{len(results.get(s, []))} of {planned[s]}" if s in planned else str(len(results.get(s, [])))
-            for s in ("table3", "arch", "tune")}
-    out += [f"Progress: budget {'done' if 'budget' in results else 'not run'}, table3 {done['table3']} rows, "
+    done = {s: "not run" if not results.get(s) else f"{len(results[s])} of {planned[s]} rows" if s in planned
+            else f"{len(results[s])} rows" for s in ("table3", "arch", "tune")}
+    out += [f"Progress: budget {'done' if 'budget' in results else 'not run'}, table3 {done['table3']}, "
             f"arch {done['arch']}, tune {done['tune']}, table1 {'done' if t1_path.exists() else 'not run'}. "
             "A suite resumes where it stopped when its command is run again.", ""]
     if command and "--render-only" not in command:

@@ -43,16 +43,18 @@ from .rows import pair_with_references, row_config, run_row, seed_matched
 log = logging.getLogger("aiayn")
 
 
-def planned(report_dir: Path) -> dict[str, int]:
+def planned(report_dir: Path, arch_seeds: int = 3) -> dict[str, int]:
     """Rows each suite has, for the report's progress line: Table 3's include the stability runs
-    made so far, and the depth group's own reference when N=6 diverged."""
+    made so far, and the depth group's own reference when N=6 diverged; arch's its later seeds of
+    the Transformer and of each other family's best."""
     from .report import load_results
 
     stab = [r for r in load_results(Path(report_dir) / "results").get("table3", []) if r.get("family") == "stability"]
     depth_refs = sum(r.family == "depth" and r.group == "ref" for r in table3_rows(5, 1.0)) if any(
         diverged(r) for r in stab) else 0
-    return {"table3": len(table3_rows()) + len(stab) + depth_refs, "arch": len(arch_rows()),
-            "tune": len(tune_rows())}
+    families = len({r.group for r in arch_rows()})
+    return {"table3": len(table3_rows()) + len(stab) + depth_refs,
+            "arch": len(arch_rows()) + families * (arch_seeds - 1), "tune": len(tune_rows())}
 
 
 # -- the suites ----------------------------------------------------------------------------------
