@@ -68,3 +68,16 @@ def test_readme_is_a_front_door():
     for page in (README.parent / "docs").glob("*.md"):
         for link in re.findall(r"\]\(([^)#:]+)\)", page.read_text()):
             assert (page.parent / link).exists(), (page.name, link)
+
+
+def test_the_readmes_reproduction_numbers_are_the_reports():
+    """Issue #27: the README's reproduction summary types no number the generated report does not contain."""
+    text = README.read_text()
+    block = re.search(r"<!-- reproduction summary: its numbers are in (\S+) .*?-->(.*?)<!-- end reproduction summary -->",
+                      text, re.S)
+    assert block, "the README's reproduction summary lost its markers"
+    report = (README.parent / block.group(1)).read_text()
+    numbers = re.findall(r"[+-]?\d+\.\d+", block.group(2))
+    assert len(numbers) >= 8, numbers
+    missing = [n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n.lstrip('+-'))}(?![\d])", report)]
+    assert not missing, f"README numbers not in {block.group(1)}: {missing}"
