@@ -73,8 +73,8 @@ def test_readme_is_a_front_door():
 def test_the_readmes_reproduction_numbers_are_the_reports():
     """Issue #27: the README's reproduction summary types no number the generated report does not contain."""
     text = README.read_text()
-    block = re.search(r"<!-- reproduction summary: its numbers are in (\S+) .*?-->(.*?)<!-- end reproduction summary -->",
-                      text, re.S)
+    marks = r"<!-- reproduction summary: its numbers are in (\S+) .*?-->(.*?)<!-- end reproduction summary -->"
+    block = re.search(marks, text, re.S)
     assert block, "the README's reproduction summary lost its markers"
     report = (README.parent / block.group(1)).read_text()
     numbers = re.findall(r"[+-]?\d+\.\d+", block.group(2))
