@@ -403,3 +403,23 @@ def test_the_progress_line_counts_the_arch_seeds_and_names_suites_not_run(tmp_pa
     text = render(tmp_path, "", planned(tmp_path)).read_text()
     line = next(x for x in text.splitlines() if x.startswith("Progress:"))
     assert f"arch {len(files)} of 11 rows" in line and "tune not run" in line and "table3 not run" in line
+
+
+def test_a_resumed_suite_keeps_the_paired_tests_of_the_rows_it_skips(tmp_path):
+    """A finished row is copied to results/ again when its suite resumes; the paired bootstrap added to
+    that copy stays (the #27 rerun lost its arch p-values on every restart), a changed result replaces it."""
+    from aiayn.evidence.plan import Row
+    from aiayn.evidence.rows import run_row
+
+    result = {"row": "luong", "valid_nll": 1.9334, "bleu": {"valid": {"bleu": 38.62}}}
+    (tmp_path / "work" / "arch" / "luong").mkdir(parents=True)
+    (tmp_path / "work" / "arch" / "luong" / "result.json").write_text(json.dumps(result, indent=1))
+    copy = tmp_path / "results" / "arch" / "luong.json"
+    copy.parent.mkdir(parents=True)
+    tested = {**result, "paired_bs": {"baseline": "transformer", "delta": -1.27, "p": 0.016}}
+    copy.write_text(json.dumps(tested, indent=1))
+    run_row(Row("luong", "Luong"), "arch", {}, tmp_path, tmp_path / "work", tmp_path / "results")
+    assert json.loads(copy.read_text()) == tested
+    copy.write_text(json.dumps({**tested, "valid_nll": 2.0}, indent=1))  # another run's result: replaced
+    run_row(Row("luong", "Luong"), "arch", {}, tmp_path, tmp_path / "work", tmp_path / "results")
+    assert json.loads(copy.read_text()) == result

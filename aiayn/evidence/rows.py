@@ -110,11 +110,21 @@ def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: 
         atomic_write(result_path, json.dumps(result, indent=1).encode())
         log.info("%s/%s: valid NLL %.4f, valid BLEU %.2f", suite, row.name, result["valid_nll"],
                  result["bleu"].get("valid", {}).get("bleu", float("nan")))
-    copy.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(result_path, copy)
+    _copy_result(result_path, copy)
     for hyp in sorted(run_dir.glob("*.hyp")):  # the hypotheses, so that anyone can re-score
         atomic_write(copy.parent / f"{row.name}.{hyp.stem}.hyp.gz", gzip.compress(hyp.read_bytes(), mtime=0))
     return result
+
+
+def _copy_result(result_path: Path, copy: Path) -> None:
+    """The run's result into results/, unless the copy there is this result with the paired test that
+    pair_with_references added (a resumed suite skips finished rows and must not strip their tests)."""
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    if copy.exists():
+        old, new = json.loads(copy.read_text()), json.loads(result_path.read_text())
+        if "paired_bs" in old and {k: v for k, v in old.items() if k != "paired_bs"} == new:
+            return
+    shutil.copyfile(result_path, copy)
 
 
 def _train_and_evaluate(row: Row, suite: str, common: dict[str, Any], data_dir: Path, run_dir: Path,
