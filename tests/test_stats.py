@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.evidence.stats import equivalent, holm, judge, paired_bootstrap, prediction_halfwidth, seed_test
+from aiayn.evidence.stats import equivalent, holm, judge, p_text, paired_bootstrap, prediction_halfwidth, seed_test
 
 
 def test_prediction_interval_by_hand():
@@ -100,3 +100,10 @@ def test_seed_test_of_several_runs_is_the_pooled_two_sample_t_test():
     lo, hi = scipy_stats.ttest_ind(xs, ref, equal_var=True).confidence_interval(0.90)
     assert t.ci90 == (pytest.approx(lo), pytest.approx(hi))
     assert seed_test([11.7], ref) == seed_test(11.7, ref)  # one run in a list: the prediction test
+
+
+def test_a_p_value_is_never_printed_as_zero():
+    """Three decimals round 0.0002 to 0.000, a p-value no test gives: it reads < 0.001. A paired bootstrap's
+    smallest p, 1/1001, is 0.001."""
+    assert p_text(0.0002) == "< 0.001" and p_text(0.0) == "< 0.001"
+    assert p_text(1 / 1001) == "0.001" and p_text(0.0163) == "0.016" and p_text(1.0) == "1.000"

@@ -16,6 +16,7 @@ from typing import Any
 from ..files import atomic_write
 from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedule, _plot_table1
 from .plan import converged_at
+from .stats import p_text
 from .summary import summary_section
 from .table1 import quadratic_fit
 from .verdicts import data_words, schedule_words, table3_section
@@ -108,8 +109,8 @@ def _seed_lines(rs: list[dict]) -> list[str]:
         if name != "transformer" and len(base) > 1:
             t = seed_test(nll, [r["valid_nll"] for r in base])
             tb = seed_test(bleu, [r["bleu"]["valid"]["bleu"] for r in base])
-            line += (f"; against the Transformer's {len(base)}: ΔNLL {t.delta:+.4f} ± {t.pi95:.4f} (p {t.p:.3f}), "
-                     f"ΔBLEU {tb.delta:+.2f} ± {tb.pi95:.2f} (p {tb.p:.3f})")
+            line += (f"; against the Transformer's {len(base)}: ΔNLL {t.delta:+.4f} ± {t.pi95:.4f} (p {p_text(t.p)}), "
+                     f"ΔBLEU {tb.delta:+.2f} ± {tb.pi95:.2f} (p {p_text(tb.p)})")
         out.append(line + ".")
     return ["", "Over seeds (± the 95 % interval of the difference under no change; p two-sided):", ""] + out \
         if out else []
@@ -142,7 +143,7 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
                    f"{r['flops_per_token'] / 1e6:.1f}M | {s_up} | {r['valid_ppl']:.3f} | {_at_compute(r, ref)} | "
                    f"{_at_compute(r, ref, secs)} | "
                    f"{b.get('bleu', float('nan')):.2f} ({b.get('bp', 0):.2f}) | "
-                   + (f"{pbs['delta']:+.2f} ({pbs['p']:.3f})" if pbs else "–")
+                   + (f"{pbs['delta']:+.2f} ({p_text(pbs['p'])})" if pbs else "–")
                    + f" | {_test_bleu(r)} | {_test_bleu(r, 'test_2017_flickr')} |")
     if suite == "tune":
         for variant in sorted({r["group"] for r in rs}):

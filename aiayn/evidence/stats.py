@@ -29,6 +29,11 @@ class SeedTest:
     m: int = 1  # the row's seeds
 
 
+def p_text(p: float) -> str:
+    """A p-value at three decimals, "< 0.001" below that (never "0.000")."""
+    return "< 0.001" if p < 0.0005 else f"{p:.3f}"
+
+
 def t_quantile(q: float, df: int) -> float:
     """The q-quantile of Student's t with df degrees of freedom."""
     from scipy import stats  # here, not at the top: it costs every `aiayn` command 0.7 s to import

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from .plan import NLL_MARGIN
-from .stats import seed_test, seeds_to_settle
+from .stats import p_text, seed_test, seeds_to_settle
 from .verdicts import RowVerdict, analyse, families, paper_deltas, with_repeats
 
 
@@ -80,10 +80,10 @@ def arch_words(rs: list[dict], tuned: bool) -> str:
             continue
         pbs = g[0].get("paired_bs")
         part = f"{name} (valid NLL {statistics.mean(r['valid_nll'] for r in g):.4f}) " + (
-            f"{-pbs['delta']:+.2f} BLEU (p {pbs['p']:.3f})" if pbs else "no paired bootstrap yet")
+            f"{-pbs['delta']:+.2f} BLEU (p {p_text(pbs['p'])})" if pbs else "no paired bootstrap yet")
         if len(g) > 1 and len(base) > 1:
             t = seed_test([r["valid_nll"] for r in g], [r["valid_nll"] for r in base])
-            part += f", over {len(g)} and {len(base)} seeds ΔNLL {-t.delta:+.4f} (p {t.p:.3f})"
+            part += f", over {len(g)} and {len(base)} seeds ΔNLL {-t.delta:+.4f} (p {p_text(t.p)})"
         parts.append(part)
     nll = statistics.mean(r["valid_nll"] for r in base)
     return (f"The Transformer (valid NLL {nll:.4f}) against each family at the same updates, Transformer minus "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .figures import _plot_curves, _valid_bleu
 from .plan import BLEU_MARGIN, NLL_MARGIN, diverged
-from .stats import SeedTest, Verdict, holm, judge, prediction_halfwidth, seed_test
+from .stats import SeedTest, Verdict, holm, judge, p_text, prediction_halfwidth, seed_test
 
 
 @dataclass
@@ -75,7 +75,7 @@ def analyse(refs: list[dict], rows: list[dict]) -> list[RowVerdict]:
 def _cell_test(t: SeedTest | None, p: float | None, fmt: str) -> str:
     if t is None:
         return "–"
-    return f"{t.delta:{fmt}} ± {t.pi95:{fmt[1:]}}" + (f" (p {p:.3f})" if p is not None else "")
+    return f"{t.delta:{fmt}} ± {t.pi95:{fmt[1:]}}" + (f" (p {p_text(p)})" if p is not None else "")
 
 
 def _row_line(v: RowVerdict) -> str:
@@ -87,7 +87,7 @@ def _row_line(v: RowVerdict) -> str:
         d_nll, d_bleu = paper_deltas(p)
         paper = f"{p['label']}: {d_nll:+.3f} / {d_bleu:+.1f}"
     pbs = [x["paired_bs"] for x in runs if "paired_bs" in x]
-    pbs_cell = ", ".join(f"{b['delta']:+.2f} (p {b['p']:.3f})" for b in pbs) or "–"
+    pbs_cell = ", ".join(f"{b['delta']:+.2f} (p {p_text(b['p'])})" for b in pbs) or "–"
     verdicts = (("diverged: no verdict",) * 2 if v.failed else
                 tuple(x.word if x else "–" for x in (v.v_nll, v.v_bleu)))
     name = r["row"] + (f" ({len(runs)} seeds, mean)" if len(runs) > 1 else "")
