@@ -423,3 +423,58 @@ def test_a_resumed_suite_keeps_the_paired_tests_of_the_rows_it_skips(tmp_path):
     copy.write_text(json.dumps({**tested, "valid_nll": 2.0}, indent=1))  # another run's result: replaced
     run_row(Row("luong", "Luong"), "arch", {}, tmp_path, tmp_path / "work", tmp_path / "results")
     assert json.loads(copy.read_text()) == result
+
+
+def test_a_row_whose_training_another_suite_finished_reuses_it(tmp_path, monkeypatch):
+    """arch's Transformer seeds are Table 3's reference seeds (same config, data, commit): the finished
+    run's result and hypotheses become the row's, renamed, without training it again; another config,
+    another number of sentences scored, or uncommitted code trains it."""
+    from aiayn.evidence import rows as rows_mod
+    from aiayn.evidence.plan import Row
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps(
+        {"vocab_size": 8000, "splits": {"train": {"pairs": 7}}, "settings": {"src": "en", "tgt": "de"}}))
+    (data / "valid.en.txt").write_text("a dog\na cat\n")
+    common = {"train.max_steps": 5}
+    twin = {"row": "ref-s2", "suite": "table3", "group": "ref", "common": common, "device": "cpu",
+            "config": json.loads(json.dumps(rows_mod.row_config(Row("ref", "ref", seed=2), common).to_dict())),
+            "data": {"dir": "data", "src": "en", "tgt": "de", "train_pairs": 7}, "valid_nll": 1.6678,
+            "bleu": {"valid": {"sentences": 2}},
+            "machine": {"git": "abc"}, "paired_bs": {"baseline": "ref-s1"}}
+    results = tmp_path / "results"
+    (results / "table3").mkdir(parents=True)
+    (results / "table3" / "ref-s2.json").write_text(json.dumps(twin))
+    (results / "table3" / "ref-s2.valid.hyp.gz").write_bytes(gzip.compress(b"ein Hund\n"))
+    trained = []
+    monkeypatch.setattr(rows_mod, "_train_and_evaluate", lambda row, *a: trained.append(row.name)
+                        or {"row": row.name, "valid_nll": 2.0, "bleu": {}, "machine": {"git": "abc"}})
+    monkeypatch.setattr(rows_mod, "_code_commit", lambda: "abc")
+    row = Row("transformer-s2", "Transformer", group="transformer", seed=2, of="transformer")
+    got = rows_mod.run_row(row, "arch", common, data, tmp_path / "work", results, device="cpu")
+    assert trained == [] and got["reused"] == "table3/ref-s2" and got["valid_nll"] == 1.6678
+    assert got["row"] == "transformer-s2" and got["group"] == "transformer" and "paired_bs" not in got
+    assert json.loads((results / "arch" / "transformer-s2.json").read_text()) == got
+    assert gzip.decompress((results / "arch" / "transformer-s2.valid.hyp.gz").read_bytes()) == b"ein Hund\n"
+    rows_mod.run_row(Row("transformer-s3", "T", seed=3), "arch", common, data, tmp_path / "work", results, device="cpu")
+    rows_mod.run_row(Row("transformer-q", "T", seed=2), "arch", common, data, tmp_path / "work", results, sentences=1,
+                     device="cpu")  # the twin scored 2 validation sentences, this row would score 1
+    monkeypatch.setattr(rows_mod, "_code_commit", lambda: "abc+dirty")  # the twin's uncommitted code, maybe not ours
+    (results / "table3" / "ref-s2.json").write_text(json.dumps({**twin, "machine": {"git": "abc+dirty"}}))
+    rows_mod.run_row(Row("transformer-x", "T", seed=2), "arch", common, data, tmp_path / "work", results, device="cpu",
+                     allow_mixed=True)
+    assert trained == ["transformer-s3", "transformer-q", "transformer-x"]
+
+
+def test_the_arch_section_names_a_reused_run(tmp_path):
+    """A row counted from another suite's identical run says so under the table."""
+    from aiayn.evidence.report import arch_section
+
+    src = Path(__file__).resolve().parents[1] / "docs" / "reproduction-rerun" / "results" / "arch"
+    rs = [json.loads((src / f"{n}.json").read_text()) for n in ("transformer", "transformer-s2")]
+    plain = "\n".join(arch_section(rs, None, tmp_path))
+    rs[1]["reused"] = "table3/ref-s2"
+    text = "\n".join(arch_section(rs, None, tmp_path))
+    line = "The same training (config, data, commit) was run once and counted twice: transformer-s2 is table3/ref-s2."
+    assert line in text and line not in plain

@@ -145,6 +145,9 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
                    f"{b.get('bleu', float('nan')):.2f} ({b.get('bp', 0):.2f}) | "
                    + (f"{pbs['delta']:+.2f} ({p_text(pbs['p'])})" if pbs else "–")
                    + f" | {_test_bleu(r)} | {_test_bleu(r, 'test_2017_flickr')} |")
+    reused = [f"{r['row']} is {r['reused']}" for r in rs if r.get("reused")]
+    out += ["", f"The same training (config, data, commit) was run once and counted twice: {'; '.join(reused)}."] \
+        if reused else []
     if suite == "tune":
         for variant in sorted({r["group"] for r in rs}):
             best = min((r for r in rs if r["group"] == variant), key=lambda r: r["valid_nll"])

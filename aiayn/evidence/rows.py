@@ -104,6 +104,8 @@ def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: 
     if result_path.exists():
         log.info("%s/%s: finished earlier, skipped", suite, row.name)
         result = json.loads(result_path.read_text())
+    elif not run_dir.exists() and (twin := _finished_twin(row, common, data_dir, results, sentences, device)):
+        result = _reuse(twin, row, suite, run_dir)
     else:
         _check_commit(Path(results) / suite, run_dir, allow_mixed)
         result = _train_and_evaluate(row, suite, common, data_dir, run_dir, sentences, device)
@@ -114,6 +116,46 @@ def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: 
     for hyp in sorted(run_dir.glob("*.hyp")):  # the hypotheses, so that anyone can re-score
         atomic_write(copy.parent / f"{row.name}.{hyp.stem}.hyp.gz", gzip.compress(hyp.read_bytes(), mtime=0))
     return result
+
+
+def _finished_twin(row: Row, common: dict[str, Any], data_dir: Path, results: Path, sentences: int,
+                   device: str | None) -> Path | None:
+    """A result in results/ (any suite) of this very training and evaluation: the same resolved config,
+    suite settings, data, sentences scored, device and committed code. Training is deterministic, so
+    that run is this row's run (arch's Transformer seeds are Table 3's reference seeds)."""
+    commit = _code_commit()
+    if commit is None or commit.endswith("+dirty"):
+        return None
+    want = {"config": json.loads(json.dumps(row_config(row, common).to_dict())), "common": common,
+            "data": _data_words(data_dir), "device": device or ("cuda" if torch.cuda.is_available() else "cpu")}
+    words = want["data"]
+    valid = len((Path(data_dir) / f"valid.{words['src']}.txt").read_text().splitlines())
+    scored = min(sentences, valid) if sentences else valid
+    for path in sorted(Path(results).glob("*/*.json")):
+        try:
+            r = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if r.get("machine", {}).get("git") == commit and all(r.get(k) == v for k, v in want.items()) and \
+                r.get("bleu", {}).get("valid", {}).get("sentences") == scored:
+            return path
+    return None
+
+
+def _reuse(twin: Path, row: Row, suite: str, run_dir: Path) -> dict[str, Any]:
+    """The twin's result and hypotheses as this row's (named as this row, `reused` naming the twin)."""
+    r = json.loads(twin.read_text())
+    r.pop("paired_bs", None)
+    r.update({"suite": suite, "row": row.name, "change": row.change, "group": row.group, "family": row.family,
+              "seed": row.seed, "of": row.of or row.name, "preset": row.preset, "overrides": row.overrides,
+              "paper": None if row.paper is None else row.paper.__dict__, "reused": f"{twin.parent.name}/{twin.stem}"})
+    run_dir.mkdir(parents=True)
+    for hyp in sorted(twin.parent.glob(f"{twin.stem}.*.hyp.gz")):
+        split = hyp.name[len(twin.stem) + 1:-len(".hyp.gz")]
+        atomic_write(run_dir / f"{split}.hyp", gzip.decompress(hyp.read_bytes()))
+    atomic_write(run_dir / "result.json", json.dumps(r, indent=1).encode())
+    log.info("%s/%s: the same training as %s (config, data, commit): its result reused", suite, row.name, r["reused"])
+    return r
 
 
 def _copy_result(result_path: Path, copy: Path) -> None:
