@@ -33,6 +33,16 @@ def row_config(row: Row, common: dict[str, Any]) -> Config:
     return cfg.validate()
 
 
+def trained_config(row: Row, common: dict[str, Any], data_dir: Path) -> Config:
+    """The row's config as training resolves it: the vocabulary size is the prepared data's (a result
+    states the same config whether its run was resumed or not)."""
+    from ..data import load_manifest
+
+    cfg = row_config(row, common)
+    cfg.model.vocab_size = int(load_manifest(Path(data_dir))["vocab_size"])
+    return cfg
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
@@ -126,7 +136,7 @@ def _finished_twin(row: Row, common: dict[str, Any], data_dir: Path, results: Pa
     commit = _code_commit()
     if commit is None or commit.endswith("+dirty"):
         return None
-    want = {"config": json.loads(json.dumps(row_config(row, common).to_dict())), "common": common,
+    want = {"config": json.loads(json.dumps(trained_config(row, common, data_dir).to_dict())), "common": common,
             "data": _data_words(data_dir), "device": device or ("cuda" if torch.cuda.is_available() else "cpu")}
     words = want["data"]
     valid = len((Path(data_dir) / f"valid.{words['src']}.txt").read_text().splitlines())
@@ -174,7 +184,7 @@ def _train_and_evaluate(row: Row, suite: str, common: dict[str, Any], data_dir: 
     from ..runs import Run
     from ..train import train
 
-    cfg = row_config(row, common)
+    cfg = trained_config(row, common, data_dir)
     start = time.time()
     if (run_dir / "config.yaml").exists():
         log.info("%s/%s: resuming", suite, row.name)
