@@ -71,6 +71,10 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     for name in extra:
         assert results[name]["seed"] == 2 and results[name]["paired_bs"]["baseline"].endswith("ref-s2")
     commit = results["table3/ref-s1"]["machine"]["git"]
+    if commit and not commit.endswith("+dirty"):  # committed code: arch's Transformer seeds are the reference's runs
+        assert [results[f"arch/{n}"].get("reused") for n in ("transformer", "transformer-s2")] == [
+            "table3/ref-s1", "table3/ref-s2"]
+        assert results["arch/transformer"]["valid_nll"] == results["table3/ref-s1"]["valid_nll"]
     for name, r in results.items():
         if name.startswith("table1"):
             continue

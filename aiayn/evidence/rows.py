@@ -153,12 +153,12 @@ def _finished_twin(row: Row, common: dict[str, Any], data_dir: Path, results: Pa
 
 
 def _reuse(twin: Path, row: Row, suite: str, run_dir: Path) -> dict[str, Any]:
-    """The twin's result and hypotheses as this row's (named as this row, `reused` naming the twin)."""
+    """The twin's result and hypotheses as this row's (named as this row, `reused` naming the run trained)."""
     r = json.loads(twin.read_text())
     r.pop("paired_bs", None)
     r.update({"suite": suite, "row": row.name, "change": row.change, "group": row.group, "family": row.family,
               "seed": row.seed, "of": row.of or row.name, "preset": row.preset, "overrides": row.overrides,
-              "paper": None if row.paper is None else row.paper.__dict__, "reused": f"{twin.parent.name}/{twin.stem}"})
+              "paper": None if row.paper is None else row.paper.__dict__, "reused": r.get("reused") or f"{twin.parent.name}/{twin.stem}"})
     run_dir.mkdir(parents=True)
     for hyp in sorted(twin.parent.glob(f"{twin.stem}.*.hyp.gz")):
         split = hyp.name[len(twin.stem) + 1:-len(".hyp.gz")]
