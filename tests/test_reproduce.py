@@ -113,6 +113,9 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     tp = json.loads((report / "results" / "arch" / "throughput" / "throughput.json").read_text())
     assert set(tp["models"]) == arch and all(m["s_per_update"] > 0 for m in tp["models"].values())
     text = (report / "REPORT.md").read_text()
+    progress = (f"table3 {len(table3)} of {len(table3)} rows{f' (+{len(extra)} second seed)' if extra else ''}, "
+                f"arch {len(arch | seeds)} of {len(arch | seeds)} rows, tune 1 of 1 rows, table1 done.")
+    assert progress in text  # the quick suite's own plan, not the full suites'
     for heading in ("## Table 3 at small scale", "### Depth rows at their own rate", "## Table 1",
                     "## Transformer, recurrent and convolutional models", "## The baselines' rate, clipping and depth",
                     "ΔNLL ± 95 % PI (Holm p)", "paired bootstrap ΔBLEU (p)", "stability-N6-x1: diverged",

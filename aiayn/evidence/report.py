@@ -259,6 +259,21 @@ def heads_section(rs: list[dict]) -> list[str]:
     return out
 
 
+def _progress(results: dict[str, list[dict]], planned: dict[str, int], table1: Path) -> str:
+    """Rows done of rows planned per suite; Table 3's second seeds (as many as the seed rule asks) apart."""
+    done = {}
+    for s in ("table3", "arch", "tune"):
+        rs = results.get(s, [])
+        extra = [r for r in rs if s == "table3" and r.get("of", r["row"]) != r["row"]]
+        n = len(rs) - len(extra)
+        done[s] = "not run" if not rs else (f"{n} of {planned[s]} rows" if s in planned else f"{n} rows") + (
+            f" (+{len(extra)} second seed{'s' * (len(extra) > 1)})" if extra else "")
+    t1 = "done" if table1.is_dir() and any(table1.glob("*.json")) else "not run"
+    return (f"Progress: budget {'done' if 'budget' in results else 'not run'}, table3 {done['table3']}, "
+            f"arch {done['arch']}, tune {done['tune']}, table1 {t1}. "
+            "A suite resumes where it stopped when its command is run again.")
+
+
 def render(report_dir: Path, command: str = "", planned: dict[str, int] | None = None) -> Path:
     """Write REPORT.md and img/*.png in report_dir from report_dir/results/*/*.json; `planned`: the
     number of rows each suite has (passed in by the suites, which this module does not import)."""
@@ -270,13 +285,7 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
            "beside it); re-render with `aiayn reproduce --suite table3 --render-only`. BLEU is sacreBLEU on "
            "detokenized, cased text (signature below), not the paper's tokenized BLEU, and Multi30k is not "
            "WMT14: compare directions, not values.", ""]
-    planned = planned or {}
-    t1_path = report_dir / "results" / "table1" / "table1.json"
-    done = {s: "not run" if not results.get(s) else f"{len(results[s])} of {planned[s]} rows" if s in planned
-            else f"{len(results[s])} rows" for s in ("table3", "arch", "tune")}
-    out += [f"Progress: budget {'done' if 'budget' in results else 'not run'}, table3 {done['table3']}, "
-            f"arch {done['arch']}, tune {done['tune']}, table1 {'done' if t1_path.exists() else 'not run'}. "
-            "A suite resumes where it stopped when its command is run again.", ""]
+    out += [_progress(results, planned or {}, report_dir / "results" / "table1"), ""]
     if command and "--render-only" not in command:
         out += [f"Last command: `{command}`", ""]
     out += summary_section(results)

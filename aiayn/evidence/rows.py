@@ -158,7 +158,8 @@ def _reuse(twin: Path, row: Row, suite: str, run_dir: Path) -> dict[str, Any]:
     r.pop("paired_bs", None)
     r.update({"suite": suite, "row": row.name, "change": row.change, "group": row.group, "family": row.family,
               "seed": row.seed, "of": row.of or row.name, "preset": row.preset, "overrides": row.overrides,
-              "paper": None if row.paper is None else row.paper.__dict__, "reused": r.get("reused") or f"{twin.parent.name}/{twin.stem}"})
+              "paper": None if row.paper is None else row.paper.__dict__,
+              "reused": r.get("reused") or f"{twin.parent.name}/{twin.stem}"})
     run_dir.mkdir(parents=True)
     for hyp in sorted(twin.parent.glob(f"{twin.stem}.*.hyp.gz")):
         split = hyp.name[len(twin.stem) + 1:-len(".hyp.gz")]

@@ -44,21 +44,27 @@ log = logging.getLogger("aiayn")
 
 
 def planned(report_dir: Path, arch_seeds: int = 3) -> dict[str, int]:
-    """Rows each suite has, for the report's progress line: Table 3's include the stability runs
-    made so far, and the depth group's own reference when N=6 diverged; arch's its later seeds of
-    the Transformer and of each other family's best."""
+    """Rows each suite has, for the report's progress line (second seeds of Table 3 apart): Table 3's
+    include the stability runs made so far, and the depth group's own reference when N=6 diverged;
+    arch's its later seeds of the Transformer and of each other family's best. A quick report's
+    rows (toy-sized, TINY) are the quick suite's."""
     from .report import load_results
 
-    stab = [r for r in load_results(Path(report_dir) / "results").get("table3", []) if r.get("family") == "stability"]
-    depth_refs = sum(r.family == "depth" and r.group == "ref" for r in table3_rows(5, 1.0)) if any(
+    results = load_results(Path(report_dir) / "results")
+    quick = any(TINY.items() <= r.get("overrides", {}).items() for rs in results.values() for r in rs)
+    stab = [r for r in results.get("table3", []) if r.get("family") == "stability"]
+    seeds, q = (2, quick_rows()) if quick else (5, {"table3": table3_rows(), "arch": arch_rows(), "tune": tune_rows()})
+    arch_seeds = QUICK_ARCH_SEEDS if quick else arch_seeds
+    depth_refs = sum(r.group == "ref" for r in depth_rows(seeds, 1.0, q["table3"])) if any(
         diverged(r) for r in stab) else 0
-    families = len({r.group for r in arch_rows()})
-    return {"table3": len(table3_rows()) + len(stab) + depth_refs,
-            "arch": len(arch_rows()) + families * (arch_seeds - 1), "tune": len(tune_rows())}
+    families = len({r.group for r in q["arch"]})
+    return {"table3": len(q["table3"]) + len(stab) + depth_refs,
+            "arch": len(q["arch"]) + families * (arch_seeds - 1), "tune": len(q["tune"])}
 
 
 # -- the suites ----------------------------------------------------------------------------------
 SUITES = ("budget", "table3", "arch", "tune", "table1", "quick")
+QUICK_ARCH_SEEDS = 2
 # The report is re-rendered as rows finish, at most this often: a real suite's row trains for an hour,
 # the quick suite's for seconds (and rendering the figures takes about one).
 RENDER_EVERY_S = 60.0
@@ -220,7 +226,7 @@ def _quick(ctx: dict[str, Any], only: list[str] | None, render_report) -> None:
     common = protocol(8)
     stab = stability_rows((1.0, 0.02), TINY, lr_scale=40.0)  # diverges at ×1 on purpose, trains at 0.8
     _table3(q["table3"], stab, 2, common, ctx, only, render_report, extra_seeds=1)
-    _arch("arch", q["arch"], common, ctx, only, render_report, updates=2, rounds=1, seeds=2)
+    _arch("arch", q["arch"], common, ctx, only, render_report, updates=2, rounds=1, seeds=QUICK_ARCH_SEEDS)
     _arch("tune", q["tune"], common, ctx, only, render_report)
 
 
