@@ -138,8 +138,10 @@ def _finished_twin(row: Row, common: dict[str, Any], data_dir: Path, results: Pa
         return None
     want = {"config": json.loads(json.dumps(trained_config(row, common, data_dir).to_dict())), "common": common,
             "data": _data_words(data_dir), "device": device or ("cuda" if torch.cuda.is_available() else "cpu")}
-    words = want["data"]
-    valid = len((Path(data_dir) / f"valid.{words['src']}.txt").read_text().splitlines())
+    valid_src = Path(data_dir) / f"valid.{want['data']['src']}.txt"
+    if not valid_src.exists():  # nothing scored on validation: nothing to compare, train
+        return None
+    valid = len(valid_src.read_text().splitlines())
     scored = min(sentences, valid) if sentences else valid
     for path in sorted(Path(results).glob("*/*.json")):
         try:

@@ -53,8 +53,9 @@ def planned(report_dir: Path, arch_seeds: int = 3) -> dict[str, int]:
     results = load_results(Path(report_dir) / "results")
     quick = any(TINY.items() <= r.get("overrides", {}).items() for rs in results.values() for r in rs)
     stab = [r for r in results.get("table3", []) if r.get("family") == "stability"]
-    seeds, q = (2, quick_rows()) if quick else (5, {"table3": table3_rows(), "arch": arch_rows(), "tune": tune_rows()})
-    arch_seeds = QUICK_ARCH_SEEDS if quick else arch_seeds
+    full = {"table3": table3_rows(), "arch": arch_rows(), "tune": tune_rows()}
+    seeds, q = (QUICK_SEEDS, quick_rows()) if quick else (5, full)
+    arch_seeds = QUICK_SEEDS if quick else arch_seeds
     depth_refs = sum(r.group == "ref" for r in depth_rows(seeds, 1.0, q["table3"])) if any(
         diverged(r) for r in stab) else 0
     families = len({r.group for r in q["arch"]})
@@ -64,7 +65,7 @@ def planned(report_dir: Path, arch_seeds: int = 3) -> dict[str, int]:
 
 # -- the suites ----------------------------------------------------------------------------------
 SUITES = ("budget", "table3", "arch", "tune", "table1", "quick")
-QUICK_ARCH_SEEDS = 2
+QUICK_SEEDS = 2  # the quick suite's seeds of the reference depth group and of the arch models
 # The report is re-rendered as rows finish, at most this often: a real suite's row trains for an hour,
 # the quick suite's for seconds (and rendering the figures takes about one).
 RENDER_EVERY_S = 60.0
@@ -225,8 +226,8 @@ def _quick(ctx: dict[str, Any], only: list[str] | None, render_report) -> None:
     q = quick_rows()
     common = protocol(8)
     stab = stability_rows((1.0, 0.02), TINY, lr_scale=40.0)  # diverges at ×1 on purpose, trains at 0.8
-    _table3(q["table3"], stab, 2, common, ctx, only, render_report, extra_seeds=1)
-    _arch("arch", q["arch"], common, ctx, only, render_report, updates=2, rounds=1, seeds=QUICK_ARCH_SEEDS)
+    _table3(q["table3"], stab, QUICK_SEEDS, common, ctx, only, render_report, extra_seeds=1)
+    _arch("arch", q["arch"], common, ctx, only, render_report, updates=2, rounds=1, seeds=QUICK_SEEDS)
     _arch("tune", q["tune"], common, ctx, only, render_report)
 
 
