@@ -122,6 +122,11 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
                     "Reference, 3 seeds: NLL", "training pairs", "PPL at equal time", "Over seeds",
                     "- **conv**, 2 seeds", "Load average (1, 5, 15 min)"):
         assert heading in text
+    if shutil.which("lscpu") and Path("/proc/cpuinfo").exists():  # the processor's family, read another way
+        seen = dict(line.split(":", 1) for line in subprocess.run(["lscpu"], capture_output=True, text=True,
+                                                                  env={**os.environ, "LC_ALL": "C"}).stdout.splitlines())
+        if "CPU family" in seen:
+            assert f"family {seen['CPU family'].strip()} model {seen['Model'].strip()} (cpu" in text
     for png in ("table3_curves", "arch_curves", "table1", "bleu_params", "schedule"):
         assert (report / "img" / f"{png}.png").stat().st_size > 1000
     # --render-only reproduces the report byte for byte from results/ alone
@@ -488,3 +493,12 @@ def test_the_arch_section_names_a_reused_run(tmp_path):
     text = "\n".join(arch_section(rs, None, tmp_path))
     line = "The same training (config, data, commit) was run once and counted twice: transformer-s2 is table3/ref-s2."
     assert line in text and line not in plain
+
+
+def test_the_provenance_names_the_first_processors_family_and_model():
+    from aiayn.evidence.machine import cpu_info
+
+    one = "processor\t: {}\nvendor_id\t: AuthenticAMD\ncpu family\t: {}\nmodel\t\t: {}\nmodel name\t: {}\n"
+    text = one.format(0, 25, 17, "AMD EPYC") + "\n" + one.format(1, 26, 2, "Other")
+    assert cpu_info(text) == {"cpu": "AMD EPYC", "cpu_family": 25, "cpu_model": 17}
+    assert cpu_info("") == {}

@@ -47,7 +47,8 @@ def _fmt_machine(rs: list[dict]) -> str:
     seen = []
     for r in rs:
         m = r.get("machine", {})
-        desc = f"{m.get('gpu') or m.get('cpu', '?')} ({r.get('device', '?')}, {m.get('threads', '?')} threads, " \
+        cpu = m.get("cpu", "?") + (f" family {m['cpu_family']} model {m['cpu_model']}" if "cpu_family" in m else "")
+        desc = f"{m.get('gpu') or cpu} ({r.get('device', '?')}, {m.get('threads', '?')} threads, " \
                f"torch {m.get('torch', '?')})"
         if desc not in seen:
             seen.append(desc)
