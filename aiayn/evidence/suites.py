@@ -37,6 +37,7 @@ from .plan import (
     stability_rows,
     table3_rows,
     tune_rows,
+    unstable,
 )
 from .rows import pair_with_references, row_config, run_row, seed_matched
 
@@ -50,7 +51,7 @@ def planned(report_dir: Path) -> dict[str, int]:
 
     stab = [r for r in load_results(Path(report_dir) / "results").get("table3", []) if r.get("family") == "stability"]
     depth_refs = sum(r.family == "depth" and r.group == "ref" for r in table3_rows(5, 1.0)) if any(
-        diverged(r) for r in stab) else 0
+        unstable(r) for r in stab) else 0
     return {"table3": len(table3_rows()) + len(stab) + depth_refs, "arch": len(arch_rows()),
             "tune": len(tune_rows())}
 
@@ -79,7 +80,7 @@ def stability(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any]) -> f
     for i, row in enumerate(rows):
         cfg = row_config(row, common)
         short = {**common, **protocol(min(common["train.max_steps"], 2 * cfg.train.warmup_steps))}
-        if not diverged(run_row(row, "table3", short, **ctx)):
+        if not unstable(run_row(row, "table3", short, **ctx)):
             return None if i == 0 else cfg.train.lr_scale
     log.warning("N=6 diverged at every rate tried; the depth rows run at the lowest (%s)", rows[-1].name)
     return row_config(rows[-1], common).train.lr_scale
