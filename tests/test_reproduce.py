@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from aiayn.attention import attention
 from aiayn.baselines.rnn import LSTMCell
 from aiayn.config import preset
-from aiayn.evidence.plan import BUDGET_UPDATES, converged_at, diverged, protocol, table3_rows
+from aiayn.evidence.plan import BUDGET_UPDATES, converged_at, diverged, protocol, table3_rows, unstable
 from aiayn.evidence.rows import row_config
 from aiayn.evidence.stats import paired_bootstrap
 from aiayn.evidence.table1 import (
@@ -237,6 +237,23 @@ def test_a_diverged_or_non_finite_run_is_named():
     assert diverged(r(30.0, [(500, 60.0), (1000, 30.0)])) is None  # bad, but still improving
     assert diverged(r(float("nan"), [(1, 50.0), (2, float("nan"))])).startswith("diverged")
 
+
+
+def test_the_stability_check_counts_a_rise_after_the_peak_rate_as_not_training():
+    """N=6 at the suite's rate on this data: PPL 361 → 183 → 311 → 284 (final, averaged) over 1,600
+    updates. The 2x rule alone called that trained; the check also wants the end within 2 % of the best."""
+    import math
+
+    curve = [(160, 361.3), (320, 208.5), (480, 182.9), (640, 219.6), (800, 262.6), (960, 311.0), (1600, 284.1)]
+    stuck = {"valid_ppl": 279.1, "valid_nll": math.log(279.1), "curve": [[s, p, 0.0] for s, p in curve]}
+    assert diverged(stuck) is None
+    best, final = math.log(182.9), math.log(279.1)
+    assert final > 1.02 * best and unstable(stuck).startswith("did not train: validation NLL 5.209 at update 480")
+    healthy = {"valid_ppl": 7.0, "valid_nll": math.log(7.0), "curve": [[800, 20.0, 0], [1600, 7.1, 0]]}
+    assert unstable(healthy) is None  # still improving two warm-ups in
+    held = {**healthy, "valid_nll": math.log(7.1) * 1.019}  # 1.9 % above its best: within the rule
+    assert unstable(held) is None and unstable({**held, "valid_nll": math.log(7.1) * 1.021})
+    assert unstable({"valid_ppl": float("nan"), "valid_nll": float("nan"), "curve": []}).startswith("diverged")
 
 def test_table3_verdicts_from_results_by_hand():
     """Five reference seeds, one row: the NLL p-value, the 95 % PI and the verdict, computed by hand."""

@@ -55,6 +55,26 @@ def diverged(r: dict, factor: float = 2.0) -> str | None:
     return None
 
 
+STABILITY_RISE = 0.02  # the budget rule's 2 %, read the other way: a rise is no training
+
+
+def unstable(r: dict, rise: float = STABILITY_RISE) -> str | None:
+    """The stability check's reading of an N=6 run (§5.3's warm-up): diverged, or its final validation
+    NLL more than `rise` above its best: it got worse when the rate peaked and did not recover (a
+    healthy run still improves two warm-ups in). Over-fitting later in a row's budget is a result, not this."""
+    if failed := diverged(r):
+        return failed
+    curve = [(int(c[0]), math.log(float(c[1]))) for c in r.get("curve", []) if math.isfinite(float(c[1]))]
+    if not curve:
+        return None
+    best_step, best = min(curve, key=lambda c: c[1])
+    final = float(r["valid_nll"])
+    if final > best * (1 + rise):
+        return (f"did not train: validation NLL {best:.3f} at update {best_step:,}, {final:.3f} at the end "
+                f"(more than {rise:.0%} above its best)")
+    return None
+
+
 @dataclass(frozen=True)
 class PaperRow:
     """A row of Table 3 (newstest2013 dev PPL / BLEU) and the row it is compared with."""

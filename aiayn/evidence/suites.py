@@ -37,6 +37,7 @@ from .plan import (
     stability_rows,
     table3_rows,
     tune_rows,
+    unstable,
 )
 from .rows import pair_with_references, row_config, run_row, seed_matched
 
@@ -57,7 +58,7 @@ def planned(report_dir: Path, arch_seeds: int = 3) -> dict[str, int]:
     seeds, q = (QUICK_SEEDS, quick_rows()) if quick else (5, full)
     arch_seeds = QUICK_SEEDS if quick else arch_seeds
     depth_refs = sum(r.group == "ref" for r in depth_rows(seeds, 1.0, q["table3"])) if any(
-        diverged(r) for r in stab) else 0
+        unstable(r) for r in stab) else 0
     families = len({r.group for r in q["arch"]})
     return {"table3": len(q["table3"]) + len(stab) + depth_refs,
             "arch": len(q["arch"]) + families * (arch_seeds - 1), "tune": len(q["tune"])}
@@ -88,7 +89,7 @@ def stability(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any]) -> f
     for i, row in enumerate(rows):
         cfg = row_config(row, common)
         short = {**common, **protocol(min(common["train.max_steps"], 2 * cfg.train.warmup_steps))}
-        if not diverged(run_row(row, "table3", short, **ctx)):
+        if not unstable(run_row(row, "table3", short, **ctx)):
             return None if i == 0 else cfg.train.lr_scale
     log.warning("N=6 diverged at every rate tried; the depth rows run at the lowest (%s)", rows[-1].name)
     return row_config(rows[-1], common).train.lr_scale

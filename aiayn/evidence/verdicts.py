@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .figures import _plot_curves, _valid_bleu
-from .plan import BLEU_MARGIN, NLL_MARGIN, diverged
+from .plan import BLEU_MARGIN, NLL_MARGIN, diverged, unstable
 from .stats import SeedTest, Verdict, holm, judge, p_text, prediction_halfwidth, seed_test
 
 
@@ -203,7 +203,7 @@ def table3_section(rs: list[dict], img: Path, machine_words) -> list[str]:
     stab_refs, stab = fam["stability"]
     if stab:
         out += ["Stability check (N=6 at the suite's schedule before the depth rows): "
-                + "; ".join(f"{r['row']}: {diverged(r) or 'trained'}"
+                + "; ".join(f"{r['row']}: {unstable(r) or 'trained'}"
                             for r in sorted(stab, key=lambda r: -r["config"]["train"]["lr_scale"]))
                 + ".", ""]
     verdicts: list[RowVerdict] = []
@@ -212,7 +212,7 @@ def table3_section(rs: list[dict], img: Path, machine_words) -> list[str]:
         if not (f_refs or f_rows):
             continue
         if title:
-            out += [f"### {title}", "", "N=6 diverged at the suite's rate, so the depth rows (N = 1, 2, 6) and a "
+            out += [f"### {title}", "", "N=6 did not train at the suite's rate, so the depth rows (N = 1, 2, 6) and a "
                     f"reference of their own (N = 3) train at a lower one ({schedule_words((f_refs or f_rows)[0])}); "
                     "they are compared only with that reference.", ""]
         lines, vs = family_table(f_refs, f_rows)
