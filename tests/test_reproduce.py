@@ -519,3 +519,13 @@ def test_the_provenance_names_the_first_processors_family_and_model():
     text = one.format(0, 25, 17, "AMD EPYC") + "\n" + one.format(1, 26, 2, "Other")
     assert cpu_info(text) == {"cpu": "AMD EPYC", "cpu_family": 25, "cpu_model": 17}
     assert cpu_info("") == {}
+
+
+def test_a_mixed_report_names_the_rows_of_each_commit():
+    from aiayn.evidence.verdicts import _commits
+
+    rs = [{"row": n, "machine": {"git": "a" * 40}} for n in ("ref-s1", "ref-s2", "A-h1")]
+    rs += [{"row": "C-N1", "machine": {"git": "b" * 40}}]
+    assert _commits(rs) == ("**Rows from 2 commits**, mixed with --allow-mixed-commits: "
+                            f"{'a' * 40} (3 rows); {'b' * 40} (1 row: C-N1).")
+    assert _commits(rs[:3]) == f"All rows from commit {'a' * 40}."

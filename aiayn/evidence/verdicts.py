@@ -137,7 +137,11 @@ def _commits(rs: list[dict]) -> str:
                 "results recorded it): these rows cannot be traced to one code version.")
     if len(seen) == 1:
         return f"All rows from commit {seen[0]}."
-    return f"**Rows from {len(seen)} commits** ({', '.join(seen)}), mixed with --allow-mixed-commits."
+    by = {c: [r["row"] for r in rs if r.get("machine", {}).get("git") == c] for c in seen}
+    most = max(seen, key=lambda c: len(by[c]))
+    parts = [f"{c} ({len(by[c])} row{'s' * (len(by[c]) != 1)}{'' if c == most else ': ' + ', '.join(by[c])})"
+             for c in seen]
+    return f"**Rows from {len(seen)} commits**, mixed with --allow-mixed-commits: {'; '.join(parts)}."
 
 
 def data_words(r: dict) -> str:
