@@ -91,7 +91,7 @@ def stability(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any]) -> f
         short = {**common, **protocol(min(common["train.max_steps"], 2 * cfg.train.warmup_steps))}
         if not unstable(run_row(row, "table3", short, **ctx)):
             return None if i == 0 else cfg.train.lr_scale
-    log.warning("N=6 diverged at every rate tried; the depth rows run at the lowest (%s)", rows[-1].name)
+    log.warning("N=6 did not train at any rate tried; the depth rows run at the lowest (%s)", rows[-1].name)
     return row_config(rows[-1], common).train.lr_scale
 
 
