@@ -133,6 +133,34 @@ class Run:
         return None
 
 
+class LossWindow:
+    """§5's training loss per target token over the updates since the last log. Its sums go into
+    checkpoints, so the first log after a resume averages the same updates as an uninterrupted run."""
+
+    def __init__(self, step: int = 0):
+        self.loss, self.nll, self.tokens, self.start, self.step = 0.0, 0.0, 0, time.perf_counter(), step
+
+    def add(self, loss: float, nll: float, tokens: int) -> None:
+        self.loss, self.nll, self.tokens = self.loss + loss, self.nll + nll, self.tokens + tokens
+
+    def pause(self, seconds: float) -> None:
+        """Leave time spent on something else (validation) out of the tokens/s."""
+        self.start += seconds
+
+    def sums(self) -> list:
+        """This rank's loss and nll sums, all ranks' target tokens, and the seconds so far."""
+        return [self.loss, self.nll, self.tokens, time.perf_counter() - self.start]
+
+    def restore(self, saved: object, rank: int, world: int, step: int) -> None:
+        """Reopen the window a checkpoint saved; one saved before windows were, or by another number
+        of ranks, starts afresh at the checkpoint's step."""
+        self.__init__(step)
+        if isinstance(saved, dict) and len(saved.get("ranks", ())) == world:
+            loss, nll, tokens, seconds = saved["ranks"][rank]
+            self.add(float(loss), float(nll), int(tokens))
+            self.start, self.step = self.start - float(seconds), int(saved["step"])
+
+
 def _check_state(saved: object, path: Path) -> None:
     """A training state holds the optimizer, the progress (step, epoch) and the random streams."""
     if not isinstance(saved, dict):
@@ -150,6 +178,12 @@ def _check_state(saved: object, path: Path) -> None:
 def _rank_seed(seed: int, rank: int) -> int:
     """§5.4 dropout differs between ranks: each rank's stream is seeded from (seed, rank)."""
     return int(np.random.SeedSequence([seed, rank, 5]).generate_state(1)[0])
+
+
+def seed_rank(seed: int, rank: int) -> None:
+    """§5.4: dropout differs between ranks; this rank's torch and Python streams start from (seed, rank)."""
+    torch.manual_seed(_rank_seed(seed, rank))
+    random.seed(_rank_seed(seed, rank))
 
 
 def _rng_state(device: torch.device) -> dict:

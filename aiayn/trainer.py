@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import signal
 import time
 from pathlib import Path
@@ -37,7 +36,18 @@ from .config import Config
 from .data import load_manifest
 from .models import build_model
 from .optim import make_optimizer, noam_lr
-from .runs import Dist, Run, _check_state, _main_thread, _rank_seed, _rng_state, _set_rng_state, progress_log
+from .runs import (
+    Dist,
+    LossWindow,
+    Run,
+    _check_state,
+    _main_thread,
+    _rank_seed,
+    _rng_state,
+    _set_rng_state,
+    progress_log,
+    seed_rank,
+)
 from .steps import epoch_batches, shard, train_step, valid_bleu, validate
 from .tagger import SourceTagger, Tagger
 from .tokenizer import Tokenizer
@@ -84,8 +94,7 @@ class Trainer:
                             "best_loss": 1e9, "stale": 0, "batching": self.batching()}
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
         self.model = build_model(cfg.model, self.tokenizer.pieces_list()).to(env.device)
-        torch.manual_seed(_rank_seed(cfg.train.seed, env.rank))  # a dropout stream per rank
-        random.seed(_rank_seed(cfg.train.seed, env.rank))
+        seed_rank(cfg.train.seed, env.rank)  # a dropout stream per rank
         self.optimizer = make_optimizer(self.model, cfg.train)
         self.fwd_model: nn.Module = torch.compile(self.model) if cfg.train.compile else self.model
         if env.world > 1:
@@ -102,8 +111,7 @@ class Trainer:
         self.tb = None  # opened when the loop starts: a refused start leaves the run folder alone
         self.signal: int | None = None  # set by the SIGTERM/SIGINT handler
         self.bar: tqdm | None = None
-        self._window = [0.0, 0.0, 0, time.perf_counter()]  # this rank's loss and nll sums, all tokens, start
-        self._window_step = 0  # the step the window starts after
+        self.window = LossWindow()
 
     def batching(self) -> dict:
         return {"max_tokens": self.cfg.data.max_tokens, "seed": self.cfg.train.seed,
@@ -154,6 +162,7 @@ class Trainer:
         if len(rngs) != self.env.world:
             log.warning("the checkpoint holds the random streams of %d rank(s), this run has %d: "
                         "dropout masks will differ from an uninterrupted run", len(rngs), self.env.world)
+        self.window.restore(saved.get("window"), self.env.rank, self.env.world, self.state["step"])
         log.info("resumed from %s at step %d (epoch %d, batch %d)", weights_path.name, self.state["step"],
                  self.state["epoch"], self.state["batch"])
 
@@ -196,8 +205,7 @@ class Trainer:
         loss, nll = train_step(self.fwd_model, self.optimizer, mine, total, self.cfg, lr, env.world, env.device)
         state["step"] += 1
         state["batch"] += len(group)
-        w = self._window
-        w[0], w[1], w[2] = w[0] + loss, w[1] + nll, w[2] + total
+        self.window.add(loss, nll, total)
         if state["step"] % t_cfg.log_every == 0:  # collective under DDP: every rank's losses are summed
             self._log_training(lr)
         if state["batch"] >= len(batches):
@@ -207,10 +215,8 @@ class Trainer:
 
     def _log_training(self, lr: float) -> None:
         """Loss and perplexity per target token of the updates since the last log (all ranks)."""
-        loss, nll, tokens, start = self._window
-        now = time.perf_counter()
-        self._window = [0.0, 0.0, 0, now]
-        self._window_step, last_step = self.state["step"], self._window_step
+        (loss, nll, tokens, seconds), last_step = self.window.sums(), self.window.step
+        self.window = LossWindow(self.state["step"])
         if self.env.world > 1:
             t = torch.tensor([loss, nll], dtype=torch.float64,
                              device=self.env.device if self.env.device.type == "cuda" else "cpu")
@@ -220,7 +226,7 @@ class Trainer:
             return
         tok = max(tokens, 1)
         rec = {"step": self.state["step"], "epoch": self.state["epoch"], "lr": lr, "loss": loss / tok,
-               "nll": nll / tok, "ppl": math.exp(min(nll / tok, 50)), "tgt_tok_s": tokens / (now - start),
+               "nll": nll / tok, "ppl": math.exp(min(nll / tok, 50)), "tgt_tok_s": tokens / seconds,
                "elapsed_s": self.state["elapsed"],
                "tgt_tokens_per_update": tokens / max(1, self.state["step"] - last_step)}
         self.run.metrics(rec)
@@ -239,7 +245,7 @@ class Trainer:
     def validate(self) -> bool:
         """Validation loss/perplexity (and greedy BLEU); True when it is the best so far. Collective:
         every rank validates its share and holds the same result; rank 0 records it."""
-        state = self.state
+        state, began = self.state, time.perf_counter()
         metrics = validate(self.model, self.valid_data, self.cfg, self.env.device, self.env)
         if self.v_src:
             metrics["valid_bleu"] = valid_bleu(self.model, self.tokenizer, self.v_src, self.v_ref, self.cfg,
@@ -250,7 +256,7 @@ class Trainer:
         state["best_bleu"] = max(state["best_bleu"], metrics.get("valid_bleu", -1))
         state["best_loss"] = min(state["best_loss"], metrics["valid_loss"])
         state["stale"] = 0 if better else state.get("stale", 0) + 1  # validations without improvement
-        self._window[3] = time.perf_counter()  # keep tokens/s honest
+        self.window.pause(time.perf_counter() - began)
         if not self.env.is_main:
             return better
         self.run.metrics({"step": state["step"], "epoch": state["epoch"], **metrics})
@@ -263,21 +269,24 @@ class Trainer:
     # -- saving ------------------------------------------------------------------------------
     def save(self, best: bool = False) -> None:
         """Collective: every rank hands its RNG state to rank 0, which writes the checkpoint."""
-        rng = _rng_state(self.env.device)
+        mine = (_rng_state(self.env.device), self.window.sums())
         if self.env.world > 1:
-            rngs: list | None = [None] * self.env.world if self.env.is_main else None
-            dist.gather_object(rng, rngs, dst=0)
+            ranks: list | None = [None] * self.env.world if self.env.is_main else None
+            dist.gather_object(mine, ranks, dst=0)
         else:
-            rngs = [rng]
+            ranks = [mine]
         if not self.env.is_main:
             return
+        rngs = [r[0] for r in ranks]
+        window = {"step": self.window.step, "ranks": [r[1] for r in ranks]}
         state, run = self.state, self.run
         name = f"step-{state['step']:08d}"
         tensors = model_tensors(self.model)
         save_weights(run.ckpt_dir / f"{name}.safetensors", tensors, self.cfg, self.tokenizer, state["step"],
                      self.task)
         save_state(run.ckpt_dir / f"{name}.state.pt",
-                   {"optimizer": self.optimizer.state_dict(), "progress": dict(state), "rng": rngs})
+                   {"optimizer": self.optimizer.state_dict(), "progress": dict(state), "rng": rngs,
+                    "window": window})
         if best:
             save_weights(run.ckpt_dir / "best.safetensors", tensors, self.cfg, self.tokenizer, state["step"],
                          self.task)
@@ -340,7 +349,6 @@ class Trainer:
         self.bar = tqdm(total=int(limit_s) if limit_s else t_cfg.max_steps, unit="s" if limit_s else "step",
                         disable=not env.is_main, dynamic_ncols=True)
         self.start = time.perf_counter() - state["elapsed"]
-        self._window_step = state["step"]
         self.tb = _tensorboard(self.run.path) if env.is_main else None
         last_save = time.perf_counter()
         handlers = {}

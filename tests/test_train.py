@@ -54,6 +54,33 @@ def test_training_lowers_validation_loss(toy_prepared, tmp_path):
     assert (tmp_path / "run/checkpoints/best.safetensors").exists()
 
 
+def test_tokens_per_second_counts_training_time_only(toy_prepared, tmp_path, monkeypatch):
+    """On a clock that moves 1 s an update and 100 s a validation, 10 updates logged at step 10
+    (validated at step 5) ran 10 s: target tokens/s is the window's tokens over 10 s."""
+    import time
+
+    import aiayn.trainer as trainer
+
+    clock = [0.0]
+    real_step, real_validate = trainer.train_step, trainer.validate
+
+    def step(*a, **k):
+        clock[0] += 1.0
+        return real_step(*a, **k)
+
+    def validate(*a, **k):
+        clock[0] += 100.0
+        return real_validate(*a, **k)
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(trainer, "train_step", step)
+    monkeypatch.setattr(trainer, "validate", validate)
+    train(tiny_config(max_steps=10, valid_every=5, log_every=10), toy_prepared, tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    (log_row,) = [r for r in rows if "loss" in r]
+    assert log_row["tgt_tok_s"] == pytest.approx(log_row["tgt_tokens_per_update"] * 10 / 10.0)
+
+
 def test_keep_last_and_average_matches_hand_average(toy_prepared, tmp_path, capsys):
     train(tiny_config(max_steps=12, save_every=3, keep_last=3), toy_prepared, tmp_path / "run")
     paths = list_checkpoints(tmp_path / "run")
