@@ -81,6 +81,20 @@ def test_tokens_per_second_counts_training_time_only(toy_prepared, tmp_path, mon
     assert log_row["tgt_tok_s"] == pytest.approx(log_row["tgt_tokens_per_update"] * 10 / 10.0)
 
 
+def test_a_saved_loss_window_reopens_only_for_as_many_ranks_as_saved_it():
+    from aiayn.runs import LossWindow
+
+    saved = {"step": 12, "ranks": [[4.0, 3.0, 300, 2.0], [5.0, 3.5, 300, 2.5]]}
+    w = LossWindow()
+    w.restore(saved, rank=1, world=2, step=15)
+    loss, nll, tokens, seconds = w.sums()
+    assert (loss, nll, tokens, w.step) == (5.0, 3.5, 300, 12) and seconds >= 2.5
+    w.restore(saved, rank=0, world=1, step=15)  # another world: its sums are not this rank's
+    assert w.sums()[:3] == [0.0, 0.0, 0] and w.step == 15
+    w.restore(None, rank=0, world=1, step=15)  # a checkpoint from before windows were saved
+    assert w.sums()[:3] == [0.0, 0.0, 0] and w.step == 15
+
+
 def test_keep_last_and_average_matches_hand_average(toy_prepared, tmp_path, capsys):
     train(tiny_config(max_steps=12, save_every=3, keep_last=3), toy_prepared, tmp_path / "run")
     paths = list_checkpoints(tmp_path / "run")
