@@ -154,9 +154,10 @@ class LossWindow:
     def restore(self, saved: object, rank: int, world: int, step: int) -> None:
         """Reopen the window a checkpoint saved; one saved before windows were, or by another number
         of ranks, starts afresh at the checkpoint's step."""
-        self.__init__(step)
-        if isinstance(saved, dict) and len(saved.get("ranks", ())) == world:
-            loss, nll, tokens, seconds = saved["ranks"][rank]
+        self.loss, self.nll, self.tokens, self.start, self.step = 0.0, 0.0, 0, time.perf_counter(), step
+        ranks = saved.get("ranks", ()) if isinstance(saved, dict) else ()
+        if len(ranks) == world and len(ranks[rank]) == 4:  # anything else: a fresh window, as before
+            loss, nll, tokens, seconds = ranks[rank]
             self.add(float(loss), float(nll), int(tokens))
             self.start, self.step = self.start - float(seconds), int(saved["step"])
 
