@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from aiayn.config import preset
-from aiayn.train import train
+from aiayn.training import train
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from aiayn.apps.serve import Limits, create_app
 from aiayn.checkpoint import CheckpointError
 from aiayn.config import ConfigError
-from aiayn.train import train
+from aiayn.training import train
 from aiayn.translate import Translator
 
 MARKER = "PICKLE_WAS_EXECUTED"

@@ -22,7 +22,7 @@ from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.cli import main
 from aiayn.config import ConfigError, ModelConfig, preset
 from aiayn.models import build_model
-from aiayn.train import train
+from aiayn.training import train
 
 
 def conv(N=2, k=3, **kw) -> ConvS2S:

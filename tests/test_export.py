@@ -21,7 +21,7 @@ def exported(toy_prepared, tmp_path_factory):
     from conftest import tiny_config
 
     from aiayn.checkpoint import list_checkpoints, load_checkpoint
-    from aiayn.train import train
+    from aiayn.training import train
 
     d = tmp_path_factory.mktemp("export")
     cfg = tiny_config(max_steps=300, lr_scale=0.5, warmup_steps=50)

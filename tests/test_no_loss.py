@@ -166,7 +166,7 @@ def test_export_twice_replaces_the_earlier_export_and_leaves_nothing_beside(toy_
     from conftest import tiny_config
 
     from aiayn.cli import main
-    from aiayn.train import train
+    from aiayn.training import train
 
     cfg = tiny_config(max_steps=1)
     cfg.model.N = 1

@@ -71,7 +71,7 @@ def test_curves_from_metrics(tmp_path):
 def test_plot_cli(toy_prepared, tmp_path, capsys):
     from conftest import tiny_config
 
-    from aiayn.train import train
+    from aiayn.training import train
 
     train(tiny_config(max_steps=5), toy_prepared, tmp_path / "run")
     ckpt = sorted((tmp_path / "run/checkpoints").glob("step-*.safetensors"))[-1]

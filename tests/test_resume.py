@@ -172,7 +172,7 @@ def _clock_worker(rank: int, world: int, port: int, prep: str, run: str, out: st
 
         real, t0 = _time.perf_counter, _time.perf_counter()
         _time.perf_counter = lambda: t0 + 20 * (real() - t0)
-    from aiayn.train import train
+    from aiayn.training import train
 
     cfg = tiny_config(max_steps=10**6, max_minutes=0.03)
     state = train(cfg, Path(prep), Path(run))

@@ -18,7 +18,7 @@ from aiayn.baselines.rnn import AdditiveAttention, MultiplicativeAttention, Recu
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.config import ConfigError, ModelConfig, preset
 from aiayn.models import build_model
-from aiayn.train import train
+from aiayn.training import train
 
 KINDS = [(cell, att) for cell in ("lstm", "gru") for att in ("additive", "dot", "general", "bahdanau")]
 

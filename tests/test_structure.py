@@ -91,7 +91,7 @@ def test_no_lower_layer_imports_a_higher_one():
                 bad.append(f"{name} imports {target}")
     g = graph()
     for name in (n for n in g if n.startswith("aiayn.baselines")):  # the baselines know the model's parts only
-        bad += [f"{name} imports {t}" for t in g[name] if t in ("aiayn.models", "aiayn.checkpoint", "aiayn.train")]
+        bad += [f"{name} imports {t}" for t in g[name] if t in ("aiayn.models", "aiayn.checkpoint", "aiayn.training")]
     assert not bad, bad
 
 

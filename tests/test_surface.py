@@ -166,7 +166,7 @@ def test_run_json_and_train_log_record_the_run(toy_prepared, tmp_path):
 
 def test_importing_aiayn_leaves_the_environment_alone():
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
-    out = subprocess.run([sys.executable, "-c", "import os, aiayn, aiayn.train, aiayn.apps.serve; "
+    out = subprocess.run([sys.executable, "-c", "import os, aiayn, aiayn.training, aiayn.apps.serve; "
                           "print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))"],
                          capture_output=True, text=True, env=env, timeout=120).stdout
     assert out.strip() == "None"
@@ -181,6 +181,25 @@ def test_a_command_does_not_import_scipy_until_it_needs_it():
     from aiayn.evidence.stats import seed_test, t_quantile  # and the statistics still work with it
 
     assert abs(t_quantile(0.975, 4) - 2.7764451) < 1e-6 and seed_test(1.0, [0.0, 0.1, -0.1]).p < 0.05
+
+
+def test_help_and_errors_found_before_any_model_answer_without_torch(tmp_path):
+    """torch is 2 s of a 3 s start: help, a bad flag, a bad override and misaligned text do without it."""
+    (tmp_path / "t.en").write_text("a dog\nthe cat\n")
+    (tmp_path / "t.de").write_text("ein hund\n")
+    calls = [["--help"], ["translate", "--help"], ["reproduce", "--help"], ["train", "--no-such-flag"],
+             ["train", "--data", str(tmp_path), "--run-dir", str(tmp_path / "r"), "--train.lr_scale", "fast"],
+             ["prepare", "--data-dir", str(tmp_path), "--src", "en", "--tgt", "de", "--out", str(tmp_path / "p"),
+              "--train", "t", "--valid", "t"]]
+    code = ("import sys, json\nfrom aiayn.cli import main\nout = []\n"
+            f"for argv in {calls!r}:\n    try:\n        out.append(main(argv))\n"
+            "    except SystemExit as e:\n        out.append(e.code)\nprint(json.dumps([out, 'torch' in sys.modules]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    codes, imported = json.loads(p.stdout.splitlines()[-1])
+    assert codes == [0, 0, 0, 2, 2, 2] and not imported, p.stdout[-500:] + p.stderr[-2000:]
+    assert "train.lr_scale" in p.stderr and "misaligned" in p.stderr and "t.en" in p.stderr
+    version = aiayn_cli("--version").stdout  # and the version line still names the torch it runs on
+    assert version.strip() == f"aiayn {aiayn.__version__} (torch {torch.__version__})"
 
 
 # -- early stopping --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from aiayn.cli import main
 from aiayn.model import Transformer
 from aiayn.optim import make_optimizer
 from aiayn.steps import train_step
-from aiayn.train import train
+from aiayn.training import train
 
 
 def weights(path):
@@ -307,7 +307,7 @@ def test_bf16_without_native_bf16_is_named_in_the_log(toy_prepared, tmp_path, mo
     """The log's kernels line reads the CPU's flags; without AVX-512 BF16 or AMX, bf16 training warns."""
     import importlib
 
-    for module in ("aiayn.train", "aiayn.runs"):  # aiayn.train is also the name of the function
+    for module in ("aiayn.training", "aiayn.runs"):
         monkeypatch.setattr(importlib.import_module(module), "native_bf16", lambda: [])
     train(tiny_config(max_steps=2, precision="bf16"), toy_prepared, tmp_path / "run")
     text = (tmp_path / "run/train.log").read_text()

@@ -7,14 +7,11 @@ import argparse
 import logging
 import os
 import sys
+from importlib.metadata import version
 
-import torch
-
-from ..checkpoint import CheckpointError
 from ..config import ConfigError
 from ..data import DataError
 from ..files import FileError
-from ..shortlist import ShortlistError
 from ..tokenizer import TokenizerError
 from . import apps, decoding, evidence, prepare, training
 from .common import UserError
@@ -37,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of Attention Is All You Need.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--version", action="version", version=f"aiayn {__version__} (torch {torch.__version__})")
+    parser.add_argument("--version", action="version", version=f"aiayn {__version__} (torch {version('torch')})")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in VERBS.values():
         add(sub)
@@ -51,17 +48,31 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     try:
         args.func(args, extra)
-    except (UserError, ConfigError, DataError, CheckpointError, TokenizerError, FileError,
-            ShortlistError) as e:
-        print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `aiayn score ... | head -1`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as e:
+        if not meant_for_the_user(e):
+            raise
+        print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
+        return 2
     return 0
+
+
+def meant_for_the_user(e: Exception) -> bool:
+    """Whether an error's message is the whole story (it names what and where): no traceback then.
+
+    The kinds raised by modules that need torch are asked last, so that `aiayn --help` and a bad flag
+    never import it (2 s of a 3 s start)."""
+    if isinstance(e, (UserError, ConfigError, DataError, TokenizerError, FileError)):
+        return True
+    from ..checkpoint import CheckpointError
+    from ..shortlist import ShortlistError
+
+    return isinstance(e, (CheckpointError, ShortlistError))
 
 
 if __name__ == "__main__":

@@ -46,8 +46,7 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
 
 def add_reproduce(sub) -> None:
     """`aiayn reproduce` and its flags."""
-    from ..evidence.plan import BUDGET_UPDATES
-    from ..evidence.suites import SUITES
+    from ..evidence.plan import BUDGET_UPDATES, SUITES
 
     p = sub.add_parser("reproduce", help="the paper's experiments at small scale (Table 3, the recurrent and "
                        "convolutional families, Table 1) by updates, and a generated report")

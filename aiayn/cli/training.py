@@ -7,8 +7,6 @@ import logging
 import sys
 from pathlib import Path
 
-import torch
-
 from ..config import PAPER_PARAMS_M, PRESETS, ConfigError, load_yaml, preset
 from ..files import check_output_file
 from .common import (
@@ -23,6 +21,8 @@ log = logging.getLogger("aiayn")
 
 def count_parameters(name: str, vocab_size: int) -> int:
     """Exact trainable-parameter count of a preset at a vocabulary size (built on the meta device)."""
+    import torch
+
     from ..models import build_model
 
     cfg = preset(name).model
@@ -56,16 +56,20 @@ def cmd_params(args: argparse.Namespace, extra: list[str]) -> None:
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
-    """Train (§5), or continue a run with --resume RUN_DIR."""
-    from ..train import train
-
+    """Train (§5), or continue a run with --resume RUN_DIR (flags and config checked before torch loads)."""
     if args.resume:
+        overrides = _parse_overrides(extra)
+        from ..training import train
+
         train(None, Path(args.data) if args.data else None, Path(args.resume), resume=True, device=args.device,
-              overrides=_parse_overrides(extra), force_batching=args.force_batching)
+              overrides=overrides, force_batching=args.force_batching)
         return
     if not args.data or not args.run:
         raise UserError("train needs --data PREPARED_DIR and --run-dir RUN_DIR (or --resume RUN_DIR)")
-    train(build_config(args, extra), Path(args.data), Path(args.run), device=args.device)
+    cfg = build_config(args, extra)
+    from ..training import train
+
+    train(cfg, Path(args.data), Path(args.run), device=args.device)
 
 
 def cmd_average(args: argparse.Namespace, extra: list[str]) -> None:

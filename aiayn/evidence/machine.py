@@ -8,12 +8,12 @@ import platform
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 def machine() -> dict[str, Any]:
     """What made the numbers: processor (with its family and model, which change between machines of one
     name), threads, accelerator, library versions."""
+    import torch  # here, not at the top: `aiayn reproduce --help` should not wait for it
+
     try:
         info = cpu_info(Path("/proc/cpuinfo").read_text())
     except OSError:

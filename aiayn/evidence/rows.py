@@ -185,7 +185,7 @@ def _copy_result(result_path: Path, copy: Path) -> None:
 def _train_and_evaluate(row: Row, suite: str, common: dict[str, Any], data_dir: Path, run_dir: Path,
                         sentences: int, device: str | None) -> dict[str, Any]:
     from ..runs import Run
-    from ..train import train
+    from ..training import train
 
     cfg = trained_config(row, common, data_dir)
     start = time.time()

@@ -25,6 +25,7 @@ from .machine import _code_commit
 from .plan import (
     BUDGET_UPDATES,
     DEPTH,
+    SUITES,
     TINY,
     Row,
     arch_rows,
@@ -65,7 +66,6 @@ def planned(report_dir: Path, arch_seeds: int = 3) -> dict[str, int]:
 
 
 # -- the suites ----------------------------------------------------------------------------------
-SUITES = ("budget", "table3", "arch", "tune", "table1", "quick")
 QUICK_SEEDS = 2  # the quick suite's seeds of the reference depth group and of the arch models
 # The report is re-rendered as rows finish, at most this often: a real suite's row trains for an hour,
 # the quick suite's for seconds (and rendering the figures takes about one).
