@@ -108,9 +108,19 @@ class Run:
         with open(self.path / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def forget_metrics_after(self, step: int) -> None:
+    def tensorboard(self):
+        """A TensorBoard writer in RUN/tensorboard, or None where tensorboard is not installed."""
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            return SummaryWriter(str(self.path / "tensorboard"))
+        except Exception:  # tensorboard is optional
+            return None
+
+    def forget_metrics_after(self, step: int, validated: bool = True) -> None:
         """Drop metric rows past `step` (written by a process killed before its next checkpoint),
-        so the resumed run's rows are not listed twice."""
+        so the resumed run's rows are not listed twice; and the validation at `step` itself unless
+        the checkpoint was `validated` (it was written before that validation, which is made again)."""
         path = self.path / "metrics.jsonl"
         if not path.exists():
             return
@@ -118,10 +128,12 @@ class Run:
         kept = []
         for row in rows:
             try:
-                if json.loads(row).get("step", 0) <= step:
-                    kept.append(row)
+                record = json.loads(row)
             except json.JSONDecodeError:  # a line cut short by a kill
                 continue
+            at = record.get("step", 0)
+            if at < step or at == step and (validated or "valid_loss" not in record):
+                kept.append(row)
         if len(kept) != len(rows):
             atomic_write(path, "".join(kept).encode())
 

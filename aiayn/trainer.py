@@ -58,16 +58,6 @@ log = logging.getLogger("aiayn")
 _DATA_ORDER = {"max_tokens": "data.max_tokens", "seed": "train.seed", "pairs": "the prepared training pairs"}
 
 
-def _tensorboard(run_dir: Path):
-    """A TensorBoard writer in RUN/tensorboard, or None where tensorboard is not installed."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-
-        return SummaryWriter(str(run_dir / "tensorboard"))
-    except Exception:  # tensorboard is optional
-        return None
-
-
 # -- the training loop -----------------------------------------------------------------------
 class Trainer:
     """§5's loop for one run, in parts that read on their own: set-up (`__init__`, `restore`), one
@@ -256,6 +246,7 @@ class Trainer:
         state["best_bleu"] = max(state["best_bleu"], metrics.get("valid_bleu", -1))
         state["best_loss"] = min(state["best_loss"], metrics["valid_loss"])
         state["stale"] = 0 if better else state.get("stale", 0) + 1  # validations without improvement
+        state["validated_at"] = state["step"]
         self.window.pause(time.perf_counter() - began)
         if not self.env.is_main:
             return better
@@ -269,6 +260,7 @@ class Trainer:
     # -- saving ------------------------------------------------------------------------------
     def save(self, best: bool = False) -> None:
         """Collective: every rank hands its RNG state to rank 0, which writes the checkpoint."""
+        self.state["saved_at"] = self.state["step"]
         mine = (_rng_state(self.env.device), self.window.sums())
         if self.env.world > 1:
             ranks: list | None = [None] * self.env.world if self.env.is_main else None
@@ -320,6 +312,10 @@ class Trainer:
         stop = signalled > 0
         return save_wish or stop or early_stop, stop, early_stop
 
+    def made(self, what: str) -> bool:
+        """Whether this step's validation ("validated_at") or checkpoint ("saved_at") is made."""
+        return self.state.get(what) == self.state["step"]
+
     def stopped_early(self) -> bool:
         p = self.cfg.train.patience
         return bool(p and self.state.get("stale", 0) >= p)
@@ -349,29 +345,27 @@ class Trainer:
         self.bar = tqdm(total=int(limit_s) if limit_s else t_cfg.max_steps, unit="s" if limit_s else "step",
                         disable=not env.is_main, dynamic_ncols=True)
         self.start = time.perf_counter() - state["elapsed"]
-        self.tb = _tensorboard(self.run.path) if env.is_main else None
+        self.tb = self.run.tensorboard() if env.is_main else None
         last_save = time.perf_counter()
         handlers = {}
         if _main_thread():
             handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            validated = saved = False
             while not self.finished():
                 self.update()
-                validated = saved = False
                 better = False
                 if t_cfg.valid_every and state["step"] % t_cfg.valid_every == 0:  # collective
-                    better, validated = self.validate(), True
+                    better = self.validate()
                 now = time.perf_counter()
                 # Interval checkpoints (§6.1) keep their spacing: a better validation score writes
                 # best.safetensors only, never a step checkpoint that would push one out of the rotation.
                 wish = bool(t_cfg.save_every and state["step"] % t_cfg.save_every == 0) or bool(
                     t_cfg.save_every_minutes and now - last_save >= t_cfg.save_every_minutes * 60)
-                early = bool(validated and t_cfg.patience and state["stale"] >= t_cfg.patience)
+                early = bool(self.made("validated_at") and t_cfg.patience and state["stale"] >= t_cfg.patience)
                 save, stop, early = self.agree(wish, early)
                 if save:
                     self.save(best=better)
-                    last_save, saved = now, True
+                    last_save = now
                 elif better:
                     self.save_best()
                 if stop:
@@ -382,8 +376,10 @@ class Trainer:
                              state["step"], state["stale"])
                     break
                 self.bar.n = int(state["elapsed"]) if limit_s else state["step"]
-            better = self.validate() if not validated and not self.stopped_early() else False
-            if self.agree(not saved)[0]:
+            # the last step's validation and checkpoint, unless made already: by this process, or by the one
+            # that wrote the checkpoint a finished run resumes from (such a resume then changes nothing)
+            better = self.validate() if not self.made("validated_at") and not self.stopped_early() else False
+            if self.agree(not self.made("saved_at"))[0]:
                 self.save(best=better)
             elif better:
                 self.save_best()

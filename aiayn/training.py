@@ -97,7 +97,8 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
         if resume_from is not None:
             trainer.restore(resume_from, force_batching)
             if env.is_main:  # only once the checkpoint proved good: a refused resume changes nothing
-                run.forget_metrics_after(trainer.state["step"])
+                old = "saved_at" not in trainer.state  # a checkpoint that does not say whether it was validated
+                run.forget_metrics_after(trainer.state["step"], validated=old or trainer.made("validated_at"))
                 cfg.save_yaml(run.path / "config.yaml")
                 write_provenance(run.path / "run.json", Path(data_dir), cfg, env, True, trainer.per_update)
         _log_setup(trainer, cfg, env)

@@ -8,12 +8,13 @@ The run is SIGKILLed at `--kills` moments: half at a random time after the proce
 and training state): a checkpoint that does not load counts as corrupt. Then `aiayn train
 --resume` continues in a new process. When the last kill is done the run finishes unharmed and
 its final weights are compared, tensor by tensor, byte for byte, with an uninterrupted run of
-the same configuration.
+the same configuration, and so is its training log (metrics.jsonl without its clock readings; a log
+every 7 updates and a checkpoint every 10, so that resumes land inside a logging window).
 
     .venv/bin/python bench/soak_resume.py [--kills 20] [--steps 400] [--data work/multi30k-en-de]
     .venv/bin/python bench/soak_resume.py --short --data PREPARED_DIR   # 3 kills, 300 steps (the tests' form)
 
-Prints kills survived, kills during a write, corrupt checkpoints (must be 0) and the equality;
+Prints kills survived, kills during a write, corrupt checkpoints (must be 0) and both equalities;
 writes bench/soak_resume.json (not with --short). Work files go to ~/aiayn-work/soak (--work).
 """
 
@@ -35,7 +36,7 @@ from benchdata import DATA, prepared_data
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ["--model.d_model", "64", "--model.d_ff", "128", "--model.h", "4", "--model.N", "2", "--model.p_drop", "0.1",
          "--data.max_tokens", "1024", "--train.warmup_steps", "100", "--train.valid_every", "0",
-         "--train.valid_bleu_sentences", "0", "--train.save_every_minutes", "0", "--train.log_every", "10",
+         "--train.valid_bleu_sentences", "0", "--train.save_every_minutes", "0", "--train.log_every", "7",
          "--train.keep_last", "3", "--train.threads", "1", "--train.tokens_per_update", "0"]
 
 
@@ -51,6 +52,12 @@ def final_tensors(run: Path, steps: int) -> dict[str, bytes]:
 
     last = run / "checkpoints" / f"step-{steps:08d}.safetensors"
     return {k: v.numpy().tobytes() for k, v in read_weights(last)[0].items()}
+
+
+def training_log(run: Path) -> list[dict]:
+    """The run's metrics records without their clock readings (the only fields a resume may change)."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("tgt_tok_s", "elapsed_s")} for r in rows]
 
 
 def corrupt_checkpoints(run: Path) -> list[str]:
@@ -118,9 +125,11 @@ def soak(data: Path, work: Path, kills: int, steps: int, save_every: int, seed: 
         raise SystemExit(f"the final resume failed:\n{res.stderr[-3000:]}")
     a, b = final_tensors(straight, steps), final_tensors(run, steps)
     identical = a.keys() == b.keys() and all(a[k] == b[k] for k in a)
+    log_a, log_b = training_log(straight), training_log(run)
     return {"kills": kills, "kills_survived": sum(o != "finished" for o in outcomes),
             "kills_during_write": outcomes.count("write"), "kills_at_random": outcomes.count("random"),
             "corrupt_checkpoints": len(corrupt), "corrupt": corrupt[:5], "final_weights_identical": identical,
+            "training_log_identical": log_a == log_b and len(log_a) > 0, "log_records": len(log_a),
             "steps": steps, "save_every": save_every, "uninterrupted_s": round(straight_s, 1),
             "total_s": round(time.perf_counter() - t0, 1), "seed": seed, "platform": platform.platform(),
             "python": platform.python_version()}
@@ -145,10 +154,11 @@ def main() -> int:
     print(json.dumps({k: v for k, v in result.items() if k != "corrupt"}, indent=1))
     print(f"kills survived: {result['kills_survived']}/{result['kills']} ({result['kills_during_write']} during a "
           f"checkpoint write); corrupt checkpoints: {result['corrupt_checkpoints']}; final weights identical to the "
-          f"uninterrupted run: {result['final_weights_identical']}")
+          f"uninterrupted run: {result['final_weights_identical']}; training log identical: "
+          f"{result['training_log_identical']} ({result['log_records']} records)")
     if not args.short:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
-    ok = result["corrupt_checkpoints"] == 0 and result["final_weights_identical"]
+    ok = result["corrupt_checkpoints"] == 0 and result["final_weights_identical"] and result["training_log_identical"]
     return 0 if ok else 1
 
 

@@ -7,6 +7,7 @@ reference is an uninterrupted run in its own process; "identical" means the same
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -96,6 +97,29 @@ def test_sigkill_then_resume_in_a_new_process_is_bit_identical(toy_prepared, tmp
     # Killed-and-replayed rows appear once, and the log at step 16 averages updates 13-16 as the
     # uninterrupted run's does, though 13-15 ran in the killed process.
     assert training_log(run) == training_log(straight_run)
+
+
+@pytest.mark.parametrize("valid_every", ["0", "8"])
+def test_resuming_a_finished_run_changes_nothing(toy_prepared, tmp_path, straight_run, valid_every):
+    """The last validation came after the last checkpoint (valid_every 0: made at the end) or before it
+    (every 8 updates, so at 40): either way a resume in a new process neither repeats nor loses it, and
+    rewrites no checkpoint."""
+    run = tmp_path / "run"
+    if valid_every == "0":
+        shutil.copytree(straight_run, run)
+    else:
+        subprocess.run(start_training(toy_prepared, run, ("--train.valid_every", valid_every)), check=True,
+                       capture_output=True, timeout=180)
+    files = sorted(p for p in (run / "checkpoints").iterdir() if p.name != "best.safetensors")
+    before, log = [p.read_bytes() for p in files], (run / "metrics.jsonl").read_text()
+    assert sum('"valid_loss"' in row and '"step": 40,' in row for row in log.splitlines()) == 1
+    best = read_weights(run / "checkpoints/best.safetensors")[0]
+    res = resume(run)
+    assert f"finished at step {STEPS}" in res.stderr
+    assert (run / "metrics.jsonl").read_text() == log
+    assert [p.read_bytes() for p in files] == before
+    again = read_weights(run / "checkpoints/best.safetensors")[0]
+    assert again.keys() == best.keys() and all(torch.equal(again[k], best[k]) for k in best)
 
 
 SIGTERM_AFTER_STEP = textwrap.dedent("""
@@ -220,7 +244,8 @@ def test_torchrun_ranks_have_their_own_dropout_and_resume_exactly(toy_prepared, 
 
 
 def test_soak_short_form(toy_prepared, tmp_path):
-    """bench/soak_resume.py --short: 3 SIGKILLs (one mid-write), 0 corrupt checkpoints, same final tensors."""
+    """bench/soak_resume.py --short: 3 SIGKILLs (one mid-write), 0 corrupt checkpoints, same final tensors
+    and the same training log."""
     script = Path(__file__).resolve().parents[1] / "bench" / "soak_resume.py"
     res = subprocess.run([sys.executable, str(script), "--short", "--data", str(toy_prepared), "--work",
                           str(tmp_path / "soak")], capture_output=True, text=True, timeout=300)
@@ -229,6 +254,7 @@ def test_soak_short_form(toy_prepared, tmp_path):
     # A random kill may land after a short run has already finished; the kill mid-write cannot.
     assert summary["kills_survived"] >= 2 and summary["kills_during_write"] >= 1
     assert summary["corrupt_checkpoints"] == 0 and summary["final_weights_identical"] is True
+    assert summary["training_log_identical"] is True and summary["log_records"] >= 300 // 7
 
 
 def test_tokens_per_update_gives_the_same_update_on_one_and_two_ranks(toy_prepared, tmp_path):
