@@ -48,6 +48,10 @@ def __getattr__(name: str) -> object:
     return getattr(import_module(_WITH_TORCH[name], __name__), name)
 
 
+def __dir__() -> list[str]:  # tab completion lists the lazy names too
+    return sorted(set(globals()) | set(_WITH_TORCH))
+
+
 __all__ = ["__version__", "Config", "ConfigError", "DataConfig", "DecodeConfig", "ModelConfig", "Parser",
            "RecurrentModel", "TrainConfig", "Transformer", "Translation", "Translator", "apply_overrides",
            "build_model", "load_yaml", "preset", "prepare", "train"]

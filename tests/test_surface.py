@@ -183,6 +183,16 @@ def test_a_command_does_not_import_scipy_until_it_needs_it():
     assert abs(t_quantile(0.975, 4) - 2.7764451) < 1e-6 and seed_test(1.0, [0.0, 0.1, -0.1]).p < 0.05
 
 
+def test_the_package_loads_its_torch_names_on_first_use():
+    """`import aiayn` alone leaves torch unloaded; every public name still resolves, is listed by dir(),
+    and aiayn.train stays the function after its module is imported."""
+    code = ("import sys, aiayn\nbefore = 'torch' in sys.modules\nimport aiayn.training\n"
+            "print(before, all(hasattr(aiayn, n) for n in aiayn.__all__), set(aiayn.__all__) <= set(dir(aiayn)),"
+            " aiayn.train is aiayn.training.train, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "True", "True", "True", "True"], out.stdout + out.stderr[-2000:]
+
+
 def test_help_and_errors_found_before_any_model_answer_without_torch(tmp_path):
     """torch is 2 s of a 3 s start: help, a bad flag, a bad override and misaligned text do without it."""
     (tmp_path / "t.en").write_text("a dog\nthe cat\n")
