@@ -212,6 +212,22 @@ def test_help_and_errors_found_before_any_model_answer_without_torch(tmp_path):
     assert version.strip() == f"aiayn {aiayn.__version__} (torch {torch.__version__})"
 
 
+def test_a_torch_without_package_metadata_still_gets_a_cli(monkeypatch, capsys):
+    """--version reads torch's version from metadata, which a source checkout of torch lacks."""
+    from importlib.metadata import PackageNotFoundError
+
+    import aiayn.cli
+
+    def missing(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(aiayn.cli, "version", missing)
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and "torch version unknown" in capsys.readouterr().out
+    assert main(["train"]) == 2 and "train needs --data" in capsys.readouterr().err  # every verb still parses
+
+
 # -- early stopping --------------------------------------------------------------------------------------
 def scripted_validation(monkeypatch, losses):
     seq = iter(losses)

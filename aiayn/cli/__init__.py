@@ -7,7 +7,7 @@ import argparse
 import logging
 import os
 import sys
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
 from ..config import ConfigError
 from ..data import DataError
@@ -29,12 +29,21 @@ VERBS = {
 }
 
 
+def _torch_version() -> str:
+    """torch's version from its package metadata (importing torch costs 2 s); a torch without
+    metadata (a source checkout on the path) still gets a CLI."""
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "version unknown: no package metadata"
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..version import __version__
 
     parser = argparse.ArgumentParser(prog="aiayn", description="The Transformer of Attention Is All You Need.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--version", action="version", version=f"aiayn {__version__} (torch {version('torch')})")
+    parser.add_argument("--version", action="version", version=f"aiayn {__version__} (torch {_torch_version()})")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in VERBS.values():
         add(sub)
