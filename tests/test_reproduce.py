@@ -168,10 +168,9 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     assert not (work / "table3" / "A-h1").exists()
 
 
-@pytest.mark.parametrize("folder", ["reproduction", "reproduction-rerun"])
-def test_the_committed_report_renders_byte_for_byte(tmp_path, folder):
-    """docs/reproduction/REPORT.md (and the rerun's, issue #27) is what --render-only makes of the committed results."""
-    docs = Path(__file__).resolve().parents[1] / "docs" / folder
+def test_the_committed_report_renders_byte_for_byte(tmp_path):
+    """docs/reproduction/REPORT.md is what --render-only makes of the committed results (issue #27)."""
+    docs = Path(__file__).resolve().parents[1] / "docs" / "reproduction"
     shutil.copytree(docs / "results", tmp_path / "results")
     p = reproduce("--suite", "table3", "--render-only", "--report", tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -427,7 +426,7 @@ def test_the_progress_line_counts_the_arch_seeds_and_names_suites_not_run(tmp_pa
     assert planned(tmp_path)["arch"] == 5 + 3 * 2
     results = tmp_path / "results" / "arch"
     results.mkdir(parents=True)
-    src = Path(__file__).resolve().parents[1] / "docs" / "reproduction-rerun" / "results" / "arch"
+    src = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "results" / "arch"
     files = sorted(src.glob("*.json"))[:2]
     for f in files:
         shutil.copy(f, results / f.name)
@@ -503,7 +502,7 @@ def test_the_arch_section_names_a_reused_run(tmp_path):
     """A row counted from another suite's identical run says so under the table."""
     from aiayn.evidence.report import arch_section
 
-    src = Path(__file__).resolve().parents[1] / "docs" / "reproduction-rerun" / "results" / "arch"
+    src = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "results" / "arch"
     rs = [json.loads((src / f"{n}.json").read_text()) for n in ("transformer", "transformer-s2")]
     plain = "\n".join(arch_section(rs, None, tmp_path))
     rs[1]["reused"] = "table3/ref-s2"
