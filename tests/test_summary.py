@@ -58,7 +58,7 @@ def test_the_summary_names_held_contradicted_and_open_rows_and_their_budget():
     arch[0].pop("paired_bs")
     text = "\n".join(summary_section({"table3": refs + rows, "arch": arch}))
     assert "**1 of 3 held** (A-held)" in text and "**1 did not** (B-against (ours better, paper worse))" in text
-    assert "**1 are inconclusive** (C-open)" in text
+    assert "**1 is inconclusive** (C-open)" in text
     more = int(re.search(r"C-open (\d+);", text).group(1))
     assert scipy_stats.ttest_ind(_runs(0.03, more + 1), REF).pvalue < 0.05 / 3  # Bonferroni over 3 rows
     assert scipy_stats.ttest_ind(_runs(0.03, more), REF).pvalue >= 0.05 / 3

@@ -37,6 +37,10 @@ def _against(v: RowVerdict) -> str:
     return f"{v.r['row']} (ours {'better' if v.nll.delta < 0 else 'worse'}, paper {paper})"
 
 
+def _are(n: int) -> str:
+    return "is" if n == 1 else "are"
+
+
 def table3_words(rs: list[dict]) -> str:
     """Table 3's claims by validation NLL (the primary statistic), named, and the budget of the open ones."""
     judged = _judged(rs)
@@ -47,12 +51,13 @@ def table3_words(rs: list[dict]) -> str:
     against = [_against(v) for v in vs if v.v_nll.reproduced is False]
     open_ = [(v, ref) for v, ref in judged if v.v_nll and v.v_nll.reproduced is None]
     bleu = [v.v_bleu for v in vs if v.v_bleu]
+    n_open, b_open = len(open_), sum(b.reproduced is None for b in bleu)
     text = (f"Of the paper's Table 3 claims judged so far by validation NLL (the primary statistic), "
             f"**{len(held)} of {len(vs)} held** ({', '.join(held) or 'none'}), **{len(against)} did not** "
-            f"({', '.join(against) or 'none'}) and **{len(open_)} are inconclusive** "
+            f"({', '.join(against) or 'none'}) and **{n_open} {_are(n_open)} inconclusive** "
             f"({', '.join(v.r['row'] for v, _ in open_) or 'none'}). By BLEU, which must also pass the paired "
             f"bootstrap, {sum(b.reproduced is True for b in bleu)} held, {sum(b.reproduced is False for b in bleu)} "
-            f"did not and {sum(b.reproduced is None for b in bleu)} are inconclusive.")
+            f"did not and {b_open} {_are(b_open)} inconclusive.")
     failed = [v.r["row"] for v, _ in judged if v.failed]
     if failed:
         text += f" Diverged, so not judged: {', '.join(failed)}."
