@@ -289,6 +289,35 @@ def test_second_seed_rule_at_the_interval_bounds():
     assert second_seed_distance([2.0 + 1.5 * h, 2.0 + 1.4 * h], ref) is None  # already has two seeds
 
 
+def test_second_seeds_resumed_pick_the_same_rows(tmp_path):
+    """A suite killed after its first second seed picks the same `extra_seeds` rows when run again,
+    not the next ones (which would spend more than the budget and change the report)."""
+    from aiayn.evidence.plan import second_seed_distance
+    from aiayn.evidence.stats import prediction_halfwidth
+    from aiayn.evidence.suites import second_seeds
+
+    out = tmp_path / "results" / "table3"
+    out.mkdir(parents=True)
+    ref = [2.00, 2.02, 1.98, 2.01, 1.99]
+    h = prediction_halfwidth(ref)
+
+    def put(name, group, nll):
+        r = {"row": name, "group": group, "family": "main", "valid_nll": nll, "valid_ppl": 7.0, "curve": []}
+        (out / f"{name}.json").write_text(json.dumps(r))
+
+    for i, v in enumerate(ref, 1):
+        put(f"ref-s{i}", "ref", v)
+    rows = {r.name: r for r in table3_rows(5)}
+    chosen = {"A-h1": 1.8, "A-h16": 1.2, "B-dk16": 2.2, "E": 0.5}  # half-widths from the reference's mean
+    for name, k in chosen.items():
+        put(name, rows[name].group, 2.0 + k * h)
+    assert [second_seed_distance(2.0 + k * h, ref) is None for k in chosen.values()] == [False] * 3 + [True]
+    first = [r.name for r in second_seeds(list(rows.values()), out)[:2]]
+    assert first == ["A-h16-s2", "A-h1-s2"]  # nearest the line first; E lies inside the interval
+    put("A-h16-s2", rows["A-h16"].group, 2.0)  # the first finished, then the suite was killed
+    assert [r.name for r in second_seeds(list(rows.values()), out)[:2]] == first
+
+
 def test_restricted_attention_equals_masked_full_attention():
     torch.manual_seed(0)
     d, n, r = 16, 37, 8

@@ -167,7 +167,7 @@ SECOND_SEEDS, ARCH_SEEDS = "second-seeds", "seeds"  # --rows names of the runs a
 def second_seeds(rows: list[Row], results: Path) -> list[Row]:
     """Table 3's seed rule on the finished rows: a seed-2 run of every row run once whose NLL change
     lies between 1 and 2.5 half-widths of its family's reference interval (plan.second_seed_distance),
-    rows nearest the line first."""
+    rows nearest the line first; finished ones stay in, so that a resumed suite picks the same ones."""
     from .report import load_results
 
     rs = {r["row"]: r for r in load_results(results.parent).get("table3", [])}
@@ -175,7 +175,7 @@ def second_seeds(rows: list[Row], results: Path) -> list[Row]:
     for row in rows:
         r, refs = rs.get(row.name), [x["valid_nll"] for x in rs.values()
                                      if x["group"] == "ref" and x.get("family", "main") == row.family]
-        if row.group == "ref" or r is None or diverged(r) or f"{row.name}-s2" in rs:
+        if row.group == "ref" or r is None or diverged(r):
             continue
         distance = second_seed_distance(r["valid_nll"], refs)
         if distance is not None:
