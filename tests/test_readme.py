@@ -81,3 +81,5 @@ def test_the_readmes_reproduction_numbers_are_the_reports():
     assert len(numbers) >= 8, numbers
     missing = [n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n.lstrip('+-'))}(?![\d])", report)]
     assert not missing, f"README numbers not in {block.group(1)}: {missing}"
+    settings = [s for s in re.findall(r"\w+=\d+", block.group(2)) if s not in report]  # "N=6", not an edited count
+    assert not settings, f"README settings not in {block.group(1)}: {settings}"

@@ -332,7 +332,7 @@ def test_restricted_attention_equals_masked_full_attention():
     assert torch.allclose(layer(x), ref, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["convolution (k=3)", "restricted self-attention (r=32)", "self-attention"])
+@pytest.mark.parametrize("name", [n for n in make_layers(8, h=2) if not n.startswith("recurrent")])
 def test_path_length_is_the_depth_at_which_position_0_reaches_n_minus_1(name):
     n, d = 50, 8
     layer = make_layers(d, h=2)[name]
@@ -347,6 +347,18 @@ def test_path_length_is_the_depth_at_which_position_0_reaches_n_minus_1(name):
         return bool(x.grad[0, 0].abs().sum() > 0)
 
     assert reaches(L) and (L == 1 or not reaches(L - 1))
+
+
+@pytest.mark.parametrize("abc", [(1e-4, -2.3e-4, 0.46), (-2.3e-6, 3e-2, -0.5), (5e-5, 2e-2, 1.37)])
+def test_the_reports_fit_reads_back_as_the_same_polynomial(abc):
+    from aiayn.evidence.report import _poly
+
+    text = _poly(*abc)
+    assert "+ -" not in text and "- -" not in text
+    expr = text.replace("·n²", "*n**2").replace("·n", "*n")
+    for n in (16, 512, 2048):
+        want = abc[0] * n ** 2 + abc[1] * n + abc[2]
+        assert eval(expr, {"n": n}) == pytest.approx(want, rel=1e-2, abs=1e-2)
 
 
 def test_explicit_attention_stores_n_squared_the_others_n():

@@ -18,7 +18,7 @@ from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedu
 from .plan import converged_at
 from .stats import p_text
 from .summary import summary_section
-from .table1 import quadratic_fit
+from .table1 import path_length, quadratic_fit, sequential_steps
 from .verdicts import data_words, schedule_words, table3_section
 
 
@@ -162,6 +162,13 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
     return out + [f"![validation curves](img/{suite}_curves.png)", ""]
 
 
+def _poly(a: float, b: float, c: float) -> str:
+    """a·n² + b·n + c with its signs written once (no "+ -")."""
+    def term(x: float, fmt: str) -> str:
+        return f"{'-' if x < 0 else '+'} {abs(x):{fmt}}"
+    return f"{a:.2e}·n² {term(b, '.2e')}·n {term(c, '.2f')}"
+
+
 def table1_section(t1: dict, img: Path) -> list[str]:
     top = max(t1["ns"])
     mid = t1["d"] if t1["d"] in t1["ns"] else t1["ns"][len(t1["ns"]) // 2]
@@ -181,8 +188,8 @@ def table1_section(t1: dict, img: Path) -> list[str]:
         a, b, c = quadratic_fit(t1["ns"], L["time_ms"])
         share = a * top ** 2 / (a * top ** 2 + b * top + c)
         out.append(f"| {name} | {L['paper']} | {L['time_ms'][i_mid]:.1f} | {L['time_ms'][i_top]:.1f} | "
-                   f"{L['slope_time']:.2f} | {a:.2e}·n² + {b:.2e}·n + {c:.2f} | {share:.0%} | "
-                   f"{L['slope_memory']:.2f} | {L['sequential'][-1]} | {L['path_length'][-1]} |")
+                   f"{L['slope_time']:.2f} | {_poly(a, b, c)} | {share:.0%} | {L['slope_memory']:.2f} | "
+                   f"{sequential_steps(name, top)} | {path_length(name, top)} |")  # counted, not measured
     out += ["", f"Table 1's point in numbers: a self-attention layer costs n²·d against the recurrent layer's n·d², "
             f"so it is the cheaper one while n < d (here d = {t1['d']}; at n = {mid} it takes "
             f"{t1['layers']['self-attention']['time_ms'][i_mid]:.1f} ms against "

@@ -110,7 +110,7 @@ def path_length(layer: str, n: int, k: int = 3, r: int = 32) -> int:
     attention layer, per recurrent step, or per stacked convolution / restricted layer."""
     if n <= 1:
         return 0 if layer.startswith("recurrent") else 1
-    if layer.startswith("self-attention"):
+    if layer.startswith(("self-attention", "attention core")):  # every position attends to every other
         return 1
     if layer.startswith("recurrent"):
         return n  # the state passes through n cell steps
