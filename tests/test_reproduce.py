@@ -361,6 +361,23 @@ def test_the_reports_fit_reads_back_as_the_same_polynomial(abc):
         assert eval(expr, {"n": n}) == pytest.approx(want, rel=1e-2, abs=1e-2)
 
 
+def test_the_table1_section_gives_the_n_squared_share_only_where_the_fit_has_one(tmp_path):
+    from aiayn.evidence.report import table1_section
+
+    ns = [16, 64, 256, 1024]
+    shapes = {"self-attention": lambda n: 1e-4 * n * n, "recurrent (LSTM)": lambda n: 0.1 * n + 1,
+              "convolution (k=3)": lambda n: n ** 0.8}  # concave: a least-squares a below zero
+    layers = {k: {"paper": "", "time_ms": [f(n) for n in ns], "memory_bytes": [n for n in ns], "slope_time": 1.0,
+                  "slope_memory": 1.0}
+              for k, f in shapes.items()}
+    t1 = {"d": 64, "batch": 1, "ns": ns, "repeats": 1, "fit_from": 256, "device": "cpu", "machine": {},
+          "layers": layers}
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in table1_section(t1, tmp_path) if line[:2] == "| "}
+    assert rows["self-attention"][6] == "100%"
+    assert rows["convolution (k=3)"][6] == "none (a < 0)"
+    assert not any(cell.startswith("-") and cell.endswith("%") for row in rows.values() for cell in row)
+
+
 def test_explicit_attention_stores_n_squared_the_others_n():
     layers = make_layers(8, h=2)
     ratio = {name: saved_bytes(f, torch.randn(1, 512, 8, requires_grad=True))

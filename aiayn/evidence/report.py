@@ -187,8 +187,9 @@ def table1_section(t1: dict, img: Path) -> list[str]:
     for name, L in t1["layers"].items():
         a, b, c = quadratic_fit(t1["ns"], L["time_ms"])
         share = a * top ** 2 / (a * top ** 2 + b * top + c)
+        share_text = f"{share:.0%}" if a >= 0 else "none (a < 0)"  # a negative a: the fit found no n² term
         out.append(f"| {name} | {L['paper']} | {L['time_ms'][i_mid]:.1f} | {L['time_ms'][i_top]:.1f} | "
-                   f"{L['slope_time']:.2f} | {_poly(a, b, c)} | {share:.0%} | {L['slope_memory']:.2f} | "
+                   f"{L['slope_time']:.2f} | {_poly(a, b, c)} | {share_text} | {L['slope_memory']:.2f} | "
                    f"{sequential_steps(name, top)} | {path_length(name, top)} |")  # counted, not measured
     out += ["", f"Table 1's point in numbers: a self-attention layer costs n²·d against the recurrent layer's n·d², "
             f"so it is the cheaper one while n < d (here d = {t1['d']}; at n = {mid} it takes "
