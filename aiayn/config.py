@@ -156,7 +156,7 @@ class TrainConfig:
     adam_eps: float = 1e-9
     label_smoothing: float = 0.1  # §5.4
     clip_norm: float = 0.0  # 0 = no clipping (the paper does not clip)
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32: device.py) | fp32 | bf16
     compile: bool = False  # torch.compile the model
     threads: int = 0  # CPU threads; 0 = all cores
     log_every: int = 50
@@ -177,8 +177,8 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         _check_positive("train", self, "adam_eps", "log_every", "dist_timeout_minutes")
-        if self.precision not in ("fp32", "bf16"):
-            raise ConfigError(f"train.precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ConfigError(f"train.precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
         if self.update_freq < 1:
             raise ConfigError(f"train.update_freq must be >= 1, got {self.update_freq}")
         if self.tokens_per_update < 0:

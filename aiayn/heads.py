@@ -23,8 +23,8 @@ from torch import Tensor, nn
 from .attention import MultiHeadAttention
 from .batches import TokenData, collate, make_batches
 from .config import Config
+from .device import autocast
 from .loss import label_smoothed_loss
-from .runs import autocast
 from .tokenizer import BOS, EOS, UNK
 
 SUBLAYERS = ("encoder_self", "decoder_self", "cross")

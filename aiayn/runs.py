@@ -3,7 +3,6 @@ directory (config, provenance, metrics, checkpoints) and the random streams a re
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import logging
@@ -23,9 +22,9 @@ from .checkpoint import (
     list_checkpoints,
 )
 from .config import Config
+from .device import cpu_label, native_bf16, pick_device
 from .files import atomic_write
 from .linear import kernel_cache, onednn_available
-from .translate import native_bf16, pick_device
 
 log = logging.getLogger("aiayn")
 progress_log = logging.getLogger("aiayn.progress")  # periodic loss lines: train.log only (tqdm shows them)
@@ -88,12 +87,6 @@ def cpu_paths(precision: str) -> str:
                      "attention through SDPA")
     words.append("dropout masks from 16-bit uniforms, four per 64-bit draw")
     return "; ".join(words)
-
-
-def autocast(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 # -- the run directory and the random streams -----------------------------------------------
@@ -235,9 +228,10 @@ def _git_commit() -> str | None:
         return None
 
 
-def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed: bool, per_update: int) -> None:
+def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed: bool, per_update: int,
+                     precision_why: str = "") -> None:
     """run.json: where the data is, and how each session of the run was started (command line,
-    versions, git commit, device, threads, ranks, tokens per update)."""
+    versions, git commit, device and CPU class, threads, ranks, tokens per update, precision and why)."""
     import platform
     import sys
 
@@ -252,6 +246,8 @@ def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "resumed": resumed, "command": sys.argv,
         "aiayn": __version__, "git": _git_commit(), "torch": torch.__version__,
         "python": platform.python_version(), "device": str(env.device),
+        "cpu": cpu_label() if env.device.type == "cpu" else None,
+        "precision": cfg.train.precision, "precision_why": precision_why,
         "threads": torch.get_num_threads() if env.device.type == "cpu" else None, "world": env.world,
         "update_freq": cfg.train.update_freq, "tokens_per_update": cfg.train.tokens_per_update,
         "batches_per_update": per_update, "max_tokens_per_update": cfg.data.max_tokens * per_update,

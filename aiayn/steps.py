@@ -15,9 +15,10 @@ from torch import nn
 
 from .batches import Batch, TokenData, collate, make_batches
 from .config import Config
+from .device import autocast
 from .loss import label_smoothed_loss
 from .optim import set_lr
-from .runs import Dist, autocast
+from .runs import Dist
 from .tokenizer import Tokenizer
 from .translate import Translator
 

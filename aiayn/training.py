@@ -13,16 +13,16 @@ from .checkpoint import (
     list_checkpoints,
 )
 from .config import Config, load_yaml
+from .device import TRAIN_PRECISIONS, cpu_label, resolve_precision
 from .files import hold_data, lock_run
 from .runs import Dist, Run, cpu_paths, leave, progress_log, setup, write_provenance
 from .trainer import Trainer
-from .translate import native_bf16
 
 log = logging.getLogger("aiayn")
 
 
 def _start_run(run: Run, cfg: Config, data_dir: Path, env: Dist, trainer: Trainer, resume: bool,
-               resume_from: Path | None, locks: list) -> None:
+               resume_from: Path | None, locks: list, why: str) -> None:
     """Rank 0, before anything is written: lock the run (one trainer per run), hold the data
     (`prepare` will not replace it meanwhile), clear a killed process's leftovers."""
     locks.append(lock_run(run.path))
@@ -37,19 +37,32 @@ def _start_run(run: Run, cfg: Config, data_dir: Path, env: Dist, trainer: Traine
     if resume_from is None:
         run.forget_metrics_after(0)  # rows of a process killed before its first checkpoint
         cfg.save_yaml(run.path / "config.yaml")
-        write_provenance(run.path / "run.json", data_dir, cfg, env, resume is True, trainer.per_update)
+        write_provenance(run.path / "run.json", data_dir, cfg, env, resume is True, trainer.per_update, why)
 
 
-def _log_setup(trainer: Trainer, cfg: Config, env: Dist) -> None:
-    """The model's size and where it runs; on a CPU, the kernels its flags lead to."""
+def _precision(cfg: Config, env: Dist, saved: str | None) -> str:
+    """The run's precision, chosen once: `auto` resolves by what this device computes natively
+    (device.resolve_precision) when the run starts; a resumed run keeps the precision it started
+    with (`saved`, from its config.yaml) so that it continues bit for bit, and says so in one
+    line where this device cannot run it natively. Returns the reason, for the log and run.json."""
+    asked = cfg.train.precision
+    if saved is not None and asked in ("auto", saved):
+        cfg.train.precision = saved
+        why = resolve_precision(saved, env.device, choices=TRAIN_PRECISIONS)[1]
+        return "kept from the run's start" + ("" if why == "asked for" else why.removeprefix("asked for"))
+    cfg.train.precision, why = resolve_precision(asked, env.device, choices=TRAIN_PRECISIONS)
+    return why
+
+
+def _log_setup(trainer: Trainer, cfg: Config, env: Dist, why: str) -> None:
+    """The model's size and where it runs, the precision and why; on a CPU, the kernels its flags lead to."""
     n_params = sum(p.numel() for p in trainer.model.parameters())
-    log.info("model: %.2fM parameters, vocabulary %d, device %s, world %d, precision %s",
-             n_params / 1e6, cfg.model.vocab_size, env.device, env.world, cfg.train.precision)
+    log.info("model: %.2fM parameters, vocabulary %d, device %s, world %d, precision %s (%s)",
+             n_params / 1e6, cfg.model.vocab_size, env.device, env.world, cfg.train.precision, why)
     if env.device.type == "cpu":
-        log.info("kernels: %s", cpu_paths(cfg.train.precision))
-        if cfg.train.precision == "bf16" and not native_bf16():
-            log.warning("this CPU has no native bf16 (AVX-512 BF16 or AMX): bf16 products are emulated "
-                        "and may be slower than fp32 (--train.precision fp32)")
+        log.info("CPU: %s; kernels: %s", cpu_label(), cpu_paths(cfg.train.precision))
+    if "emulated" in why:
+        log.warning("training in %s: %s", cfg.train.precision, why)
 
 
 def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, resume: bool = False,
@@ -58,13 +71,14 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
     Returns the final progress (step, epoch, elapsed seconds, best validation scores)."""
     run = Run(run_dir)
     data_dir = None if data_dir is None else Path(data_dir)
-    resume_from = None
+    resume_from, saved = None, None
     if resume:
         if not (run.path / "config.yaml").is_file() or not (run.path / "run.json").is_file():
             raise CheckpointError(f"{run.path}: not an aiayn run directory (no config.yaml and run.json)")
         from .config import apply_overrides
 
         cfg = load_yaml(run.path / "config.yaml")
+        saved = None if cfg.train.precision == "auto" else cfg.train.precision
         if "tokens_per_update" not in (yaml.safe_load((run.path / "config.yaml").read_text()).get("train") or {}):
             cfg.train.tokens_per_update = 0  # written before the setting existed: update_freq sized the update
         cfg = apply_overrides(cfg, overrides or {}).validate()
@@ -82,11 +96,12 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
     if cfg is None or data_dir is None:
         raise ValueError("a config and a prepared data directory (--data) are required")
     env = setup(device, cfg.train.threads, cfg.train.dist_timeout_minutes)
+    why = _precision(cfg, env, saved)
     trainer = Trainer(cfg, Path(data_dir), run, env)
     handler, locks = None, []
     try:
         if env.is_main:
-            _start_run(run, cfg, Path(data_dir), env, trainer, resume, resume_from, locks)
+            _start_run(run, cfg, Path(data_dir), env, trainer, resume, resume_from, locks, why)
             handler = logging.FileHandler(run.path / "train.log")
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
             log.addHandler(handler)
@@ -100,8 +115,8 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
                 old = "saved_at" not in trainer.state  # a checkpoint that does not say whether it was validated
                 run.forget_metrics_after(trainer.state["step"], validated=old or trainer.made("validated_at"))
                 cfg.save_yaml(run.path / "config.yaml")
-                write_provenance(run.path / "run.json", Path(data_dir), cfg, env, True, trainer.per_update)
-        _log_setup(trainer, cfg, env)
+                write_provenance(run.path / "run.json", Path(data_dir), cfg, env, True, trainer.per_update, why)
+        _log_setup(trainer, cfg, env, why)
         return trainer.loop()
     finally:
         if handler is not None:

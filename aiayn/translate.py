@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from .attention import without_dead_heads
 from .config import ConfigError, DecodeConfig
+from .device import PRECISIONS, pick_device, resolve_precision
 from .ensemble import Ensemble, load_models
 from .fusedstep import FusedDecoder, fusable
 from .linear import kernel_cache
@@ -23,45 +24,6 @@ from .shortlist import Shortlist, ShortlistDecoder, ShortlistError, vocabulary_i
 from .tokenizer import BOS, EOS, PAD, Tokenizer
 
 log = logging.getLogger("aiayn")
-PRECISIONS = ("auto", "fp32", "bf16", "int8")
-_NATIVE_BF16 = {"avx512_bf16", "amx_bf16"}  # x86 flags of processors that compute bf16 products natively
-
-
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags (Linux /proc/cpuinfo); empty where they cannot be read."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((x for x in text.splitlines() if x.startswith(("flags", "Features"))), "")
-    return set(line.partition(":")[2].split())
-
-
-def native_bf16(flags: set[str] | None = None) -> list[str]:
-    """The flags by which this CPU (or `flags`) computes bf16 products natively; empty: emulated."""
-    return sorted((cpu_flags() if flags is None else flags) & _NATIVE_BF16)
-
-
-def resolve_precision(precision: str, device: torch.device, flags: set[str] | None = None) -> tuple[str, str]:
-    """The precision that runs, and why. `auto` is bf16 where the processor computes bf16
-    natively — a CUDA GPU with bf16 (Ampere or later), a CPU with AVX-512 BF16 or AMX — and fp32
-    elsewhere; int8 (CPU only) is never chosen for the user. `flags`: a CPU's flags (for tests)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == "int8" and device.type != "cpu":
-        raise ConfigError("--precision int8 runs on the CPU (PyTorch's quantized kernels); on a GPU use bf16")
-    if precision != "auto":
-        return precision, "asked for"
-    if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
-            return "bf16", "auto: this GPU computes bf16 natively"
-        return "fp32", "auto: this GPU has no native bf16"
-    native = native_bf16(flags)
-    if native:
-        return "bf16", f"auto: the CPU computes bf16 natively ({', '.join(native)})"
-    return "fp32", "auto: the CPU has no native bf16 (AVX-512 BF16 or AMX)"
-
-
 def cast_bf16(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of the model whose projections hold bf16 weights, for decoding under bf16 autocast:
     autocast would otherwise round every fp32 weight to bf16 again at every step (the same
@@ -106,23 +68,6 @@ class Translation:
     ids: list[int]
 
 
-def pick_device(name: str | torch.device | None) -> torch.device:
-    """The device to run on: CUDA when available unless named (the same rule for train, translate
-    and serve); an unknown name or an absent accelerator is a ConfigError naming it."""
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"--device {name!r}: not a device (use cpu, cuda or cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name}: CUDA is not available here (torch {torch.__version__}, "
-                          f"{'built without CUDA' if torch.version.cuda is None else 'no GPU visible'})")
-    if dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {name}: aiayn runs on cpu or cuda")
-    return dev
-
-
 def _live_heads(model: torch.nn.Module) -> torch.nn.Module:
     """The model without the heads `aiayn heads` pruned (they cost nothing in decoding)."""
     slim, dead = without_dead_heads(model)
@@ -162,7 +107,7 @@ class Translator:
         here = next(model.parameters()).device
         self.device = here if device is None else torch.device(device)
         self.precision, why = resolve_precision(precision, self.device)
-        log.info("decoding in %s (%s)", self.precision, why)
+        (log.warning if why.startswith("int8 refused") else log.info)("decoding in %s (%s)", self.precision, why)
         self.model = model.eval() if self.device == here else model.eval().to(self.device)
         self.tokenizer = tokenizer
         self.decode_cfg = decode or DecodeConfig()

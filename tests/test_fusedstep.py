@@ -4,6 +4,7 @@ the same hypotheses from search; batch equals one by one."""
 
 import pytest
 import torch
+from conftest import requires_vnni
 
 from aiayn.config import preset
 from aiayn.fusedstep import FusedDecoder, fusable
@@ -113,6 +114,7 @@ def test_only_plain_transformers_are_fused():
         FusedDecoder(toy(pointer_input=True))
 
 
+@requires_vnni
 def test_fused_step_equals_the_int8_modules_bit_for_bit():
     """int8: the fused Q|K|V product quantized as one (per-channel weight scales, per-row
     activation scales) gives what the three Int8Linear products of translate.quantize_int8 give."""
@@ -129,7 +131,7 @@ def _graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("int8", [False, pytest.param(True, marks=requires_vnni)])
 def test_compiled_step_agrees_with_eager_and_searches_the_same_batch_or_alone(int8):
     """torch.compile of the fused step (one layer, to keep compiling short): logits equal the
     eager step's to rounding through reorders, a dropped sentence and cache growth; beam search
@@ -182,6 +184,7 @@ def test_compiled_decoding_is_off_by_default_and_selectable():
     assert on.search_model.compiled and on.search_model._step is not on.search_model._tensor_step
 
 
+@requires_vnni
 def test_the_compiled_step_has_the_batch_sizes_as_symbols_and_the_weights_sizes_fixed(monkeypatch):
     """Dynamic shapes are for what varies (rows, sources, lengths, positions). A weight whose sizes
     entered the graph as symbols made the generated code generic: single-sentence int8 decoding

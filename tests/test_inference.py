@@ -1,19 +1,21 @@
 """Inference precisions: `auto` by processor, int8 against fp32, batch == one by one in each; `tune`."""
 
 import json
+import os
 import shutil
 
 import pytest
 import sacrebleu
 import torch
-from conftest import tiny_config
+from conftest import requires_vnni, tiny_config
 
 import aiayn
 from aiayn.checkpoint import list_checkpoints, read_weights
 from aiayn.cli import main
 from aiayn.config import ConfigError
+from aiayn.device import TRAIN_PRECISIONS, cpu_class, cpu_flags, resolve_precision
 from aiayn.linear import Int8Linear
-from aiayn.translate import Translator, resolve_precision
+from aiayn.translate import Translator
 
 CPU = torch.device("cpu")
 
@@ -31,12 +33,72 @@ def test_auto_precision_follows_the_processor(flags, want):
 
 
 def test_explicit_precisions_and_refusals():
-    assert resolve_precision("int8", CPU, set()) == ("int8", "asked for")
+    assert resolve_precision("int8", CPU, {"avx2", "avx512_vnni"}) == ("int8", "asked for")
+    assert resolve_precision("int8", CPU, {"avx2", "avx_vnni"}) == ("int8", "asked for")  # Alder Lake, Zen 5 desktop
+    got, why = resolve_precision("int8", CPU, {"avx2", "fma"})  # Zen 2/3: refused, fp32 instead
+    assert got == "fp32" and why.startswith("int8 refused: this CPU has no VNNI")
     assert resolve_precision("fp32", CPU, {"avx512_bf16"}) == ("fp32", "asked for")
+    assert resolve_precision("bf16", CPU, {"avx512_bf16"}) == ("bf16", "asked for")
+    assert "emulated" in resolve_precision("bf16", CPU, {"avx2"})[1]
     with pytest.raises(ConfigError, match="int8 runs on the CPU"):
         resolve_precision("int8", torch.device("cuda"))
     with pytest.raises(ValueError, match="auto, fp32, bf16, int8"):
         resolve_precision("fp16", CPU)
+    with pytest.raises(ValueError, match="auto, fp32, bf16, got 'int8'"):
+        resolve_precision("int8", CPU, {"avx512_vnni"}, choices=TRAIN_PRECISIONS)  # training has no int8
+
+
+AVX512_BF16_AMX = "flags\t: fpu avx2 fma avx512f avx512bw avx512vl avx512_vnni avx_vnni avx512_bf16 amx_bf16 amx_int8\n"
+
+
+@pytest.mark.parametrize("limit,kept,cls", [
+    (None, {"avx512f", "avx512_bf16", "amx_bf16", "avx_vnni"}, "AMX"),
+    ("AVX2", {"avx2", "fma"}, "AVX2"),
+    ("avx2_vnni", {"avx2", "avx_vnni"}, "AVX2 VNNI"),
+    ("AVX512_CORE", {"avx2", "avx512f", "avx512bw"}, "AVX-512"),
+    ("AVX512_CORE_BF16", {"avx512_bf16", "avx512_vnni", "avx_vnni"}, "AVX-512 BF16"),
+])
+def test_onednn_max_cpu_isa_bars_the_flags_above_it(limit, kept, cls):
+    """ONEDNN_MAX_CPU_ISA makes oneDNN run as a smaller CPU would; aiayn's choices follow it, so the
+    variable reproduces an AVX2 processor's precisions on any machine (tests, bench)."""
+    env = {} if limit is None else {"ONEDNN_MAX_CPU_ISA": limit}
+    flags = cpu_flags(AVX512_BF16_AMX, env)
+    assert kept <= flags
+    assert cpu_class(AVX512_BF16_AMX, env)["class"] == cls
+    if limit in ("AVX2", "AVX512_CORE"):
+        assert not (flags & {"avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8"})
+        assert resolve_precision("auto", CPU, flags)[0] == "fp32" and resolve_precision("int8", CPU, flags)[0] == "fp32"
+    if limit == "AVX2":
+        assert not (flags & {"avx512f", "avx512bw"})
+
+
+def test_an_avx2_process_trains_the_lstm_and_refuses_int8_under_onednn_max_cpu_isa():
+    """Across a real process boundary, oneDNN limited to AVX2 (what an AVX2 EPYC runs): auto is fp32,
+    int8 falls back to fp32 in one warning, and the recurrent model trains under bf16 autocast (its
+    LSTM in fp32: oneDNN has no bf16 LSTM there)."""
+    import subprocess
+    import sys
+
+    code = """
+import logging, torch
+from aiayn.config import ModelConfig
+from aiayn.device import resolve_precision, lstm_bf16
+from aiayn.models import build_model
+from aiayn.translate import Translator
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+print("auto", resolve_precision("auto", torch.device("cpu"))[0], "lstm_bf16", lstm_bf16())
+model = build_model(ModelConfig(arch="rnn", vocab_size=40, d_model=16, N=1, p_drop=0.0))
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    model(torch.randint(4, 40, (2, 5)), torch.randint(4, 40, (2, 4))).float().sum().backward()
+print("rnn trained")
+t = Translator(build_model(ModelConfig(vocab_size=40, d_model=16, d_ff=32, h=2, N=1)), [None] * 40, precision="int8")
+print("int8 ->", t.precision)
+"""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "auto fp32 lstm_bf16 False" in out.stdout and "rnn trained" in out.stdout
+    assert "int8 -> fp32" in out.stdout and "WARNING decoding in fp32 (int8 refused" in out.stderr
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +115,7 @@ def sources(data):
     return (data / "test.en.txt").read_text().splitlines() + (data / "valid.en.txt").read_text().splitlines()
 
 
+@requires_vnni
 def test_int8_agrees_with_fp32(trained):
     """Per-channel int8 weights and per-row int8 activations (linear.Int8Linear): an identical
     translation's score — a mean log-probability, §6.1 — moved by at most 0.052 when this was
@@ -74,7 +137,7 @@ def test_int8_agrees_with_fp32(trained):
     assert max(abs(a.score - b.score) for a, b in same) > 0  # int8 really ran
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", pytest.param("int8", marks=requires_vnni)])
 def test_batch_equals_one_by_one_in_every_precision(trained, precision):
     ckpt, data = trained
     t = Translator.load(ckpt, precision=precision)

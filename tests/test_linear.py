@@ -5,6 +5,7 @@ integer arithmetic and the rounding bound."""
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import requires_vnni
 
 from aiayn import linear
 from aiayn.linear import Int8Linear, Linear
@@ -130,6 +131,7 @@ def test_backward_of_an_expanded_gradient_is_right_and_not_slow():
 
 
 @pytest.mark.parametrize("n_in,n_out,bias", [(16, 48, True), (37, 5, False), (256, 1, False)])
+@requires_vnni
 def test_int8_linear_is_exact_integer_arithmetic_within_the_rounding_bound(n_in, n_out, bias):
     """Int8Linear against (1) its definition computed another way — symmetric per-row/per-channel
     scales, rounded by hand, summed in int64 — and (2) fp32 `F.linear` within the bound that
@@ -155,6 +157,7 @@ def test_int8_linear_is_exact_integer_arithmetic_within_the_rounding_bound(n_in,
     assert err.max() > 0  # it really ran in int8
 
 
+@requires_vnni
 def test_int8_linear_rows_do_not_depend_on_their_batch():
     torch.manual_seed(2)
     q = Int8Linear(torch.nn.Linear(32, 24))

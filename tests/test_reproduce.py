@@ -570,12 +570,15 @@ def test_the_arch_section_names_a_reused_run(tmp_path):
 
 
 def test_the_provenance_names_the_first_processors_family_and_model():
-    from aiayn.evidence.machine import cpu_info
+    from aiayn.device import cpu_class
 
-    one = "processor\t: {}\nvendor_id\t: AuthenticAMD\ncpu family\t: {}\nmodel\t\t: {}\nmodel name\t: {}\n"
+    one = ("processor\t: {}\nvendor_id\t: AuthenticAMD\ncpu family\t: {}\nmodel\t\t: {}\nmodel name\t: {}\n"
+           "flags\t: avx2\n")
     text = one.format(0, 25, 17, "AMD EPYC") + "\n" + one.format(1, 26, 2, "Other")
-    assert cpu_info(text) == {"cpu": "AMD EPYC", "cpu_family": 25, "cpu_model": 17}
-    assert cpu_info("") == {}
+    got = cpu_class(text, env={})
+    assert {k: got[k] for k in ("cpu", "cpu_family", "cpu_model", "class")} == {
+        "cpu": "AMD EPYC", "cpu_family": 25, "cpu_model": 17, "class": "AVX2"}
+    assert cpu_class("", env={})["class"] == "unknown" and "cpu" not in cpu_class("", env={})
 
 
 def test_a_mixed_report_names_the_rows_of_each_commit():

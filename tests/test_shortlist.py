@@ -8,7 +8,9 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from conftest import requires_vnni
 
+from aiayn.device import int8_products
 from aiayn.fusedstep import FusedDecoder
 from aiayn.search import beam_search, greedy_search
 from aiayn.shortlist import Shortlist, ShortlistDecoder, ShortlistError, _pairs, build, vocabulary_id
@@ -61,8 +63,10 @@ def _key(hyps):
 
 def _decoders():
     model = toy()
-    return {"fp32": FusedDecoder(model), "bf16": FusedDecoder(cast_bf16(toy()), torch.bfloat16),
-            "int8": FusedDecoder(model, int8=True, encoder=quantize_int8(model))}
+    out = {"fp32": FusedDecoder(model), "bf16": FusedDecoder(cast_bf16(toy()), torch.bfloat16)}
+    if int8_products():  # int8 needs VNNI (conftest.requires_vnni)
+        out["int8"] = FusedDecoder(model, int8=True, encoder=quantize_int8(model))
+    return out
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -120,6 +124,7 @@ def test_file_round_trip_and_its_errors(tmp_path):
         Shortlist.load(tmp_path / "x.npy")
 
 
+@requires_vnni
 def test_compiled_shortlisted_search_finds_the_eager_ones_hypotheses_in_a_batch_or_alone():
     """int8 compiled (`translate --precision int8 --compile --shortlist`, the fastest in
     bench/README.md): the compiled step without its output layer, then the shortlist's columns."""

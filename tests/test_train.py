@@ -7,6 +7,7 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
+import yaml
 from conftest import tiny_config
 
 from aiayn import checkpoint
@@ -303,16 +304,42 @@ def test_a_run_from_before_tokens_per_update_resumes_with_its_update_freq(toy_pr
     assert list_checkpoints(run)[-1].name == "step-00000005.safetensors"
 
 
-def test_bf16_without_native_bf16_is_named_in_the_log(toy_prepared, tmp_path, monkeypatch):
-    """The log's kernels line reads the CPU's flags; without AVX-512 BF16 or AMX, bf16 training warns."""
-    import importlib
+def _cpu(monkeypatch, flags: set[str]) -> None:
+    """Make this process see a CPU with `flags` (device.cpu_flags, and the kernels line of the log)."""
+    from aiayn import device, runs
 
-    for module in ("aiayn.training", "aiayn.runs"):
-        monkeypatch.setattr(importlib.import_module(module), "native_bf16", lambda: [])
+    monkeypatch.setattr(device, "cpu_flags", lambda *a, **k: set(flags))
+    monkeypatch.setattr(runs, "native_bf16", lambda: device.native_bf16(flags))
+
+
+def test_auto_precision_is_chosen_once_by_the_cpu_and_kept_on_resume(toy_prepared, tmp_path, monkeypatch):
+    """`train.precision auto` (every preset's): fp32 on an AVX2 CPU, written to config.yaml and run.json
+    with the reason; resumed on an AVX-512 BF16 CPU, the run keeps fp32 (a resume continues bit for bit)."""
+    _cpu(monkeypatch, {"avx2", "fma"})
+    run = tmp_path / "run"
+    train(tiny_config(max_steps=2, save_every=2, precision="auto"), toy_prepared, run)
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["precision"] == "fp32"
+    first = json.loads((run / "run.json").read_text())["sessions"][-1]
+    assert first["precision"] == "fp32" and first["precision_why"].startswith("auto: the CPU has no native bf16")
+    assert ", AVX2" in first["cpu"]
+    _cpu(monkeypatch, {"avx2", "avx512f", "avx512_bf16"})
+    assert main(["train", "--resume", str(run), "--train.max_steps", "3"]) == 0
+    last = json.loads((run / "run.json").read_text())["sessions"][-1]
+    assert last["precision"] == "fp32" and last["precision_why"] == "kept from the run's start"
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["precision"] == "fp32"
+    fresh = tmp_path / "fresh"
+    train(tiny_config(max_steps=1, precision="auto"), toy_prepared, fresh)
+    assert yaml.safe_load((fresh / "config.yaml").read_text())["train"]["precision"] == "bf16"
+    assert "(auto: the CPU computes bf16 natively (avx512_bf16))" in (fresh / "train.log").read_text()
+
+
+def test_bf16_without_native_bf16_is_named_in_the_log(toy_prepared, tmp_path, monkeypatch):
+    """The log's kernels line reads the CPU's flags; without AVX-512 BF16 or AMX, bf16 asked for warns."""
+    _cpu(monkeypatch, {"avx2"})
     train(tiny_config(max_steps=2, precision="bf16"), toy_prepared, tmp_path / "run")
     text = (tmp_path / "run/train.log").read_text()
     assert "native bf16 no; products in bf16 through oneDNN" in text
-    assert "WARNING this CPU has no native bf16" in text
+    assert "WARNING training in bf16: asked for; this CPU has no native bf16" in text
 
 
 def test_leave_closes_only_the_group_that_setup_joined():

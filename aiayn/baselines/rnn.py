@@ -18,6 +18,7 @@ projection, as §3.4 does for the Transformer.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..config import ModelConfig
+from ..device import lstm_bf16
 from ..linear import Linear
 from ..model import AttentionMaps, Dropout, OutputProjection
 
@@ -186,7 +188,10 @@ class RecurrentModel(nn.Module):
         lengths = mask.sum(1).clamp(min=1).cpu()
         x = self.dropout(self.src_embed(src))
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        out, final = self.encoder(packed)
+        # oneDNN has no bf16 LSTM without AVX-512 (it raises): there the encoder runs in fp32 inside autocast
+        fp32 = self.lstm and x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and not lstm_bf16()
+        with torch.autocast("cpu", enabled=False) if fp32 else contextlib.nullcontext():
+            out, final = self.encoder(packed)
         memory, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
 
         def layers(s: Tensor) -> list[Tensor]:  # (2L, B, d/2) -> L × (B, d): both directions of a layer

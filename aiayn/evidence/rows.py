@@ -17,7 +17,7 @@ import sacrebleu
 import torch
 
 from ..checkpoint import list_checkpoints, load_checkpoint, write_averaged
-from ..config import Config, ConfigError, apply_overrides, preset
+from ..config import Config, ConfigError, apply_overrides, load_yaml, preset
 from ..files import atomic_write
 from .machine import _code_commit, machine
 from .plan import Row
@@ -208,7 +208,7 @@ def _train_and_evaluate(row: Row, suite: str, common: dict[str, Any], data_dir: 
         "curve": sorted({m["step"]: [m["step"], m["valid_ppl"], _minutes_at(m["step"], train_rows)]
                          for m in metrics if "valid_ppl" in m}.values()),
         "train_curve": [[m["step"], m["ppl"]] for m in train_rows],
-        "machine": machine(), "device": dev, "precision": cfg.train.precision,
+        "machine": machine(), "device": dev, "precision": load_yaml(run_dir / "config.yaml").train.precision,
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_minutes": round((time.time() - start) / 60, 1),
     }
     result["data"] = _data_words(data_dir)

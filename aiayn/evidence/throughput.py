@@ -17,6 +17,7 @@ import torch
 from ..batches import TokenData, collate
 from ..config import Config
 from ..data import load_manifest
+from ..device import TRAIN_PRECISIONS, resolve_precision
 from ..models import build_model
 from ..optim import make_optimizer
 from ..runs import setup
@@ -37,6 +38,7 @@ def measure_throughput(cfgs: dict[str, Config], data_dir: Path, updates: int = 1
     models = {}
     for name, cfg in cfgs.items():
         cfg.model.vocab_size = vocab
+        cfg.train.precision = resolve_precision(cfg.train.precision, env.device, choices=TRAIN_PRECISIONS)[0]
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model).to(env.device)
         models[name] = (model, make_optimizer(model, cfg.train), cfg)
