@@ -40,3 +40,21 @@ def trained_checkpoint(path: Path = CHECKPOINT) -> Path:
     print(f"{path} does not exist: running the main job (bash scripts/multi30k.sh, ~35 min)", flush=True)
     subprocess.run(["bash", str(ROOT / "scripts" / "multi30k.sh")], check=True)
     return path
+
+
+def cpu_meta() -> dict:
+    """The CPU class every figure is labelled with (aiayn.device.cpu_class), and its one-line label."""
+    from aiayn.device import cpu_class, cpu_label
+
+    info = cpu_class()
+    return {**info, "label": cpu_label(info)}
+
+
+def meaningful(systems: list[str]) -> list[str]:
+    """The default systems less those that would not run natively here: bf16 rows without native
+    bf16 (emulated, slower than fp32), int8 rows without VNNI (aiayn refuses int8 there). Asked for
+    by name (--systems), they still run."""
+    from aiayn.device import int8_products, native_bf16
+
+    return [s for s in systems if ("bf16" not in s or native_bf16()) and ("int8" not in s or int8_products()
+                                                                          or s.startswith("ct2"))]

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import sacrebleu
 import torch
-from benchdata import CHECKPOINT, DATA, prepared_data, trained_checkpoint
+from benchdata import CHECKPOINT, DATA, cpu_meta, meaningful, prepared_data, trained_checkpoint
 
 from aiayn.apps.export import export_ct2, export_hf
 from aiayn.shortlist import build
@@ -127,6 +127,7 @@ def worker(args: argparse.Namespace) -> None:
         out = {"p50_ms": statistics.median(times), "p95_ms": times[min(len(times) - 1, int(0.95 * len(times)))]}
     if translator is not None:
         out["compile_s"] = round(translator.compile_seconds, 1)
+        out["precision"] = translator.precision  # what ran: int8 asked for without VNNI runs fp32
     print("RESULT " + json.dumps(out))
 
 
@@ -152,7 +153,8 @@ def main() -> None:
     p.add_argument("--unbatched", type=int, default=200,
                    help="compare the first N batched translations with one-sentence-at-a-time decoding")
     p.add_argument("--latency", type=int, default=200, help="sentences for the single-sentence latency (0: skip)")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}")
+    p.add_argument("--systems", default=",".join(meaningful(list(SYSTEMS))),
+                   help=f"comma-separated, from {', '.join(SYSTEMS)} (default: those native on this CPU)")
     p.add_argument("--out", default="bench/decode_speed.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--mode", default="throughput", help=argparse.SUPPRESS)
@@ -162,6 +164,7 @@ def main() -> None:
         return worker(args)
     if args.src.parent == DATA:
         prepared_data(DATA)
+    print(f"CPU: {cpu_meta()['label']}", flush=True)
     args.checkpoint = trained_checkpoint(args.checkpoint)
     systems = [s for s in args.systems.split(",") if s]
     unknown = [s for s in systems if s not in SYSTEMS]
@@ -197,7 +200,7 @@ def main() -> None:
         rows.append({"system": name, "sent_per_s": len(src) / sec, "tgt_tok_per_s": outputs[name]["tokens"] / sec,
                      "vs_hf": len(src) / sec / ref_speed, "per_rep_sent_per_s": [len(src) / t for t in times[name]],
                      "bleu": sacrebleu.corpus_bleu(outputs[name]["text"], [ref]).score,
-                     "compile_s": outputs[name].get("compile_s", 0.0)})
+                     "compile_s": outputs[name].get("compile_s", 0.0), "ran": outputs[name].get("precision")})
     alone = {n: o["identical_to_unbatched"] for n, o in outputs.items() if "identical_to_unbatched" in o}
     for n, k in alone.items():
         print(f"{n}: batched = unbatched for {k} of {min(args.unbatched, len(src))} sentences")
@@ -222,6 +225,7 @@ def main() -> None:
         for r in latency:
             print(f"{r['system']:<18}{r['threads']:>8}{r['p50_ms']:>8.1f}{r['p95_ms']:>8.1f}")
     meta = {"torch": torch.__version__, "threads": args.threads, "machine": platform.processor() or platform.machine(),
+            "cpu": cpu_meta(),
             "sentences": len(src), "reps": args.reps, "date": time.strftime("%Y-%m-%d"), "identical_to_hf": same,
             "unbatched_checked": args.unbatched, "identical_to_unbatched": alone, "process_per_measurement": True}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "latency": latency}, indent=1))

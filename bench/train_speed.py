@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchdata import DATA, ROOT, prepared_data
+from benchdata import DATA, ROOT, cpu_meta, meaningful, prepared_data
 
 SIZES = {"small": dict(d_model=256, d_ff=1024, h=4, N=3), "base": dict(d_model=512, d_ff=2048, h=8, N=6)}
 STEPS = {"small": (5, 25), "base": (3, 8)}  # (warm-up, measured) updates
@@ -142,7 +142,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--data", default=str(DATA))
     p.add_argument("--configs", default="small,base")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="SYSTEM@COMMIT runs an earlier version")
+    p.add_argument("--systems", default=",".join(meaningful(SYSTEMS)),
+                   help="SYSTEM@COMMIT runs an earlier version (default: those native here; bf16 needs native bf16)")
     p.add_argument("--baseline", help="also run aiayn-bf16 as of this commit (e.g. 1ebaef9)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
@@ -157,6 +158,7 @@ def main() -> None:
         return
     if Path(args.data).resolve() == DATA:
         prepared_data(DATA)
+    print(f"CPU: {cpu_meta()['label']}; systems: {args.systems}", flush=True)
     if args.baseline:
         args.systems += f",aiayn-bf16@{args.baseline}"
     runs: list[dict] = []
@@ -191,7 +193,7 @@ def main() -> None:
     import torch
 
     meta = {"torch": torch.__version__, "threads": args.threads, "machine": platform.processor() or platform.machine(),
-            "reps": args.reps, "date": time.strftime("%Y-%m-%d")}
+            "cpu": cpu_meta(), "reps": args.reps, "date": time.strftime("%Y-%m-%d")}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs}, indent=1))
 
 
