@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-_ROWS = 128  # rows per chunk: a chunk of fp32 logits stays in cache
+_ROWS = 64  # rows per chunk: a chunk of fp32 logits stays in cache (128 was 2x slower: bench/README.md)
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
@@ -46,10 +46,16 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         grad = torch.empty_like(logits)
         weight = grad_loss * (target != ctx.pad_id)  # 0 on padding rows
         for s in range(0, logits.size(0), _ROWS):
-            p = torch.sub(logits[s:s + _ROWS], lse[s:s + _ROWS, None]).exp_()  # softmax, fp32
             t, w = target[s:s + _ROWS, None], weight[s:s + _ROWS, None]
+            if grad.dtype == torch.float32:  # softmax, then (p - q)·g, in place in the gradient's rows
+                p = torch.sub(logits[s:s + _ROWS], lse[s:s + _ROWS, None], out=grad[s:s + _ROWS]).exp_()
+            else:  # bf16 logits: the softmax in fp32, rounded once at the end
+                p = torch.sub(logits[s:s + _ROWS], lse[s:s + _ROWS, None]).exp_()
             p.scatter_add_(1, t, torch.full(t.shape, -(1.0 - eps), dtype=p.dtype, device=p.device))
-            torch.addcmul(w * (-eps / V), p, w, out=grad[s:s + _ROWS])  # (p - q)·g, in one pass
+            if p.dtype == grad.dtype:
+                p.sub_(eps / V).mul_(w)
+            else:
+                torch.addcmul(w * (-eps / V), p, w, out=grad[s:s + _ROWS])
         return grad, None, None, None
 
 

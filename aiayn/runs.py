@@ -22,7 +22,7 @@ from .checkpoint import (
     list_checkpoints,
 )
 from .config import Config
-from .device import cpu_label, native_bf16, pick_device
+from .device import cpu_label, huge_pages, native_bf16, pick_device
 from .files import atomic_write
 from .linear import kernel_cache, onednn_available
 
@@ -50,6 +50,7 @@ def setup(device: str | None, threads: int, timeout_minutes: float = 60.0) -> Di
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
     local = int(os.environ.get("LOCAL_RANK", 0))
     kernel_cache(16)  # token-count batches bring new shapes all the time (linear.py)
+    huge_pages()
     dev = pick_device(device)
     if dev.type == "cuda":
         dev = torch.device("cuda", local)

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from .attention import without_dead_heads
 from .config import ConfigError, DecodeConfig
-from .device import PRECISIONS, pick_device, resolve_precision
+from .device import PRECISIONS, huge_pages, pick_device, resolve_precision
 from .ensemble import Ensemble, load_models
 from .fusedstep import FusedDecoder, fusable
 from .linear import kernel_cache
@@ -103,6 +103,7 @@ class Translator:
         `compiled`: that fused step runs under torch.compile (fusedstep.compiled_step; the first
         translations of each batch shape compile it; logits agree with eager to rounding)."""
         kernel_cache(1024)  # decoding reuses its shapes: a larger oneDNN cache pays (linear.py)
+        huge_pages()
         self.fused, self.compiled = fused, compiled
         here = next(model.parameters()).device
         self.device = here if device is None else torch.device(device)

@@ -49,8 +49,8 @@ def profile(size: str, precision: str, steps: int, data_dir: Path, threads: int)
 
     torch.set_num_threads(threads)
     model, opt, cfg, batches = build(f"aiayn-{precision}", size, data_dir, 3 + steps)
+    from aiayn.device import autocast
     from aiayn.loss import label_smoothed_loss
-    from aiayn.runs import autocast
 
     def step(b) -> None:
         model.train()

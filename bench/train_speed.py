@@ -33,7 +33,8 @@ from benchdata import DATA, ROOT, cpu_meta, meaningful, prepared_data
 
 SIZES = {"small": dict(d_model=256, d_ff=1024, h=4, N=3), "base": dict(d_model=512, d_ff=2048, h=8, N=6)}
 STEPS = {"small": (5, 25), "base": (3, 8)}  # (warm-up, measured) updates
-SYSTEMS = ["aiayn-bf16", "aiayn-fp32", "hf-fp32"]  # suffix -logits16 / -logits32: force the output layer's precision
+# suffix -logits16 / -logits32: force the output layer's precision; hf-fp32-thp: HF with huge pages too
+SYSTEMS = ["aiayn-bf16", "aiayn-fp32", "hf-fp32"]
 # The bf16 rows' output layer as in the preset each size stands for: small is `multi30k` (bf16 logits,
 # bench/fp32_logits.json), base is `base` (fp32 logits, the default).
 FP32_LOGITS = {"small": False, "base": True}
@@ -54,6 +55,10 @@ def build(system: str, size: str, data_dir: Path, n_batches: int):
         from aiayn.linear import kernel_cache
 
         kernel_cache(16)
+    with contextlib.suppress(ImportError):  # and its huge pages (device.huge_pages)
+        from aiayn.device import huge_pages
+
+        huge_pages()
     torch.manual_seed(0)
     tok = Tokenizer.load(str(Path(data_dir) / "spm.model"))
     data = TokenData(Path(data_dir), "train")
@@ -128,6 +133,8 @@ def code_env(system: str) -> dict:
     """The environment of a worker: `SYSTEM@COMMIT` imports aiayn from a checkout of COMMIT (a git
     worktree under work/, made once), so the same run compares the code with an earlier version."""
     env = dict(os.environ)
+    if system.startswith("hf") and system.endswith("-thp"):  # the peer with aiayn's allocator setting
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
     if "@" in system:
         commit = system.split("@")[1]
         tree = ROOT / "work" / f"aiayn-{commit}"
