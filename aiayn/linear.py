@@ -3,10 +3,10 @@
 PyTorch runs fp32 `F.linear` on the CPU through MKL, which on AMD processors takes a slower code
 path: on this 2-core Zen 5, MKL reached 150 GFLOP/s and oneDNN (shipped inside PyTorch, used for
 its bf16 matmuls) 270 GFLOP/s on the same fp32 product. `Linear` sends fp32 CPU products to
-oneDNN, forward and backward; the arithmetic is still IEEE fp32, only the kernel differs
-(results agree with `F.linear` to rounding). Everything else — GPU, bf16 autocast,
-`torch.compile`, a PyTorch without the oneDNN op — uses `F.linear`. Set AIAYN_ONEDNN_LINEAR=0 to
-always use `F.linear` (bench/linear_cpu.py measures both).
+oneDNN, forward and backward (in training only where the CPU has AVX-512: `onednn_trains`); the
+arithmetic is still IEEE fp32, only the kernel differs (results agree with `F.linear` to rounding).
+Everything else — GPU, bf16 autocast, `torch.compile`, a PyTorch without the oneDNN op — uses
+`F.linear`. Set AIAYN_ONEDNN_LINEAR=0 to always use `F.linear` (bench/linear_cpu.py measures both).
 
 oneDNN keeps a compiled kernel per product shape (1,024 by default). In training, token-count
 batches bring new shapes all the time and the cache grew bf16 training of the small model to
@@ -51,6 +51,17 @@ def onednn_available() -> bool:
         return bool(torch.allclose(y, F.linear(x, w, b), atol=1e-5))
     except (AttributeError, RuntimeError):
         return False
+
+
+@functools.cache
+def onednn_trains() -> bool:
+    """Whether training's fp32 products go to oneDNN too: with AVX-512 they are up to 1.8x faster than
+    MKL's; on an AVX2 CPU (device.cpu_flags, so ONEDNN_MAX_CPU_ISA=AVX2 too) no faster end to end, and
+    the weight gradient's transposed operands cost oneDNN copies: 230 MB more at the peak of a
+    `multi30k` step there (bench/README.md), so training takes F.linear. Decoding keeps oneDNN."""
+    from .device import cpu_flags
+
+    return "avx512f" in cpu_flags()
 
 
 def _onednn(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
@@ -101,7 +112,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         if (x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32
-                and not _autocast_on() and not _compiling() and onednn_available()):
+                and not _autocast_on() and not _compiling() and onednn_available()
+                and (onednn_trains() or not (torch.is_grad_enabled() and self.weight.requires_grad))):
             return _OneDNNLinear.apply(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 

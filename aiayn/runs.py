@@ -24,7 +24,7 @@ from .checkpoint import (
 from .config import Config
 from .device import cpu_label, huge_pages, native_bf16, pick_device
 from .files import atomic_write
-from .linear import kernel_cache, onednn_available
+from .linear import kernel_cache, onednn_available, onednn_trains
 
 log = logging.getLogger("aiayn")
 progress_log = logging.getLogger("aiayn.progress")  # periodic loss lines: train.log only (tqdm shows them)
@@ -84,8 +84,8 @@ def cpu_paths(precision: str) -> str:
         words.append("products in bf16 through oneDNN (autocast), attention as explicit products "
                      "(SDPA's CPU kernel is slower in bf16)")
     else:
-        words.append(f"fp32 products through {'oneDNN' if onednn_available() else 'MKL (F.linear)'}, "
-                     "attention through SDPA")
+        kernel = "oneDNN" if onednn_available() and onednn_trains() else "MKL (F.linear)"
+        words.append(f"fp32 products through {kernel}, attention through SDPA")
     words.append("dropout masks from 16-bit uniforms, four per 64-bit draw")
     return "; ".join(words)
 
