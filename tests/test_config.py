@@ -23,6 +23,23 @@ def test_presets_follow_table3():
         preset(name).validate()
 
 
+def test_every_preset_trains_in_auto_precision_and_the_cpu_presets_by_updates():
+    """The same model on every CPU class, only the time differs: no preset forces a precision, and the
+    CPU presets stop at a number of updates with checkpoints every so many updates, never at a clock."""
+    for name in PRESETS:
+        assert preset(name).train.precision == "auto", name
+    for name in ("multi30k", "multi30k-rnn", "multi30k-conv", "parse", "parse-paper"):
+        t = preset(name).train
+        assert t.max_minutes == 0 and t.save_every_minutes == 0 and t.save_every > 0, name
+        assert t.max_steps == {"parse": 4900, "parse-paper": 4900}.get(name, 2750) and t.max_steps // t.save_every == 20
+    from aiayn.evidence.plan import protocol
+
+    main = preset("multi30k").train  # the main job trains as the evidence suites' reference rows did
+    same = protocol(main.max_steps)
+    assert (main.max_steps, main.save_every, main.keep_last) == (
+        same["train.max_steps"], same["train.save_every"], same["train.keep_last"])
+
+
 def test_overrides_are_typed_and_checked():
     cfg = apply_overrides(Config(), {"train.lr_scale": "2", "model.pre_norm": "true", "model.d_k": "32"})
     assert cfg.train.lr_scale == 2.0 and cfg.model.pre_norm is True and cfg.model.d_k == 32
