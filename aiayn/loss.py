@@ -45,14 +45,13 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         eps, V = ctx.epsilon, logits.size(-1)
         grad = torch.empty_like(logits)
         weight = grad_loss * (target != ctx.pad_id)  # 0 on padding rows
+        inplace = grad.dtype == torch.float32  # softmax, then (p - q)·g, in the gradient's own rows
         for s in range(0, logits.size(0), _ROWS):
             t, w = target[s:s + _ROWS, None], weight[s:s + _ROWS, None]
-            if grad.dtype == torch.float32:  # softmax, then (p - q)·g, in place in the gradient's rows
-                p = torch.sub(logits[s:s + _ROWS], lse[s:s + _ROWS, None], out=grad[s:s + _ROWS]).exp_()
-            else:  # bf16 logits: the softmax in fp32, rounded once at the end
-                p = torch.sub(logits[s:s + _ROWS], lse[s:s + _ROWS, None]).exp_()
+            out = grad[s:s + _ROWS] if inplace else None  # bf16 logits: the softmax in fp32, rounded once
+            p = torch.sub(logits[s:s + _ROWS], lse[s:s + _ROWS, None], out=out).exp_()
             p.scatter_add_(1, t, torch.full(t.shape, -(1.0 - eps), dtype=p.dtype, device=p.device))
-            if p.dtype == grad.dtype:
+            if inplace:
                 p.sub_(eps / V).mul_(w)
             else:
                 torch.addcmul(w * (-eps / V), p, w, out=grad[s:s + _ROWS])

@@ -40,13 +40,15 @@ def _start_run(run: Run, cfg: Config, data_dir: Path, env: Dist, trainer: Traine
         write_provenance(run.path / "run.json", data_dir, cfg, env, resume is True, trainer.per_update, why)
 
 
-def _precision(cfg: Config, env: Dist, saved: str | None) -> str:
+def _precision(cfg: Config, env: Dist, resumed: Path | None) -> str:
     """The run's precision, chosen once: `auto` resolves by what this device computes natively
     (device.resolve_precision) when the run starts; a resumed run keeps the precision it started
-    with (`saved`, from its config.yaml) so that it continues bit for bit, and says so in one
+    with (in its config.yaml, `resumed`) so that it continues bit for bit, and says so in one
     line where this device cannot run it natively. Returns the reason, for the log and run.json."""
-    asked = cfg.train.precision
-    if saved is not None and asked in ("auto", saved):
+    asked, saved = cfg.train.precision, None
+    if resumed is not None:
+        saved = (yaml.safe_load(resumed.read_text()).get("train") or {}).get("precision")
+    if saved in ("fp32", "bf16") and asked in ("auto", saved):
         cfg.train.precision = saved
         why = resolve_precision(saved, env.device, choices=TRAIN_PRECISIONS)[1]
         return "kept from the run's start" + ("" if why == "asked for" else why.removeprefix("asked for"))
@@ -71,14 +73,13 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
     Returns the final progress (step, epoch, elapsed seconds, best validation scores)."""
     run = Run(run_dir)
     data_dir = None if data_dir is None else Path(data_dir)
-    resume_from, saved = None, None
+    resume_from = None
     if resume:
         if not (run.path / "config.yaml").is_file() or not (run.path / "run.json").is_file():
             raise CheckpointError(f"{run.path}: not an aiayn run directory (no config.yaml and run.json)")
         from .config import apply_overrides
 
         cfg = load_yaml(run.path / "config.yaml")
-        saved = None if cfg.train.precision == "auto" else cfg.train.precision
         if "tokens_per_update" not in (yaml.safe_load((run.path / "config.yaml").read_text()).get("train") or {}):
             cfg.train.tokens_per_update = 0  # written before the setting existed: update_freq sized the update
         cfg = apply_overrides(cfg, overrides or {}).validate()
@@ -96,7 +97,7 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
     if cfg is None or data_dir is None:
         raise ValueError("a config and a prepared data directory (--data) are required")
     env = setup(device, cfg.train.threads, cfg.train.dist_timeout_minutes)
-    why = _precision(cfg, env, saved)
+    why = _precision(cfg, env, run.path / "config.yaml" if resume else None)
     trainer = Trainer(cfg, Path(data_dir), run, env)
     handler, locks = None, []
     try:

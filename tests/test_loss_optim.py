@@ -37,10 +37,11 @@ def direct_smoothed_loss(logits, target, eps, pad):
     return total
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # fp32: in place in the gradient's rows
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.2])
-def test_label_smoothing_value_and_gradient(eps):
+def test_label_smoothing_value_and_gradient(eps, dtype):
     torch.manual_seed(0)
-    logits = torch.randn(300, 11, requires_grad=True)  # > one chunk of rows
+    logits = torch.randn(300, 11, dtype=dtype, requires_grad=True)  # > one chunk of rows
     target = torch.randint(0, 11, (300,))
     target[::7] = 0  # padding
     loss, nll, n = label_smoothed_loss(logits, target, eps, pad_id=0)
@@ -65,6 +66,9 @@ def test_label_smoothing_bf16_logits():
     assert loss.dtype == torch.float32 and loss.item() == pytest.approx(ref.item(), rel=1e-5)
     loss.backward()
     assert logits.grad.dtype == torch.bfloat16 and math.isfinite(logits.grad.float().sum().item())
+    fp32 = logits.detach().float().requires_grad_()
+    direct_smoothed_loss(fp32, target, 0.1, 0).backward()
+    torch.testing.assert_close(logits.grad.float(), fp32.grad, atol=1e-2, rtol=1e-2)  # bf16 rounding of the same
 
 
 @pytest.mark.parametrize("step,factor", [(1, 1 / 800), (400, 0.5), (800, 1.0), (3200, 0.5), (80_000, 0.1)])
