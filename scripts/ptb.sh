@@ -2,15 +2,15 @@
 # §6.3 on the Penn Treebank sample (NLTK's 3,914 WSJ trees), end to end on this machine:
 #   prepare (words -> linearized trees with the words as leaves; split by file: 0001-0159 / 0160-0179 /
 #   0180-0199; every word tagged by a part-of-speech tagger trained on the training trees, the training
-#   words jackknifed) -> train two parsers of the `parse` preset (seeds 1 and 2) side by side for 60 minutes
+#   words jackknifed) -> train two parsers of the `parse` preset (seeds 1 and 2) side by side, 4,900 updates each
 #   -> average each one's last 5 checkpoints -> parse the validation and test splits with their ensemble,
 #   with the tree-constrained search (the preset's beam and alpha)
 #   and without it (--free) -> EVALB F1, beside two baselines on the same split: right-branching and a
 #   treebank PCFG read off the training trees (given the gold tags).
 # Treebank: $TREEBANK, else ../shared/data/ptb-sample/treebank.zip, else NLTK's public copy.
-# Extra arguments are config overrides for training, e.g. --train.max_minutes 10.
+# Extra arguments are config overrides for training, e.g. --train.max_steps 1000.
 # MEMBERS=N (default 2, chosen on the development split) trains N parsers with seeds 1..N side by side in
-# $RUN/member1..N, the cores shared out among them, each for the preset's 60 minutes, and parses with their
+# $RUN/member1..N, the cores shared out among them, each for the preset's 4,900 updates, and parses with their
 # ensemble (aiayn parse --checkpoint A B); MEMBERS=1 trains one parser in $RUN on every core.
 # Re-running continues an unfinished run (aiayn train --resume).
 set -euo pipefail
