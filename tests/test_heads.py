@@ -242,10 +242,12 @@ def test_word_attention_and_dependency_hits_by_hand():
     assert n == 1 and hits.tolist() == [1.0]  # word 0's best other word is word 1 (ties to the first)
 
 
-def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys):
+def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys, monkeypatch, caplog):
     import json
+    import logging
 
     import aiayn
+    from aiayn import device
     from aiayn.checkpoint import list_checkpoints
     from aiayn.cli import main
 
@@ -272,7 +274,10 @@ def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys):
         assert main(argv) != 0
         assert words in capsys.readouterr().err and not out.exists()
     assert main([*args[:-1], "0"]) != 0 and "--bleu-sentences must be at least 1" in capsys.readouterr().err
-    assert main(args) == 0
+    monkeypatch.setattr(device, "cpu_flags", lambda *a, **k: {"avx2"})  # measured on an AVX2 CPU:
+    with caplog.at_level(logging.INFO, logger="aiayn"):  # in its precision, not the checkpoint's
+        assert main(args) == 0
+    assert "measuring in fp32 (auto: the CPU has no native bf16" in caplog.text
     assert sorted(p.name for p in out.iterdir()) == ["examples.png", "heads.json", "importance.png",
                                                      "pruned.safetensors", "pruning.png", "roles.png"]
     r = json.loads((out / "heads.json").read_text())

@@ -25,6 +25,7 @@ from scipy.stats import spearmanr  # noqa: E402
 from ..batches import TokenData  # noqa: E402
 from ..checkpoint import load_checkpoint  # noqa: E402
 from ..data import check_vocabulary, load_manifest  # noqa: E402
+from ..device import TRAIN_PRECISIONS, resolve_precision  # noqa: E402
 from ..files import atomic_write, new_folder  # noqa: E402
 from ..heads import (  # noqa: E402
     SUBLAYERS,
@@ -120,6 +121,9 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
     """Every measurement of `aiayn heads`, as plain data."""
     model, cfg, tokenizer, _ = load_checkpoint(checkpoint)
     model.eval()
+    # in this CPU's precision, not the training machine's: bf16 emulated on an AVX2 CPU took > 10 minutes
+    cfg.train.precision, why = resolve_precision("auto", torch.device("cpu"), choices=TRAIN_PRECISIONS)
+    log.info("measuring in %s (%s)", cfg.train.precision, why)
     settings = load_manifest(data_dir)["settings"]
     check_vocabulary(tokenizer.proto, data_dir)
     trees = _trees(settings, treebank, sentences)
