@@ -7,6 +7,13 @@ import torch
 from aiayn.device import int8_products
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# inductor's on-disk cache does not key on oneDNN's ISA limit: kernels compiled without
+# ONEDNN_MAX_CPU_ISA crashed compiled decoding run under it (the AVX2 stand-in), so each limit gets its own
+if os.environ.get("ONEDNN_MAX_CPU_ISA") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor-aiayn-tests-{os.environ['ONEDNN_MAX_CPU_ISA'].lower()}")
 
 # int8 decoding needs VNNI (device.py): elsewhere aiayn refuses it, and PyTorch's int8 product is
 # inexact (under ONEDNN_MAX_CPU_ISA=AVX2) or slow, so the tests of the int8 kernels are skipped there.
