@@ -203,3 +203,15 @@ def test_bf16_weights_cast_once_give_what_autocast_gives(trained):
     got = t.translate_ids(ids, beam=4, alpha=0.6, nbest=2)
     assert [[(h.tokens, h.score) for h in hs] for hs in got] == [[(h.tokens, h.score) for h in hs] for hs in ref]
     assert all(EOS not in h.tokens for hs in got for h in hs)
+
+
+def test_huge_pages_are_asked_for_unless_the_user_chose(monkeypatch):
+    """device.huge_pages sets THP_MEM_ALLOC_ENABLE for PyTorch's allocator, never over the user's value."""
+    from aiayn import device
+
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    device.huge_pages()
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    device.huge_pages()
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"
