@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .files import atomic_write, check_output_folder, lock_data, new_folder
+from .files import atomic_write, check_output_folder, lock_data, new_folder, owned
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("aiayn")
@@ -223,13 +223,16 @@ def _encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | No
     return counts
 
 
-_PREPARED = ("manifest.json", "spm.model", "raw", "tagger.json")  # besides *.npy, *.txt and *.gold.mrg
+PREPARED = "prepare"  # the kind in a prepared folder's marker (files.MARKER): only such a folder is replaced
 
 
-def is_prepared(folder: Path) -> bool:
-    """A folder `prepare` wrote, and nothing else: it may be replaced whole by a new `prepare`."""
-    return (folder / "manifest.json").is_file() and all(
-        p.name in _PREPARED or p.suffix in (".npy", ".txt") or p.name.endswith(".gold.mrg") for p in folder.iterdir())
+def check_prepared_output(out: str | Path) -> Path:
+    """`prepare -o`, before any work: new, empty, or a prepared folder. One with a manifest.json but
+    no marker (an older aiayn's) may be reused if its inputs are unchanged, never replaced."""
+    out = Path(os.path.abspath(out))
+    if (out / "manifest.json").is_file() and not owned(out, PREPARED):
+        return out  # prepare() reuses it or new_folder refuses it, before the vocabulary is learned
+    return check_output_folder(out, PREPARED)
 
 
 def _old_manifest(path: Path) -> dict | None:
@@ -261,7 +264,7 @@ def prepare(
     Returns the manifest; if one with the same inputs and settings exists in `out`, it is reused.
     """
     splits = {name: (Path(s), Path(t)) for name, (s, t) in splits.items()}
-    out = check_output_folder(out, is_prepared)
+    out = check_prepared_output(out)
     for need in ("train", "valid"):
         if need not in splits:
             raise DataError(f"a {need} split is required")
@@ -285,7 +288,7 @@ def prepare(
     lock = lock_data(out)  # held until the new cache is in place
     try:
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".work", dir=out.parent) as tmp, \
-                new_folder(out, is_prepared) as new:
+                new_folder(out, PREPARED) as new:
             stats, tok = _build(splits, Path(tmp), new, src_lang, tgt_lang, vocab_size, max_len, strict, seed,
                                 symbols, dedup, max_ratio)
             if on_build is not None:

@@ -2,18 +2,22 @@
 
 Every command that writes follows three rules. A file is written beside its final name and
 renamed over it (a reader sees the old file or the new one, never half of one). A folder is
-built as a hidden sibling and renamed into place, and a folder that holds anything aiayn did not
-write is refused, never cleared. A run or a prepared data folder in use is locked, and a second
+built as a hidden sibling, marked with what wrote it and every path it holds (MARKER), and
+exchanged with the old one in one step; a folder that holds anything its marker does not list is
+refused, never cleared. A run or a prepared data folder in use is locked, and a second
 writer is refused with the holder's PID.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
+import json
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -51,9 +55,16 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.close(dfd)
 
 
-def check_output_file(path: str | Path, flag: str = "--output") -> Path:
-    """Before any work: an output file's folder exists and the path is not a folder."""
+def check_output_file(path: str | Path, flag: str = "--output", inputs: tuple = ()) -> Path:
+    """Before any work: an output file's folder exists, the path is not a folder, and it is none
+    of the command's `inputs` (the output would replace what it was made from)."""
     path = Path(path)
+    flat = [q for p in inputs for q in (p if isinstance(p, (list, tuple)) else [p])]
+    for src in (Path(p) for p in flat if p not in (None, "-")):
+        if os.path.abspath(src) == os.path.abspath(path) or (src.exists() and path.exists()
+                                                              and os.path.samefile(src, path)):
+            raise FileError(f"{flag} {path}: is also an input ({src}); writing it would replace what it is "
+                            "made from: choose another output file")
     if path.is_dir():
         raise FileError(f"{flag} {path}: is a folder, not a file")
     if not path.parent.is_dir():
@@ -69,44 +80,110 @@ def _describe(folder: Path) -> str:
     return f"{len(names)} entr{'y' if len(names) == 1 else 'ies'}: {shown}"
 
 
-def check_output_folder(out: str | Path, ours: Callable[[Path], bool] | None = None, flag: str = "--output") -> Path:
-    """An output folder may be new, empty, or one that `ours` recognises as this command's own
-    earlier output (to be replaced whole). Anything else is refused: aiayn never deletes a file
-    it did not write. Returns the absolute path."""
+# Every folder aiayn builds whole (prepare, export, attention maps, heads) carries this file: what
+# wrote it, an id, and every path it wrote (subfolders included).
+MARKER = ".aiayn-output.json"
+_MARKER_MAX_BYTES = 1 << 22
+
+
+def _entries(folder: Path) -> set[str]:
+    """Every path under folder, relative, links not followed (folders end in '/'); the marker aside."""
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(folder):
+        rel = os.path.relpath(dirpath, folder)
+        for name in dirnames:
+            out.add(os.path.normpath(os.path.join(rel, name)) + "/")
+        out.update(os.path.normpath(os.path.join(rel, name)) for name in filenames)
+    out.discard(MARKER)
+    return out
+
+
+def write_marker(folder: Path, kind: str) -> None:
+    """Record in `folder` that aiayn's `kind` wrote it and which paths it wrote."""
+    record = {"aiayn": kind, "id": uuid.uuid4().hex, "wrote": sorted(_entries(folder))}
+    atomic_write(folder / MARKER, json.dumps(record, indent=1).encode())
+
+
+def _marker(folder: Path, kind: str) -> dict | None:
+    """The marker of `kind` in folder, or None (absent, a link, oversized, unreadable, another kind)."""
+    marker = folder / MARKER
+    try:
+        if marker.is_symlink() or not marker.is_file() or marker.stat().st_size > _MARKER_MAX_BYTES:
+            return None
+        record = json.loads(marker.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    ok = isinstance(record, dict) and record.get("aiayn") == kind and isinstance(record.get("wrote"), list)
+    return record if ok else None
+
+
+def owned(folder: Path, kind: str) -> bool:
+    """True if `folder` is an earlier output of aiayn's `kind` holding nothing beyond what it wrote:
+    the marker is there, names `kind`, and lists every path the folder holds now."""
+    record = _marker(folder, kind)
+    return record is not None and _entries(folder) <= {w for w in record["wrote"] if isinstance(w, str)}
+
+
+def add_to_marker(folder: Path, kind: str, names: list[str]) -> None:
+    """Record paths that `kind` wrote into its folder after the folder was put in place."""
+    record = _marker(folder, kind)
+    if record is not None:
+        record["wrote"] = sorted(set(record["wrote"]) | set(names))
+        atomic_write(folder / MARKER, json.dumps(record, indent=1).encode())
+
+
+def check_output_folder(out: str | Path, kind: str | Callable[[Path], bool] | None = None,
+                        flag: str = "--output") -> Path:
+    """An output folder may be new, empty, or an earlier output of this `kind` of command, which
+    holds its marker and nothing it did not list (it is replaced whole). `kind` may instead be a
+    test, for a folder that a command writes into by name and never clears (the evidence report).
+    Anything else is refused: aiayn never deletes a file it did not write. Returns the absolute path."""
     out = Path(os.path.abspath(out))
     if out.exists() and not out.is_dir():
         raise FileError(f"{flag} {out}: is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (ours and ours(out)):
-        raise FileError(f"{flag} {out}: exists and is not empty ({_describe(out)}); aiayn never deletes "
-                        "what it did not write: choose a new folder")
+    ours = kind if callable(kind) else (lambda f: bool(kind) and owned(f, kind))
+    if out.is_dir() and any(out.iterdir()) and not ours(out):
+        raise FileError(f"{flag} {out}: exists and is not empty ({_describe(out)}) and holds files aiayn did "
+                        "not write there; aiayn never deletes what it did not write: choose a new folder")
     if Path.cwd().resolve().is_relative_to(out.resolve()):
         raise FileError(f"{flag} {out}: is the current folder or holds it")
     return out
 
 
+def _swap(new: Path, out: Path) -> None:
+    """Put folder `new` at `out`. Where `out` exists the two are exchanged in one step (Linux
+    renameat2 RENAME_EXCHANGE), so `out` is never missing and the old one ends up at `new`;
+    elsewhere the old folder is renamed aside first, then the new one into place."""
+    if not out.exists():
+        os.rename(new, out)
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None and renameat2(-100, bytes(new), -100, bytes(out), 2) == 0:  # AT_FDCWD, EXCHANGE
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    os.replace(out, aside / "x")
+    os.rename(new, out)
+    os.rename(aside / "x", new)
+    aside.rmdir()
+
+
 @contextlib.contextmanager
-def new_folder(out: str | Path, ours: Callable[[Path], bool] | None = None, flag: str = "--output"
-               ) -> Iterator[Path]:
-    """Yield a hidden sibling folder to write into; on success it replaces `out` in one rename
-    (an earlier output of the same command is moved aside first, then removed). On an error the
-    sibling is removed and `out` is untouched."""
-    out = check_output_folder(out, ours, flag)
+def new_folder(out: str | Path, kind: str, flag: str = "--output") -> Iterator[Path]:
+    """Yield a hidden sibling folder to write into; on success it gets the marker of `kind` and takes
+    the place of `out` (an earlier output of the same kind is removed only once the new one is in
+    place). On an error the sibling is removed and `out` is untouched."""
+    out = check_output_folder(out, kind, flag)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         yield tmp
-        check_output_folder(out, ours, flag)  # still ours: nothing appeared there meanwhile
+        write_marker(tmp, kind)
+        check_output_folder(out, kind, flag)  # still ours: nothing appeared there meanwhile
         os.chmod(tmp, 0o777 & ~_umask())
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-            os.replace(out, old / "x")
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _swap(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the half-built folder, or after the swap the old one
 
 
 # -- locks ---------------------------------------------------------------------------------

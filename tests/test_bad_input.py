@@ -36,6 +36,11 @@ class Evil:
         return os.mkdir, (MARKER,)
 
 
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def lines(path: Path, text: str | bytes) -> Path:
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     return path
@@ -79,6 +84,16 @@ def template(toy_prepared, tmp_path_factory) -> Path:
     (w / "precious/sub").mkdir(parents=True)  # a folder aiayn did not write: never cleared
     lines(w / "precious/notes.txt", "my notes\n")
     lines(w / "precious/sub/data.txt", "more\n")
+    for name in ("config.json", "model.safetensors", "source.spm", "target.spm", "vocab.json",  # save_pretrained's
+                 "tokenizer_config.json", "special_tokens_map.json"):
+        lines(_mkdir(w / "user-hf") / name, "{}\n")
+    lines(_mkdir(w / "user-config") / "config.json", '{"mine": true}\n')
+    lines(_mkdir(w / "userdata/raw") / "original-crawl.tsv", "a dog\tein hund\n")  # a folder with a manifest
+    lines(w / "userdata/manifest.json", '{"mine": true}\n')
+    lines(w / "userdata/NOTES.txt", "my notes\n")
+    for split in ("train", "valid"):
+        lines(w / f"userdata/{split}.en", good)
+        lines(w / f"userdata/{split}.de", "ein hund\ndie katze\nein mann läuft\n")
     (w / "bad-manifest").mkdir()
     lines(w / "bad-manifest/manifest.json", '{"settings": {"src": "en"')
     lines(w / "deep.mrg", "(S " * 3000 + "(NN x)" + ")" * 3000 + "\n")
@@ -165,6 +180,18 @@ CLI_CASES = [
                                                  "--valid", "ok"], ["precious", "not empty"]),
     ("prepare into an existing file", P[:-3] + ["{w}/out.txt", "--data.vocab_size", "60", "--train", "ok",
                                                  "--valid", "ok"], ["out.txt", "is a file"]),
+    # names alone never make a folder aiayn's (#59): only its marker, listing all the folder holds
+    ("export hf into the user's own MarianMT folder", ["export", "hf", "--checkpoint", "{w}/model.safetensors", "-o",
+                                                       "{w}/user-hf"], ["user-hf", "not empty", "aiayn did not write"]),
+    ("export into a folder of the user's config.json", ["export", "hf", "--checkpoint", "{w}/model.safetensors", "-o",
+                                                         "{w}/user-config"], ["user-config", "not empty"]),
+    ("prepare into the folder of its own inputs", ["prepare", "--data-dir", "{w}/userdata", "--src", "en", "--tgt",
+                                                   "de", "--train", "train", "--valid", "valid", "-o", "{w}/userdata",
+                                                   "--data.vocab_size", "60"], ["userdata", "not empty"]),
+    ("translate --output onto its --input", T[:5] + ["--output", "{w}/in.txt"], ["in.txt", "also an input"]),
+    ("average onto a checkpoint it averages",
+     ["average", "{w}/run", "-o", "{w}/run/checkpoints/step-00000002.safetensors"],
+     ["step-00000002.safetensors", "also an input"]),
     ("reproduce report into a foreign folder", ["reproduce", "--suite", "table1", "--report", "{w}/precious"],
      ["--report", "precious", "not empty"]),
     ("translate into a missing folder", T[:5] + ["--output", "{w}/missing/dir/out.txt"],

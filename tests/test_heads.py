@@ -278,8 +278,8 @@ def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys, monkeypatch, c
     with caplog.at_level(logging.INFO, logger="aiayn"):  # in its precision, not the checkpoint's
         assert main(args) == 0
     assert "measuring in fp32 (auto: the CPU has no native bf16" in caplog.text
-    assert sorted(p.name for p in out.iterdir()) == ["examples.png", "heads.json", "importance.png",
-                                                     "pruned.safetensors", "pruning.png", "roles.png"]
+    assert sorted(p.name for p in out.iterdir()) == [".aiayn-output.json", "examples.png", "heads.json",
+                                                     "importance.png", "pruned.safetensors", "pruning.png", "roles.png"]
     r = json.loads((out / "heads.json").read_text())
     # the example maps: each sublayer's most important head by ablation, rows are distributions over the
     # keys, and the decoder's self-attention never looks ahead (§3.2.3)

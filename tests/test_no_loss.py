@@ -20,7 +20,7 @@ from test_resume import TINY, aiayn
 from aiayn import data as data_module
 from aiayn.config import Config
 from aiayn.data import prepare
-from aiayn.files import FileError, atomic_write, lock_holders, new_folder
+from aiayn.files import MARKER, FileError, atomic_write, check_output_file, lock_holders, new_folder, owned
 
 
 def wait_for(cond, what: str, proc: subprocess.Popen | None = None, limit: float = 120) -> None:
@@ -137,17 +137,23 @@ def test_atomic_writes_honour_the_umask(tmp_path, umask, mode):
 
 def test_new_folder_replaces_only_its_own_output(tmp_path):
     out = tmp_path / "maps"
-    with new_folder(out, lambda f: all(p.suffix == ".png" for p in f.iterdir())) as tmp:
+    with new_folder(out, "maps") as tmp:
         (tmp / "a.png").write_bytes(b"1")
-    with new_folder(out, lambda f: all(p.suffix == ".png" for p in f.iterdir())) as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub/b.png").write_bytes(b"1")
+    with new_folder(out, "maps") as tmp:
         (tmp / "b.png").write_bytes(b"2")
-    assert [p.name for p in out.iterdir()] == ["b.png"]  # an earlier output of the same kind: replaced whole
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "b.png"]  # its own earlier output: replaced whole
+    with pytest.raises(FileError, match="not empty"):  # another command's output is not this one's
+        with new_folder(out, "export"):
+            pass
     (out / "notes.txt").write_text("mine")
     with pytest.raises(FileError, match="not empty"):
-        with new_folder(out, lambda f: all(p.suffix == ".png" for p in f.iterdir())):
+        with new_folder(out, "maps"):
             pass
+    assert (out / "notes.txt").read_text() == "mine"
     with pytest.raises(RuntimeError):
-        with new_folder(tmp_path / "fresh") as tmp:
+        with new_folder(tmp_path / "fresh", "maps") as tmp:
             (tmp / "half").write_text("x")
             raise RuntimeError("killed half-way")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["maps"]  # nothing half-written left
@@ -155,10 +161,71 @@ def test_new_folder_replaces_only_its_own_output(tmp_path):
     try:
         os.chdir(out)
         with pytest.raises(FileError):
-            with new_folder("."):
+            with new_folder(".", "maps"):
                 pass
     finally:
         os.chdir(cwd)
+
+
+@pytest.mark.parametrize("extra", ["sub/notes.txt", "sub/", "link"])
+def test_a_marked_folder_holding_anything_unlisted_is_refused(tmp_path, extra):
+    out = tmp_path / "out"
+    with new_folder(out, "maps") as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub/a.png").write_bytes(b"1")
+    target = out / extra.rstrip("/")
+    if extra == "link":
+        target.symlink_to(tmp_path)
+    elif extra.endswith("/"):
+        (out / "sub/deeper").mkdir()
+    else:
+        target.write_text("mine")
+    assert not owned(out, "maps")
+    with pytest.raises(FileError, match="not empty"):
+        with new_folder(out, "maps"):
+            pass
+    assert (out / "sub/a.png").exists()
+
+
+@pytest.mark.parametrize("marker", ["not json", "[1]", '{"aiayn": "maps", "wrote": "*"}', "{" * 100_000])
+def test_a_damaged_or_forged_marker_owns_nothing(tmp_path, marker):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / MARKER).write_text(marker)
+    assert not owned(tmp_path / "out", "maps")
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_the_old_output_goes_only_after_the_new_one_is_in_place(tmp_path, monkeypatch, exchange):
+    """Killed while removing the replaced folder: the new output is already at its name, the old
+    one lies beside it; with or without the one-step exchange (renameat2)."""
+    import aiayn.files as files
+
+    out = tmp_path / "out"
+    with new_folder(out, "maps") as tmp:
+        (tmp / "old.png").write_bytes(b"old")
+    if not exchange:
+        monkeypatch.setattr(files.ctypes, "CDLL", lambda *a, **k: object())  # a libc without renameat2
+
+    def killed(path, ignore_errors=False):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(files.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        with new_folder(out, "maps") as tmp:
+            (tmp / "new.png").write_bytes(b"new")
+    assert (out / "new.png").read_bytes() == b"new" and not (out / "old.png").exists()
+    aside = [p for p in tmp_path.iterdir() if p.name != "out"]
+    assert [(p / "old.png").read_bytes() for p in aside] == [b"old"]
+
+
+def test_an_output_file_that_is_an_input_is_refused(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("a dog\n")
+    (tmp_path / "link.txt").symlink_to(src)
+    for out in (src, tmp_path / "link.txt", tmp_path / "." / "in.txt"):
+        with pytest.raises(FileError, match="also an input"):
+            check_output_file(out, inputs=(str(src), None))
+    assert check_output_file(tmp_path / "out.txt", inputs=(str(src),)) == tmp_path / "out.txt"
 
 
 def test_export_twice_replaces_the_earlier_export_and_leaves_nothing_beside(toy_prepared, tmp_path):

@@ -106,6 +106,9 @@ def test_prepare_with_tags_train_and_parse_end_to_end(tmp_path):
     assert ["training a part-of-speech tagger" in x for x in logs] == [True, False, False]
     assert ["reusing the prepared data" in x for x in logs] == [False, True, True]
     assert arrays[0] == arrays[1] == arrays[2]
+    from aiayn.files import owned
+
+    assert owned(prep, "prepare")  # the tag arrays written after the swap are in its marker: replaceable
     tok = Tokenizer.load(str(prep / "spm.model"))
     jk = {" ".join(w): t.split() for w, t in zip(
         (s.words() for s in read_trees((prep / "train.gold.mrg").read_text())),

@@ -27,15 +27,9 @@ class ExportError(ValueError):
     pass
 
 
-# What `export hf` and `export ct2` write: a folder holding these names only is an earlier export,
-# replaced whole by a new one; any other non-empty folder is refused (nothing is ever deleted).
-EXPORT_FILES = {"config.json", "generation_config.json", "model.safetensors", "source.spm", "target.spm",
-                "vocab.json", "tokenizer_config.json", "special_tokens_map.json", "model.bin",
-                "shared_vocabulary.json", "shared_vocabulary.txt"}
-
-
-def is_export(folder: Path) -> bool:
-    return (folder / "config.json").is_file() and all(p.name in EXPORT_FILES for p in folder.iterdir())
+# The kind in an export's marker (files.MARKER): only a folder `export hf` or `export ct2` wrote, holding
+# nothing else, is replaced by a new export; any other non-empty folder is refused.
+EXPORT = "export"
 
 
 def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
@@ -119,7 +113,7 @@ def marian_config(model: Transformer, beam: int, max_length: int):
 def export_hf(checkpoint: Path, out: Path) -> Path:
     """Write a directory that `MarianMTModel` and `MarianTokenizer` load (built beside `out`,
     renamed into place)."""
-    with new_folder(out, is_export) as tmp:
+    with new_folder(out, EXPORT) as tmp:
         _write_hf(checkpoint, tmp)
     return Path(out)
 
@@ -165,7 +159,7 @@ def export_ct2(checkpoint: Path, out: Path, quantization: str | None = None) -> 
         from ctranslate2.converters import transformers as ct2t
     except ImportError:
         raise ExportError("export ct2 needs the `ctranslate2` package: pip install 'aiayn[bench]'") from None
-    with new_folder(out, is_export) as tmp, tempfile.TemporaryDirectory(prefix=".hf.", dir=tmp.parent) as hf_dir:
+    with new_folder(out, EXPORT) as tmp, tempfile.TemporaryDirectory(prefix=".hf.", dir=tmp.parent) as hf_dir:
         _write_hf(checkpoint, Path(hf_dir))
         _convert(Path(hf_dir), tmp, quantization, ct2t)
     return Path(out)

@@ -46,11 +46,7 @@ from .plot import heatmap  # noqa: E402
 log = logging.getLogger("aiayn")
 FILES = ("heads.json", "importance.png", "roles.png", "pruning.png", "examples.png", "pruned.safetensors")
 _PUNCT = set(".,!?;:")
-
-
-def is_heads_output(folder: Path) -> bool:
-    """A folder `aiayn heads` wrote (replaced whole by a new run)."""
-    return all(p.name in FILES for p in folder.iterdir())
+HEADS = "heads"  # the kind in the output folder's marker (files.MARKER)
 
 
 def _facts(data_dir: Path, tokenizer: Tokenizer) -> dict:
@@ -251,7 +247,7 @@ def _save_pruned(result: dict, path: Path) -> None:
 def write(result: dict, out: Path) -> Path:
     """heads.json, the four pictures and the pruned checkpoint, replacing an earlier `aiayn heads`
     folder whole."""
-    with new_folder(out, is_heads_output) as tmp:
+    with new_folder(out, HEADS) as tmp:
         _save_pruned(result, tmp / "pruned.safetensors")
         atomic_write(tmp / "heads.json", json.dumps(result, indent=1).encode())
         _importance_figure(result, tmp / "importance.png")

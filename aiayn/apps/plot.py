@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import matplotlib
@@ -46,19 +45,14 @@ def _grid(maps: np.ndarray, rows: list[str], cols: list[str], title: str, path: 
     return out
 
 
-_MAP_NAME = re.compile(r"((encoder-self|decoder-self|cross)-layer\d+|cross-mean)\.(png|svg)")
-
-
-def is_attention_maps(folder: Path) -> bool:
-    """A folder `plot_attention` wrote, and nothing else (replaced whole by a new plot)."""
-    return all(_MAP_NAME.fullmatch(p.name) for p in folder.iterdir())
+ATTENTION_MAPS = "plot attention"  # the kind in the folder's marker (files.MARKER)
 
 
 def plot_attention(data: AttentionData, out_dir: Path) -> list[Path]:
     """PNG and SVG heatmaps: per layer (every head + mean) for the three kinds of attention
     (§3.2.3), and the cross-attention averaged over layers and heads. The folder is built beside
     `out_dir` and renamed into place; a folder holding other files is refused."""
-    with new_folder(out_dir, is_attention_maps) as tmp:
+    with new_folder(out_dir, ATTENTION_MAPS) as tmp:
         names = [p.name for p in _plot_attention(data, tmp)]
     return [Path(out_dir) / n for n in names]
 

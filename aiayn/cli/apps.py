@@ -37,10 +37,10 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError("plot attention needs --checkpoint FILE and --src SENTENCE")
     if not args.src.strip():
         raise UserError("--src is empty")
-    from ..apps.plot import is_attention_maps
+    from ..apps.plot import ATTENTION_MAPS
     from ..checkpoint import load_checkpoint
 
-    check_output_folder(args.output, is_attention_maps)  # before the model is loaded and run
+    check_output_folder(args.output, ATTENTION_MAPS)  # before the model is loaded and run
     model, cfg, tokenizer, _ = load_checkpoint(Path(args.checkpoint))
     data = attention_data(model, tokenizer, args.src, args.tgt, cfg.decode)
     files = plot_attention(data, Path(args.output))
@@ -52,12 +52,12 @@ def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
     """What the attention heads do: importance, roles, pruning (validation split only)."""
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-    from ..apps.heads import is_heads_output, measure, write
+    from ..apps.heads import HEADS, measure, write
 
     for name in ("sentences", "bleu_sentences"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    check_output_folder(args.output, is_heads_output)  # before minutes of measuring
+    check_output_folder(args.output, HEADS)  # before minutes of measuring
     if not Path(args.checkpoint).is_file():
         raise UserError(f"--checkpoint {args.checkpoint}: no such file")
     try:
@@ -108,9 +108,9 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
 
     if args.quantization and args.format != "ct2":
         raise UserError("--quantization applies to `export ct2` only")
-    from ..apps.export import is_export
+    from ..apps.export import EXPORT
 
-    check_output_folder(args.output, is_export)
+    check_output_folder(args.output, EXPORT)
     try:
         if args.format == "hf":
             out = export_hf(Path(args.checkpoint), Path(args.output))

@@ -62,7 +62,7 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(_name_the_flag(str(e), _DECODE_FLAGS)) from None
     translator.compile_now()
     if args.output:  # before hours of translation, not after
-        check_output_file(args.output)
+        check_output_file(args.output, inputs=(args.input, args.ref, args.checkpoint, args.shortlist))
     if args.input in (None, "-") and sys.stdin.isatty() and not args.ref:
         _interactive(translator, args.output)
         return
@@ -174,7 +174,7 @@ def cmd_parse(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(str(e)) from None
     lines = _read_input(args.input)
     if args.output:
-        check_output_file(args.output)
+        check_output_file(args.output, inputs=(args.input, args.checkpoint))
     start = time.perf_counter()
     trees = parser.parse(lines, progress=sys.stderr.isatty())
     out = "".join(f"{t}\n" if t is not None else "\n" for t in trees)

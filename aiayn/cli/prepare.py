@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 
 from ..config import PRESETS, Config
-from ..data import DataError
-from ..files import check_output_folder
+from ..data import PREPARED, DataError
+from ..files import add_to_marker
 from .common import (
     UserError,
     build_config,
@@ -22,14 +22,14 @@ log = logging.getLogger("aiayn")
 
 def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
     """§6.3: the treebank's splits as words -> linearized trees, prepared like a corpus."""
-    from ..data import is_prepared, prepare
+    from ..data import check_prepared_output, prepare
     from ..parse import TreeError, is_bracket, write_splits
 
     if not args.treebank:
         raise UserError("prepare --task parse needs --treebank PATH (a folder of .mrg files or treebank.zip)")
     if args.subtrees < 0:
         raise UserError(f"prepare --subtrees must be 0 (off) or a number of words, got {args.subtrees}")
-    out = check_output_folder(args.out, is_prepared)
+    out = check_prepared_output(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".trees", dir=out.parent) as tmp:
         try:
@@ -52,6 +52,7 @@ def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
 
         write_tag_arrays(out, *(built[0] if built else _read_tagging(out)),
                          Tokenizer.load(str(out / "spm.model")).pieces_list())
+        add_to_marker(out, PREPARED, [f"{s}.src.tag.npy" for s in ("train", "valid")])
     print(json.dumps(manifest["splits"], indent=1))
 
 
@@ -87,13 +88,13 @@ def _read_tagging(folder: Path) -> tuple:
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
     """Validate parallel text, learn the joint BPE vocabulary (§5.1), cache every split."""
     from ..corpora import CORPORA, cache_dir, check_mirror, fetch_multi30k, fetch_wmt14, verify_multi30k
-    from ..data import find_file, is_prepared, prepare
+    from ..data import check_prepared_output, find_file, prepare
 
     cfg = build_config(args, extra)
     if args.task == "parse":  # §6.3: words -> linearized trees, from a treebank
         _prepare_parse(args, cfg)
         return
-    check_output_folder(args.out, is_prepared)  # before any download or reading
+    check_prepared_output(args.out)  # before any download or reading
     if not args.src or not args.tgt:
         raise UserError("prepare needs --src and --tgt (language suffixes of the files, e.g. en and de)")
     data_dir = args.data_dir

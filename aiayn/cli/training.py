@@ -93,7 +93,7 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> None:
     if len(paths) < args.last:
         log.warning("only %d checkpoints in %s; averaging them all", len(paths), args.run_dir)
     chosen = paths[-args.last:]
-    check_output_file(args.output)
+    check_output_file(args.output, inputs=tuple(chosen))
     write_averaged(chosen, Path(args.output))
     print(f"averaged {len(chosen)} checkpoints ({chosen[0].name} .. {chosen[-1].name}) -> {args.output}")
 
