@@ -97,8 +97,7 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[tor
     `.safetensors` file."""
     tensors, meta = read_weights(path)
     cfg, tokenizer = read_meta(meta, path)
-    model = build_model(cfg.model, tokenizer.pieces_list())
-    load_into(model, tensors, path)
+    model = build_checked(cfg, tokenizer, tensors, path)
     if cfg.model.tag_input:  # a parser that reads tags beside its words brings its tagger (tagger.py)
         model.src_tagger = read_tagger(meta, tokenizer, path)
     return model.to(device).eval(), cfg, tokenizer, int(meta.get("step", 0))
@@ -125,14 +124,15 @@ def read_meta(meta: dict[str, str], path: Path | str) -> tuple[Config, Tokenizer
         d = json.loads(meta["config"])
     except KeyError:
         raise CheckpointError(f"{path}: damaged metadata (no config)") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: damaged metadata (config is not JSON: {e})") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, a number of 5,000 digits, nesting
+        what = "nested too deeply" if isinstance(e, RecursionError) else str(e)[:120]
+        raise CheckpointError(f"{path}: damaged metadata (config is not JSON: {what})") from None
     if not isinstance(d, dict):
         raise CheckpointError(f"{path}: damaged metadata (config is a {type(d).__name__}, not a mapping)")
     try:
-        cfg = from_dict(d)
-    except (ConfigError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: damaged metadata (config: {e})") from None
+        cfg = from_dict(d).validate()  # every field typed and bounded (config.MODEL_LIMITS)
+    except (ConfigError, TypeError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"{path}: damaged metadata (config: {str(e)[:300]})") from None
     try:
         tokenizer = Tokenizer(base64.b64decode(meta["spm_model"], validate=True))
     except KeyError:
@@ -140,12 +140,26 @@ def read_meta(meta: dict[str, str], path: Path | str) -> tuple[Config, Tokenizer
     except Exception as e:  # binascii.Error, SentencePiece's RuntimeError, TokenizerError
         raise CheckpointError(f"{path}: damaged metadata (spm_model is not a SentencePiece model: "
                               f"{type(e).__name__})") from None
+    if cfg.model.vocab_size != len(tokenizer):
+        raise CheckpointError(f"{path}: damaged metadata (model.vocab_size {cfg.model.vocab_size} but its "
+                              f"vocabulary has {len(tokenizer)} pieces)")
     return cfg, tokenizer
 
 
-def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor], path: Path | str) -> None:
-    model = getattr(model, "module", model)
-    model = getattr(model, "_orig_mod", model)
+def build_checked(cfg: Config, tokenizer: Tokenizer, tensors: dict[str, torch.Tensor], path: Path | str
+                  ) -> torch.nn.Module:
+    """The model the config names with the file's weights in it. It is built first on the meta
+    device (no memory) and its shapes compared with the file's, so a config that does not match
+    its weights is refused before anything the size of the model is allocated."""
+    with torch.device("meta"):
+        skeleton = build_model(cfg.model)
+    _check_shapes(skeleton, tensors, path)
+    model = build_model(cfg.model, tokenizer.pieces_list())
+    load_into(model, tensors, path)
+    return model
+
+
+def _check_shapes(model: torch.nn.Module, tensors: dict[str, torch.Tensor], path: Path | str) -> None:
     params = dict(model.named_parameters())
     missing, unexpected = set(params) - set(tensors), set(tensors) - set(params)
     if missing or unexpected:
@@ -153,11 +167,18 @@ def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor], path: Pa
             f"{path}: weights do not match the model (missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]})"
         )
+    for name, p in params.items():
+        if p.shape != tensors[name].shape:
+            raise CheckpointError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, "
+                                  f"model expects {tuple(p.shape)}")
+
+
+def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor], path: Path | str) -> None:
+    model = getattr(model, "module", model)
+    model = getattr(model, "_orig_mod", model)
+    _check_shapes(model, tensors, path)
     with torch.no_grad():
-        for name, p in params.items():
-            if p.shape != tensors[name].shape:
-                raise CheckpointError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, "
-                                      f"model expects {tuple(p.shape)}")
+        for name, p in model.named_parameters():
             p.copy_(tensors[name])
 
 

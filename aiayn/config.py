@@ -32,6 +32,30 @@ def _check_numbers(section: str, cfg: Any) -> None:
             raise ConfigError(f"{section}.{f.name} must be a finite number, got {value}")
 
 
+# Upper bounds on the sizes a config may ask for: far above any model in the paper (big: d_ff 4096,
+# N 6, vocabulary 37k) but small enough that a damaged or hostile checkpoint cannot make aiayn
+# allocate gigabytes before its weights are checked (#59).
+MODEL_LIMITS = {"vocab_size": 1 << 21, "d_model": 1 << 14, "d_ff": 1 << 17, "h": 1 << 10, "N": 1 << 8,
+                "N_dec": 1 << 8, "d_k": 1 << 14, "d_v": 1 << 14, "max_positions": 1 << 16, "conv_kernel": 1 << 8,
+                "conv_channels": 1 << 14, "pad_id": 1 << 21}
+
+
+def _check_limits(section: str, cfg: Any, limits: dict[str, int]) -> None:
+    for name, most in limits.items():
+        value = getattr(cfg, name)
+        if value is not None and value > most:
+            raise ConfigError(f"{section}.{name} must be at most {most:,}, got {_show(value)}")
+
+
+def _show(value: Any) -> str:
+    """repr(value), short (a 5,000-digit number has no repr in Python 3.11)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return "a number of thousands of digits"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _check_positive(section: str, cfg: Any, *names: str) -> None:
     for name in names:
         if getattr(cfg, name) <= 0:
@@ -97,6 +121,10 @@ class ModelConfig:
             raise ConfigError(f"model.rnn_variant bahdanau scores with the additive attention of Bahdanau et al.; "
                               f"model.rnn_attention {self.rnn_attention!r} is Luong et al.'s (use rnn_variant luong)")
         _check_positive("model", self, "vocab_size", "d_model", "d_ff", "h", "N", "max_positions")
+        _check_limits("model", self, MODEL_LIMITS)
+        if self.max_positions * self.d_model > 1 << 26:  # the positional table, at most 256 MB
+            raise ConfigError(f"model.max_positions x model.d_model must be at most {1 << 26:,} (a 256 MB "
+                              f"positional table), got {self.max_positions:,} x {self.d_model:,}")
         for name in ("pointer_input", "depth_input", "tag_input"):
             if getattr(self, name) and self.arch != "transformer":
                 raise ConfigError(f"model.{name} is a Transformer option; model.arch is {self.arch!r}")
@@ -250,23 +278,34 @@ class Config:
 
 
 def _coerce(value: Any, current: Any, key: str) -> Any:
-    """Parse a command-line string into the type of the field it overrides."""
-    if not isinstance(value, str):
+    """A command-line string parsed into the type of the field it overrides; a value from a file
+    (YAML, a checkpoint's JSON) checked against that type (`N: 2.5` is refused, 2 becomes 2.0)."""
+    if isinstance(value, str) and not isinstance(current, str):
+        if isinstance(current, bool):
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError(f"{key}: expected true/false, got {_show(value)}")
+        try:
+            value = yaml.safe_load(value)
+        except (yaml.YAMLError, ValueError):
+            raise ConfigError(f"{key}: expected {type(current).__name__}, got {_show(value)}") from None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if current is None and (value is None or number or isinstance(value, str)):
         return value
-    if isinstance(current, bool):
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    parsed = yaml.safe_load(value)
-    if current is None or isinstance(parsed, type(current)):
-        return parsed
-    if isinstance(current, float) and isinstance(parsed, int):
-        return float(parsed)
-    if isinstance(current, tuple) and isinstance(parsed, list):
-        return tuple(parsed)
-    raise ConfigError(f"{key}: expected {type(current).__name__}, got {value!r}")
+    if isinstance(current, bool) and isinstance(value, bool):
+        return value
+    if isinstance(current, int) and not isinstance(current, bool) and number and isinstance(value, int):
+        return value
+    if isinstance(current, float) and number and abs(value) < 1e300:
+        return float(value)
+    if isinstance(current, tuple) and isinstance(value, (list, tuple)) and all(
+            isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in value):
+        return tuple(value)
+    if isinstance(current, str) and isinstance(value, str):
+        return value
+    raise ConfigError(f"{key}: expected {type(current).__name__}, got {_show(value)}")
 
 
 def config_keys(cfg: Config | None = None) -> dict[str, Any]:
@@ -294,11 +333,7 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
             raise _unknown_key(key)
         if name not in {f.name for f in dataclasses.fields(sub)}:
             raise _unknown_key(key)
-        current = getattr(sub, name)
-        value = _coerce(value, current, key)
-        if isinstance(current, tuple) and isinstance(value, list):
-            value = tuple(value)
-        setattr(sub, name, value)
+        setattr(sub, name, _coerce(value, getattr(sub, name), key))
     return cfg
 
 

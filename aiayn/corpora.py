@@ -258,7 +258,7 @@ def _extract(archive: Path, members: dict[str, Path]) -> None:
                 if info.name.endswith(".sgm"):
                     data = f.read()
                     try:
-                        text = data.decode("utf-8").splitlines()
+                        text = data.decode("utf-8").split("\n")  # not splitlines: U+2028 is text
                     except UnicodeDecodeError as e:
                         line = data[:e.start].count(b"\n") + 1
                         raise DataError(f"{archive}: {info.name}: line {line}: invalid UTF-8 at byte {e.start}"

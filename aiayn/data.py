@@ -60,7 +60,8 @@ def iter_lines(path: Path) -> Iterator[str]:
 
 
 def read_lines(path: Path) -> list[str]:
-    """Every line of a file (see iter_lines)."""
+    """Every line of a file (see iter_lines), split at "\n" only (str.splitlines also splits at U+2028,
+    U+0085 and form feeds, which a sentence may hold)."""
     return list(iter_lines(path))
 
 
@@ -349,6 +350,22 @@ def check_vocabulary(proto: bytes, data_dir: Path) -> None:
     path = Path(data_dir) / "spm.model"
     if not path.exists() or path.read_bytes() != proto:
         raise DataError(f"{data_dir}: its vocabulary is not the checkpoint's; pass the run's prepared data")
+
+
+def read_text(data_dir: Path, split: str, side: str, manifest: dict | None = None) -> list[str]:
+    """One side ("src" or "tgt") of a prepared split's raw text (test and validation splits keep
+    it), one sentence per line, checked against the manifest's count of its pairs."""
+    manifest = manifest or load_manifest(data_dir)
+    path = Path(data_dir) / f"{split}.{manifest['settings'][side]}.txt"
+    if not path.is_file():
+        raise DataError(f"{data_dir}: no {path.name}; re-run `aiayn prepare`")
+    lines = read_lines(path)  # split at "\n" only: str.splitlines also splits at U+2028, which a sentence may hold
+    entry = manifest["splits"].get(split)
+    want = entry.get("pairs_in", 0) - entry.get("dropped_empty", 0) if isinstance(entry, dict) else None
+    if isinstance(want, int) and "pairs_in" in entry and len(lines) != want:
+        raise DataError(f"{path}: {len(lines)} lines, but the manifest counts {want} sentence pairs; "
+                        "re-run `aiayn prepare`")
+    return lines
 
 
 def load_manifest(data_dir: Path) -> dict:

@@ -28,12 +28,13 @@ from .checkpoint import (
     load_into,
     load_state,
     model_tensors,
+    read_meta,
     read_weights,
     save_state,
     save_weights,
 )
 from .config import Config
-from .data import load_manifest
+from .data import load_manifest, read_text
 from .models import build_model
 from .optim import make_optimizer, noam_lr
 from .runs import (
@@ -96,8 +97,8 @@ class Trainer:
             self.task["tagger"] = (self.data_dir / "tagger.json").read_text()
             self.model.src_tagger = SourceTagger(Tagger.from_json(self.task["tagger"]), self.tokenizer.pieces_list())
         k = cfg.train.valid_bleu_sentences
-        self.v_src = (self.data_dir / f"valid.{settings['src']}.txt").read_text().splitlines()[:k]
-        self.v_ref = (self.data_dir / f"valid.{settings['tgt']}.txt").read_text().splitlines()[:k]
+        self.v_src = read_text(self.data_dir, "valid", "src", self.manifest)[:k]
+        self.v_ref = read_text(self.data_dir, "valid", "tgt", self.manifest)[:k]
         self.tb = None  # opened when the loop starts: a refused start leaves the run folder alone
         self.signal: int | None = None  # set by the SIGTERM/SIGINT handler
         self.bar: tqdm | None = None
@@ -130,7 +131,10 @@ class Trainer:
     def restore(self, state_path: Path, force_batching: bool = False) -> None:
         """Continue from a checkpoint: weights, optimizer, progress, and every rank's RNG."""
         weights_path = state_path.with_name(state_path.name.replace(".state.pt", ".safetensors"))
-        tensors, _ = read_weights(weights_path)
+        tensors, meta = read_weights(weights_path)
+        if read_meta(meta, weights_path)[1].proto != self.tokenizer.proto:
+            raise CheckpointError(f"cannot resume from {weights_path}: {self.data_dir} holds another vocabulary "
+                                  "than the one this run was trained on; pass the run's own prepared data")
         load_into(self.model, tensors, weights_path)
         saved = load_state(state_path)
         _check_state(saved, state_path)

@@ -16,7 +16,7 @@ import sacrebleu
 
 from .checkpoint import CheckpointError, read_weights, save_weights
 from .config import DecodeConfig, from_dict
-from .data import DataError, check_vocabulary, load_manifest
+from .data import DataError, check_vocabulary, load_manifest, read_text
 
 log = logging.getLogger("aiayn")
 BEAMS = (2, 4, 6)
@@ -59,11 +59,8 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
     data_dir = Path(data_dir) if data_dir else run_data_dir(checkpoint)
     if data_dir is None:
         raise DataError(f"{checkpoint}: no run.json beside it to find its data; pass --data PREPARED_DIR")
-    settings = load_manifest(data_dir)["settings"]
-    src_path, ref_path = data_dir / f"valid.{settings['src']}.txt", data_dir / f"valid.{settings['tgt']}.txt"
-    if not (src_path.exists() and ref_path.exists()):
-        raise DataError(f"{data_dir}: no validation text ({src_path.name}, {ref_path.name}); re-run `aiayn prepare`")
-    src, ref = src_path.read_text().splitlines(), ref_path.read_text().splitlines()
+    manifest = load_manifest(data_dir)
+    src, ref = read_text(data_dir, "valid", "src", manifest), read_text(data_dir, "valid", "tgt", manifest)
     if sentences:
         src, ref = src[:sentences], ref[:sentences]
     translator = Translator.load(checkpoint, device=device, precision=precision)
@@ -86,7 +83,8 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{checkpoint}: damaged metadata ({e})") from None
     cfg.decode.beam, cfg.decode.alpha = best.beam, best.alpha
-    extra["tuned"] = {"valid": str(src_path), "sentences": len(src), "precision": translator.precision,
+    valid = data_dir / f"valid.{manifest['settings']['src']}.txt"
+    extra["tuned"] = {"valid": str(valid), "sentences": len(src), "precision": translator.precision,
                       "points": [p.__dict__ for p in points], "chosen": best.__dict__}
     out = Path(out) if out else checkpoint.with_name(checkpoint.name.replace(".safetensors", "") + ".tuned.safetensors")
     save_weights(out, tensors, cfg, translator.tokenizer, step, extra)

@@ -106,6 +106,14 @@ def template(toy_prepared, tmp_path_factory) -> Path:
     tensors, meta = read_weights(w / "model.safetensors")
     save_file(tensors, w / "bad-spm.safetensors", metadata={**meta, "spm_model": "bm90IGEgbW9kZWw="})
     save_file(tensors, w / "list-config.safetensors", metadata={**meta, "config": "[1, 2]"})
+    config = json.loads(meta["config"])
+    for name, model_field, value in [("huge-positions", "max_positions", 1 << 24), ("huge-dff", "d_ff", 1 << 21),
+                                     ("wrong-dff", "d_ff", 1 << 16), ("half-layer", "N", 2.5)]:
+        damaged = {**config, "model": {**config["model"], model_field: value}}
+        save_file(tensors, w / f"{name}.safetensors", metadata={**meta, "config": json.dumps(damaged)})
+    for name, text in [("digits", '{"model": {"d_model": ' + "9" * 5000 + "}}"),
+                       ("nested", '{"model": ' + "[" * 100_000 + "]" * 100_000 + "}")]:
+        save_file(tensors, w / f"{name}.safetensors", metadata={**meta, "config": text})
     shutil.copytree(w / "run", w / "incomplete-run")
     for state in (w / "incomplete-run/checkpoints").glob("*.state.pt"):
         torch.save({"optimizer": {}, "rng": []}, state)
@@ -210,6 +218,19 @@ CLI_CASES = [
      ["bad-spm.safetensors", "spm_model"]),
     ("checkpoint whose config is a list", T[:2] + ["{w}/list-config.safetensors"] + T[3:],
      ["list-config.safetensors", "config", "list"]),
+    # a checkpoint's config is bounded and checked against its weights before anything is allocated (#59)
+    ("checkpoint asking for 2^24 positions", T[:2] + ["{w}/huge-positions.safetensors"] + T[3:],
+     ["huge-positions.safetensors", "max_positions", "at most"]),
+    ("checkpoint asking for d_ff 2^21", T[:2] + ["{w}/huge-dff.safetensors"] + T[3:],
+     ["huge-dff.safetensors", "d_ff", "at most"]),
+    ("checkpoint whose d_ff is not its weights'", T[:2] + ["{w}/wrong-dff.safetensors"] + T[3:],
+     ["wrong-dff.safetensors", "shape"]),
+    ("checkpoint with half a layer", T[:2] + ["{w}/half-layer.safetensors"] + T[3:],
+     ["half-layer.safetensors", "model.N", "expected int", "2.5"]),
+    ("checkpoint config with a 5,000-digit number", T[:2] + ["{w}/digits.safetensors"] + T[3:],
+     ["digits.safetensors", "damaged metadata"]),
+    ("checkpoint config nested 100,000 deep", T[:2] + ["{w}/nested.safetensors"] + T[3:],
+     ["nested.safetensors", "damaged metadata", "nested too deeply"]),
     ("--resume with a training state missing keys", ["train", "--resume", "{w}/incomplete-run"],
      ["incomplete-run", "state.pt", "missing progress"]),
 ]
@@ -286,6 +307,26 @@ def test_python_api_bad_input(template, tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="already holds a run"):
         train(tiny_config(max_steps=1), template / "prepared", template / "run")
     assert not (tmp_path / MARKER).exists()
+
+
+def test_a_config_that_does_not_match_its_weights_allocates_nothing(template, monkeypatch):
+    """The model a checkpoint's config names is built on the meta device and compared with the
+    file's shapes; only a match is built for real."""
+    import aiayn.checkpoint as ck
+
+    built, real = [], ck.build_model
+
+    def spy(cfg, pieces=None):
+        model = real(cfg, pieces)
+        built.append(next(model.parameters()).device.type)
+        return model
+
+    monkeypatch.setattr(ck, "build_model", spy)
+    with pytest.raises(CheckpointError, match="shape"):
+        Translator.load(template / "wrong-dff.safetensors")
+    assert built == ["meta"]
+    Translator.load(template / "model.safetensors")
+    assert built == ["meta", "meta", "cpu"]
 
 
 # -- the HTTP API --------------------------------------------------------------------------------

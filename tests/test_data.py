@@ -224,3 +224,38 @@ def test_invalid_utf8_deep_in_a_gzip_file_names_its_line(tmp_path):
         f.write(b"".join(b"zeile %d\n" % i for i in range(5000)) + b"kaputt \xc3\x28\n")
     with pytest.raises(DataError, match=r"big\.de\.gz:5001: invalid UTF-8"):
         read_lines(p)
+
+
+def test_prepared_text_is_split_at_newlines_only_and_counted(toy_corpus, tmp_path):
+    """A validation sentence holding U+2028 (a line separator to str.splitlines) stays one sentence:
+    read with splitlines, 20 sources read back as 21 and BLEU against the references fell to 21.7."""
+    from aiayn.data import read_text
+
+    for path in toy_corpus.iterdir():
+        text = path.read_text()
+        if path.name.startswith("valid"):
+            first, rest = text.split("\n", 1)
+            text = first.replace(" ", "\u2028", 1) + "\x85\x0c\n" + rest
+        (tmp_path / path.name).write_text(text)
+    out = tmp_path / "prep"
+    prepare({n: (tmp_path / f"{n}.en", tmp_path / f"{n}.de") for n in ("train", "valid")}, out, "en", "de",
+            vocab_size=60, max_len=32)
+    src, ref = read_text(out, "valid", "src"), read_text(out, "valid", "tgt")
+    assert len(src) == len(ref) == 20 and "\u2028" in src[0] and "\u2028" in ref[0]
+    (out / "valid.de.txt").write_text((out / "valid.de.txt").read_text() + "one more\n")
+    with pytest.raises(DataError, match="21 lines, but the manifest counts 20"):
+        read_text(out, "valid", "tgt")
+
+
+def test_no_text_is_read_with_splitlines():
+    """str.splitlines splits at U+2028, U+0085 and form feeds: text aiayn writes one line per "\\n" is
+    read with data.read_lines; only files of the system (/proc) and JSON lines (ensure_ascii) may use it."""
+    import pathlib
+    import re
+
+    allowed = {"device.py", "files.py", "runs.py", "plot.py", "rows.py"}  # /proc files; metrics.jsonl rows
+    root = pathlib.Path(__file__).resolve().parents[1] / "aiayn"
+    for path in root.rglob("*.py"):
+        for n, line in enumerate(path.read_text().split("\n"), 1):
+            if re.search(r"\.splitlines\(", line) and path.name not in allowed:
+                raise AssertionError(f"{path}:{n}: {line.strip()}")

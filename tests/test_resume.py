@@ -182,6 +182,28 @@ def test_resume_with_other_max_tokens_is_refused_or_forced(toy_prepared, tmp_pat
     assert "continuing from the start of epoch 1" in res.stderr
 
 
+def test_resume_on_data_of_another_vocabulary_is_refused(toy_corpus, toy_prepared, tmp_path):
+    """Same number of pairs and of pieces, other pieces: the run's embeddings would read other words."""
+    from aiayn.data import prepare
+
+    for path in toy_corpus.iterdir():  # the same corpus in capitals: other pieces, as many
+        (tmp_path / path.name).write_text(path.read_text().upper())
+    other = tmp_path / "other"
+    prepare({n: (tmp_path / f"{n}.en", tmp_path / f"{n}.de") for n in ("train", "valid")}, other, "en", "de",
+            vocab_size=60, max_len=32)
+    assert (other / "spm.model").read_bytes() != (toy_prepared / "spm.model").read_bytes()
+    run = tmp_path / "run"
+    subprocess.run(start_training(toy_prepared, run, ("--train.max_steps", "2")), check=True, capture_output=True,
+                   timeout=180)
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    for force in ((), ("--force-batching",)):
+        res = subprocess.run(aiayn("train", "--resume", str(run), "--data", str(other), *force), capture_output=True,
+                             text=True, timeout=180)
+        err = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and "another vocabulary" in err[-1] and str(other) in err[-1], res.stderr[-1500:]
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+
+
 # -- DDP: clocks that disagree, one dropout stream per rank --------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:

@@ -24,7 +24,7 @@ from scipy.stats import spearmanr  # noqa: E402
 
 from ..batches import TokenData  # noqa: E402
 from ..checkpoint import load_checkpoint  # noqa: E402
-from ..data import check_vocabulary, load_manifest  # noqa: E402
+from ..data import check_vocabulary, load_manifest, read_text  # noqa: E402
 from ..device import TRAIN_PRECISIONS, resolve_precision  # noqa: E402
 from ..files import atomic_write, new_folder  # noqa: E402
 from ..heads import (  # noqa: E402
@@ -124,8 +124,8 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
     check_vocabulary(tokenizer.proto, data_dir)
     trees = _trees(settings, treebank, sentences)
     valid = TokenData(data_dir, "valid")
-    src = (data_dir / f"valid.{settings['src']}.txt").read_text().splitlines()[:bleu_sentences]
-    ref = (data_dir / f"valid.{settings['tgt']}.txt").read_text().splitlines()[:bleu_sentences]
+    src = read_text(data_dir, "valid", "src")[:bleu_sentences]
+    ref = read_text(data_dir, "valid", "tgt")[:bleu_sentences]
     device = torch.device("cpu")
     log.info("importance by ablation (one validation per head)")
     base, ablation = ablation_importance(model, valid, cfg, device)

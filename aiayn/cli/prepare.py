@@ -80,7 +80,9 @@ def _read_tagging(folder: Path) -> tuple:
     from ..tagger import Tagger
 
     words = [" ".join(t.words()) for t in read_trees((folder / "train.gold.mrg").read_text())]
-    tags = (folder / "raw" / "train.tags").read_text().splitlines()
+    from ..data import read_lines
+
+    tags = read_lines(folder / "raw" / "train.tags")
     tagger = Tagger.from_json((folder / "tagger.json").read_text(), str(folder / "tagger.json"))
     return tagger, {w: t.split() for w, t in zip(words, tags)}
 

@@ -60,7 +60,7 @@ def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "c
     """§6.1: average the last checkpoints (at most 5), then validation perplexity and beam-4 BLEU on
     the validation set and every prepared test set (sentences > 0: only the first ones)."""
     from ..batches import TokenData
-    from ..data import load_manifest
+    from ..data import load_manifest, read_text
     from ..steps import validate
     from ..translate import Translator
 
@@ -87,7 +87,7 @@ def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "c
         src_path, ref_path = data_dir / f"{split}.{settings['src']}.txt", data_dir / f"{split}.{settings['tgt']}.txt"
         if not (src_path.exists() and ref_path.exists()):
             continue
-        src, ref = src_path.read_text().splitlines(), ref_path.read_text().splitlines()
+        src, ref = read_text(data_dir, split, "src"), read_text(data_dir, split, "tgt")
         if sentences:
             src, ref = src[:sentences], ref[:sentences]
         start = time.perf_counter()
@@ -141,7 +141,9 @@ def _finished_twin(row: Row, common: dict[str, Any], data_dir: Path, results: Pa
     valid_src = Path(data_dir) / f"valid.{want['data']['src']}.txt"
     if not valid_src.exists():  # nothing scored on validation: nothing to compare, train
         return None
-    valid = len(valid_src.read_text().splitlines())
+    from ..data import read_lines
+
+    valid = len(read_lines(valid_src))
     scored = min(sentences, valid) if sentences else valid
     for path in sorted(Path(results).glob("*/*.json")):
         try:
@@ -246,18 +248,17 @@ def _check_commit(suite_results: Path, run_dir: Path, allow_mixed: bool) -> None
 def pair_with_references(suite: str, results: Path, data_dir: Path, baseline_of) -> None:
     """sacreBLEU's paired bootstrap of every row's validation hypotheses against its baseline
     (`baseline_of(result)`: a row name, e.g. the seed-matched reference), once both are there."""
-    from ..data import load_manifest
+    from ..data import read_lines, read_text
 
     folder = Path(results) / suite
-    settings = load_manifest(Path(data_dir))["settings"]
-    refs = (Path(data_dir) / f"valid.{settings['tgt']}.txt").read_text().splitlines()
+    refs = read_text(Path(data_dir), "valid", "tgt")
     for path in sorted(folder.glob("*.json")):
         r = json.loads(path.read_text())
         base = baseline_of(r)
         hyp, base_hyp = folder / f"{r['row']}.valid.hyp.gz", folder / f"{base}.valid.hyp.gz"
         if base is None or "paired_bs" in r or not (hyp.exists() and base_hyp.exists()):
             continue
-        hyps, base_hyps = (gzip.decompress(p.read_bytes()).decode().splitlines() for p in (hyp, base_hyp))
+        hyps, base_hyps = (read_lines(p) for p in (hyp, base_hyp))
         n = min(len(refs), r["bleu"]["valid"]["sentences"])
         r["paired_bs"] = {"baseline": base, "split": "valid", **paired_bootstrap(base_hyps, hyps, refs[:n])}
         atomic_write(path, json.dumps(r, indent=1).encode())
