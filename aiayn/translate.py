@@ -307,14 +307,16 @@ class AttentionData:
 
 
 def attention_data(model: torch.nn.Module, tokenizer: Tokenizer, src: str, tgt: str | None = None,
-                   decode: DecodeConfig | None = None) -> AttentionData:
+                   decode: DecodeConfig | None = None, search: Translator | None = None) -> AttentionData:
     """Attention weights through the explicit path, returned as values (§3.2). With `tgt` the
-    decoder is teacher-forced on it; otherwise on the model's own beam-search translation."""
+    decoder is teacher-forced on it; otherwise on the model's own beam-search translation, found
+    by `search` where given (a server's translator, rather than a new one per call)."""
     model.eval()
     limit = model.cfg.max_positions - 1
     src_ids = tokenizer.encode([src.strip()])[0][:limit] + [EOS]
     if tgt is None:
-        hyps = Translator(model, tokenizer, decode, precision="fp32").translate_ids([src_ids], nbest=1)[0]
+        search = search or Translator(model, tokenizer, decode, precision="fp32")
+        hyps = search.translate_ids([src_ids], beam=(decode or search.decode_cfg).beam, nbest=1)[0]
         tgt_ids = hyps[0].tokens if hyps else []
     else:
         tgt_ids = tokenizer.encode([tgt.strip()])[0][:limit - 1]

@@ -1,5 +1,7 @@
 """The HTTP API through FastAPI's TestClient: answers, limits, bad input, concurrency."""
 
+import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -288,3 +290,65 @@ def test_a_server_with_a_shortlist_answers_as_its_translator_and_says_so(toy_pre
     assert client.post("/translate", json={"sentences": ["the dog runs", "a cat"]}).json()["translations"] == short
     assert client.get("/health").json()["decode"]["shortlist"] is True
     assert short != plain  # a random model's translations leave two subwords per source word
+
+
+def test_health_says_degraded_while_a_job_is_older_than_the_time_limit(gated):
+    t, gate = gated
+    client = TestClient(create_app(t, Limits(timeout_s=0.5)))
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.post, "/translate", json={"sentences": ["the dog"]})
+        assert gate.entered.wait(10)
+        assert client.get("/health").json()["status"] == "ok"
+        time.sleep(0.7)  # the worker is stuck on a job past the time limit
+        h = client.get("/health").json()
+        assert h["status"] == "degraded" and h["queue"]["oldest_s"] > 0.5, h
+        gate.release.set()
+        assert first.result().status_code == 504
+    deadline = time.time() + 10
+    while client.get("/health").json()["status"] != "ok":
+        assert time.time() < deadline
+        time.sleep(0.05)
+
+
+def test_one_client_holds_a_share_of_the_work_and_gets_429_beyond_it(gated):
+    """Work is priced as rows x positions: beam x (source subwords + the longest output), so 64 x "s"
+    at beam 16 is no longer nearly free; one client may hold a quarter of the queue's work."""
+    t, gate = gated
+    batcher_work = Batcher(t).price(t.encode_sources(["s"]), 16)[0]
+    assert batcher_work == 16 * (2 + min(1 + 6, 63) + 1)  # beam x (source + EOS + max output + EOS)
+    limits = Limits(max_work=8 * 64 * batcher_work, max_beam=16)  # a client may hold 2 such requests
+    client = TestClient(create_app(t, limits))
+    big = {"sentences": ["s"] * 64, "beam": 16}
+    with ThreadPoolExecutor(3) as pool:
+        held = [pool.submit(client.post, "/translate", json=big) for _ in range(2)]
+        assert gate.entered.wait(10)
+        deadline = time.time() + 10
+        while client.get("/health").json()["queue"]["work"] < 2 * 64 * batcher_work:
+            assert time.time() < deadline
+            time.sleep(0.02)
+        r = client.post("/translate", json=big)
+        assert r.status_code == 429 and "one client may hold" in r.json()["detail"] and "Retry-After" in r.headers
+        h = client.get("/health").json()["queue"]
+        assert h["client_work_limit"] == 2 * 64 * batcher_work and h["work"] == 2 * 64 * batcher_work
+        gate.release.set()
+        assert [f.result().status_code for f in held] == [200, 200]
+    r = client.post("/translate", json={"sentences": ["s"] * 64 * 3, "beam": 16})
+    assert r.status_code == 413  # one request over a client's share can never be served
+
+
+def test_the_access_log_limit_counts_what_it_held_back(caplog):
+    from aiayn.apps.edge import RateLimited
+
+    logger = logging.getLogger("uvicorn.access.test")
+    logger.addFilter(RateLimited())
+    logger.propagate = True
+    with caplog.at_level(logging.INFO):
+        for i in range(60):
+            logger.info('%s - "%s %s HTTP/%s" %d', f"127.0.0.1:{40000 + i}", "GET", "/health", "1.1", 200)
+        logger.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:1", "GET", "/translate", "1.1", 200)  # another kind
+        time.sleep(1.05)
+        logger.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:2", "GET", "/health", "1.1", 200)
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("/health" in x and "held back" not in x for x in lines) == 2
+    assert any("/translate" in x for x in lines)
+    assert any("59 more log lines like this one were held back" in x for x in lines), lines

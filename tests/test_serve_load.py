@@ -183,12 +183,17 @@ def test_the_costliest_request_does_not_starve_a_short_one(toy_prepared, tmp_pat
         hostile = {"sentences": [("the dog runs " * 80)[:1000]] * 64, "beam": 16}
         hostile = httpx.post(url + "/translate", json=hostile, timeout=30)
         assert hostile.status_code == 413 and "subwords" in hostile.text
-        cap = httpx.get(url + "/health").json()["limits"]["max_subwords"]
+        health = httpx.get(url + "/health").json()
+        cap, share = health["limits"]["max_subwords"], health["queue"]["client_work_limit"]
         words = ("the dog runs near the big red house " * 40).split()
         long = " ".join(words[:cap])
         while len(tok.encode([long])[0]) > cap:
             long = long.rsplit(" ", 1)[0]
-        big = {"sentences": [long] * 64, "beam": 16}
+        n = len(tok.encode([long])[0]) + 1  # priced as rows x (source + the longest output, capped by the model)
+        per_sentence = 16 * (n + min(n - 1 + 50, 255) + 1)
+        too_big = httpx.post(url + "/translate", json={"sentences": [long] * 64, "beam": 16}, timeout=30)
+        assert too_big.status_code == 413 and "one client may hold" in too_big.text
+        big = {"sentences": [long] * (share // per_sentence), "beam": 16}  # the costliest request accepted
 
         async def go():
             async with httpx.AsyncClient(timeout=60) as client:
@@ -267,3 +272,59 @@ def test_health_answers_above_the_connection_limit_and_other_paths_do_not(random
         err = stop(proc)
     assert health.status_code == 200, (health.status_code, health.text)
     assert busy.status_code == 503 and "Exceeded concurrency limit" in err, (busy.status_code, err[-2000:])
+
+
+def test_silent_and_slow_header_connections_are_closed_at_their_deadline(random_model):
+    """uvicorn starts no timer when a connection opens and any byte stops its keep-alive timer: 330
+    such sockets once held every /translate at 503 for as long as they stayed. Here each must complete
+    its headers within --header-timeout of being accepted (or of its last response); /health counts
+    the open connections, and the server translates again once they are gone."""
+    url, port, proc = start(random_model[0], "--header-timeout", "1", "--limit-concurrency", "8")
+    socks = []
+    try:
+        for i in range(60):  # half silent, half in the middle of a request line (the limit: 8 + 64 connections)
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            if i % 2:
+                s.sendall(b"POST /transl")
+            socks.append(s)
+        time.sleep(0.3)
+        opened = httpx.get(url + "/health", timeout=5).json()["connections"]
+        assert opened >= 60, opened
+        for s in socks[1::2]:  # a byte now and then does not keep a connection alive
+            s.sendall(b"a")
+        time.sleep(1.6)
+        closed = 0
+        for s in socks:
+            s.settimeout(2)
+            try:
+                closed += s.recv(100) == b""
+            except ConnectionResetError:
+                closed += 1
+        assert closed == len(socks), f"{len(socks) - closed} connections are still open"
+        health = httpx.get(url + "/health", timeout=5).json()
+        assert health["connections"] <= 2 and health["status"] == "ok", health
+        r = httpx.post(url + "/translate", json={"sentences": ["the dog"]}, timeout=30)
+        assert r.status_code == 200
+    finally:
+        for s in socks:
+            s.close()
+        stop(proc)
+
+
+def test_an_oversized_content_length_gets_413_and_the_connection_closed(random_model):
+    """The body is never read: the answer comes at once and the server hangs up (it read and dropped
+    200 MB before)."""
+    url, port, proc = start(random_model[0])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 200000000\r\n\r\n" + b"x" * 65536)
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        assert data.startswith(b"HTTP/1.1 413") and b"connection: close" in data.lower(), data[:300]
+    finally:
+        stop(proc)

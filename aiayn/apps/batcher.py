@@ -1,5 +1,7 @@
 """The server's worker: one thread owns the model and translates the waiting requests in chunks,
-taking turns between them; the queue is weighed in sentences and in work (beam x subwords)."""
+taking turns between them. The queue is weighed in sentences and in work: decoder rows x the
+positions each may take (beam x (source subwords + the longest output §6.1 allows, input + 50)),
+which is what a search costs in time and in key/value memory; one client holds at most a share."""
 
 from __future__ import annotations
 
@@ -24,6 +26,10 @@ class Overloaded(Exception):
     """The queue holds as many sentences, or as much work, as it may."""
 
 
+class OverShare(Overloaded):
+    """One client's requests hold as much of the queue's work as a client may."""
+
+
 @dataclass
 class Job:
     """One request's work. A translation is done in chunks between which other requests get
@@ -32,14 +38,17 @@ class Job:
     ids: list[list[int]] = field(default_factory=list)  # subword ids + EOS per sentence
     options: tuple[int, float] | None = None  # (beam, alpha) of a translation
     call: Callable[[], Any] | None = None  # any other use of the model, run alone
+    costs: list[int] = field(default_factory=list)  # work per sentence (Batcher.price); a call's in [0]
+    client: str | None = None  # who asked (the share of the work one client may hold)
+    start: float = field(default_factory=time.monotonic)
     future: Future = field(default_factory=Future)
     done: int = 0  # sentences translated so far
     texts: list[str] = field(default_factory=list)
     scores: list[float | None] = field(default_factory=list)
 
     def cost(self, i: int) -> int:
-        """Work of sentence i: beam x (subwords + 1); a call counts as one sentence of one subword."""
-        return self.options[0] * max(len(self.ids[i]), 1) if self.options else 1
+        """Work of sentence i (of the call, for i = 0)."""
+        return self.costs[i] if self.costs else 1
 
     @property
     def size(self) -> int:
@@ -76,17 +85,31 @@ class Batcher:
     The queue is weighed in sentences and in work; a request that gave up costs nothing more."""
 
     def __init__(self, translator: Translator, max_queue: int = 1024, max_batch: int = 256,
-                 max_work: int = 1 << 18, chunk_work: int = 1 << 13):
+                 max_work: int = 1 << 20, chunk_work: int = 1 << 14, chunk_bytes: int = 1 << 30,
+                 client_share: float = 0.25):
         self.translator = translator
-        self.max_queue, self.max_batch, self.max_work, self.chunk_work = max_queue, max_batch, max_work, chunk_work
+        self.max_queue, self.max_batch, self.max_work = max_queue, max_batch, max_work
+        self.client_work = max(1, int(max_work * client_share))  # what one client's requests may hold at once
+        cfg = translator.model.cfg  # key/value bytes per unit of work (fp32, the cache grows by doubling)
+        self.bytes_per_work = 2 * 2 * 4 * cfg.n_dec * cfg.d_model
+        self.chunk_work = max(1, min(chunk_work, chunk_bytes // self.bytes_per_work))
         self.jobs: queue.Queue[Job] = queue.Queue()
         self.active: collections.deque[Job] = collections.deque()  # the worker's own: jobs under way
         self._count = threading.Lock()
         self.queued = 0  # sentences waiting or in translation
         self.work = 0  # their work
+        self.by_client: collections.Counter[str | None] = collections.Counter()
+        self.started: dict[int, float] = {}  # id(job) -> when it was queued, for the jobs not yet gone
         self.rate = 2000.0  # work per second, a running estimate for Retry-After
         self.worker = threading.Thread(target=self._work, daemon=True, name="aiayn-batcher")
         self.worker.start()
+
+    def price(self, ids: list[list[int]], beam: int) -> list[int]:
+        """Work of each sentence: its decoder rows (beam) x the positions each holds at most, source
+        subwords + the output length §6.1 allows (decode.max_len_a x input + max_len_b, + EOS)."""
+        d, limit = self.translator.decode_cfg, self.translator.model.cfg.max_positions - 1
+        out = [min(int(d.max_len_a * max(len(x) - 1, 0) + d.max_len_b), limit) + 1 for x in ids]
+        return [beam * (max(len(x), 1) + n) for x, n in zip(ids, out)]
 
     def _enqueue(self, job: Job) -> Future:
         size, work = job.left()
@@ -94,30 +117,54 @@ class Batcher:
             if self.queued + size > self.max_queue or self.work + work > self.max_work:
                 raise Overloaded(f"the server is busy: {self.queued} sentences ({self.work} work) are waiting "
                                  f"(limits {self.max_queue} sentences, {self.max_work} work)")
+            if self.by_client[job.client] + work > self.client_work:
+                raise OverShare(f"your requests hold {self.by_client[job.client]} work of the server's queue; "
+                                f"one client may hold {self.client_work}: wait for their answers")
             self.queued += size
             self.work += work
+            self.by_client[job.client] += work
+            self.started[id(job)] = job.start
         self.jobs.put(job)
         return job.future
 
-    def submit(self, sentences: list[str] | list[list[int]], beam: int, alpha: float) -> Future:
+    def submit(self, sentences: list[str] | list[list[int]], beam: int, alpha: float,
+               client: str | None = None) -> Future:
         """Queue sentences (text, or ids from `encode_sources`) for translation; raises Overloaded
-        when the queue is full. The future's result is (texts, scores)."""
+        when the queue is full (OverShare when this client's part of it is). The future's result
+        is (texts, scores)."""
         ids = (self.translator.encode_sources(sentences) if sentences and isinstance(sentences[0], str)
-               else sentences)
-        return self._enqueue(Job(ids=list(ids), options=(beam, alpha)))
+               else list(sentences))
+        return self._enqueue(Job(ids=ids, options=(beam, alpha), costs=self.price(ids, beam), client=client))
 
-    def call(self, fn: Callable[[], Any]) -> Future:
-        """Queue another use of the model (e.g. attention maps), run by the worker between chunks."""
-        return self._enqueue(Job(call=fn))
+    def call(self, fn: Callable[[], Any], work: int = 1, client: str | None = None) -> Future:
+        """Queue another use of the model (e.g. attention maps, priced as `work`), run by the worker
+        between chunks."""
+        return self._enqueue(Job(call=fn, costs=[work], client=client))
+
+    def oldest_s(self) -> float:
+        """Seconds since the oldest job still queued or under way was queued (0 when there is none)."""
+        with self._count:
+            first = min(self.started.values(), default=None)
+        return 0.0 if first is None else time.monotonic() - first
 
     def retry_after(self) -> int:
         """Seconds until the queue has likely drained, from the recent rate of work (1-60)."""
         return max(1, min(60, math.ceil(self.work / max(self.rate, 1e-3))))
 
-    def _release(self, sentences: int, work: int) -> None:
+    def _release(self, job: Job, sentences: int, work: int, gone: bool = False) -> None:
         with self._count:
             self.queued -= sentences
             self.work -= work
+            self.by_client[job.client] -= work
+            if self.by_client[job.client] <= 0:
+                del self.by_client[job.client]
+            if gone:
+                self.started.pop(id(job), None)
+
+    def _leave(self, job: Job) -> None:
+        """A job leaves the worker (finished, failed or abandoned) with what it still held."""
+        self.active.remove(job)
+        self._release(job, *job.left(), gone=True)
 
     def _admit(self) -> None:
         """Move newly queued jobs to the active list (waiting for one when there is nothing to do)."""
@@ -133,8 +180,7 @@ class Batcher:
 
     def _drop_cancelled(self) -> None:
         for job in [j for j in self.active if j.future.cancelled()]:
-            self.active.remove(job)
-            self._release(*job.left())
+            self._leave(job)
 
     def _next_chunk(self) -> list[tuple[Job, int, int]]:
         """(job, first, end) sentence ranges: from the job whose turn it is, then from waiting jobs
@@ -177,15 +223,13 @@ class Batcher:
         """Finished, failed and abandoned jobs leave (with what they still held); the job whose turn
         it was goes to the back."""
         for job in [j for j in self.active if j.future.done() or j.done >= j.size]:
-            self.active.remove(job)
-            self._release(*job.left())
+            self._leave(job)
         if self.active:
             self.active.rotate(-1)
 
     def _fail(self, job: Job, error: BaseException) -> None:
         if job in self.active:
-            self.active.remove(job)
-            self._release(*job.left())
+            self._leave(job)
         _complete(job.future, error=error)
 
     def _run(self, chunk: list[tuple[Job, int, int]]) -> None:
@@ -195,7 +239,7 @@ class Batcher:
                 _complete(head.future, head.call())
             finally:
                 head.done = 1
-                self._release(1, 1)
+                self._release(head, 1, head.cost(0))
             return
         try:
             self._translate(chunk)
@@ -226,6 +270,6 @@ class Batcher:
             job.scores += scores[i:i + b - a]
             i += b - a
             job.done = b
-            self._release(b - a, sum(job.cost(k) for k in range(a, b)))
+            self._release(job, b - a, sum(job.cost(k) for k in range(a, b)))
             if job.done >= job.size:
                 _complete(job.future, (job.texts, job.scores))

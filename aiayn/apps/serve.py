@@ -9,9 +9,7 @@ gave up before it reached them, and survives every error of a request.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -25,7 +23,8 @@ from pydantic import BaseModel, Field
 
 from ..tokenizer import EOS
 from ..translate import Translator, attention_data
-from .batcher import Batcher, Overloaded
+from .batcher import Batcher, Overloaded, OverShare
+from .edge import BodyLimit, Concurrency, ConnectionCount, RateLimited, edge_protocol
 
 PAGE = Path(__file__).with_name("page.html")
 log = logging.getLogger("aiayn")
@@ -40,11 +39,14 @@ class Limits:
     max_subwords: int = 0  # per sentence (413 above); 0: the model's training length, data.max_len - 1
     max_beam: int = 16
     max_queue: int = 1024  # sentences waiting or being translated (503 above)
-    max_work: int = 1 << 18  # beam x (subwords + 1) summed over waiting sentences (503 above, 413 for one request)
-    chunk_work: int = 1 << 13  # work the worker takes in one go before it looks at other requests
+    max_work: int = 1 << 20  # rows x positions (Batcher.price) summed over waiting sentences (503 above)
+    client_share: float = 0.25  # of max_work, what one client's requests may hold (429 above; 413 for one request)
+    chunk_work: int = 1 << 14  # work the worker takes in one go before it looks at other requests
+    chunk_bytes: int = 1 << 30  # and the key/value memory that work may take (a smaller chunk for a large model)
     max_attention_subwords: int = 100  # /attention: its maps grow as the square of the length (413 above)
     timeout_s: float = 60.0  # per request, queueing included (504 past it)
     read_timeout_s: float = 10.0  # to receive a request's body (408 past it)
+    header_timeout_s: float = 10.0  # from accept, or the last response, to a request's complete headers
     limit_concurrency: int = 256  # connections and requests at once; uvicorn answers 503 above it
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
 
@@ -77,97 +79,11 @@ class AttentionResponse(BaseModel):
     weights: list[list[float]] = Field(..., description="cross-attention (target x source), mean of layers and heads")
 
 
-class BodyLimit:
-    """ASGI middleware: the request body is read here, in full, before the app sees it: 413 past
-    `limit` bytes (before reading when Content-Length says so), 408 when it has not arrived within
-    `timeout_s` (a client that sends half a body frees its connection)."""
-
-    def __init__(self, app, limit: int, timeout_s: float = 10.0):
-        self.app, self.limit, self.timeout_s = app, limit, timeout_s
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            detail = f"request body of {length.decode(errors='replace')} bytes; the limit is {self.limit}"
-            return await _reply(scope, receive, send, 413, detail)
-        try:
-            messages = await asyncio.wait_for(self._read(receive), self.timeout_s)
-        except asyncio.TimeoutError:
-            return await _reply(scope, receive, send, 408, f"request body not received within {self.timeout_s:g} s",
-                                close=True)
-        if messages is None:
-            return await _reply(scope, receive, send, 413, f"request body over {self.limit} bytes", close=True)
-        queued = collections.deque(messages)
-
-        async def replay():
-            return queued.popleft() if queued else await receive()
-
-        return await self.app(scope, replay, send)
-
-    async def _read(self, receive) -> list[dict] | None:
-        messages, received = [], 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            received += len(message.get("body", b""))
-            if received > self.limit:
-                return None
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                return messages
-
-
-class Concurrency:
-    """ASGI middleware: at most `limit` requests in progress (503 with Retry-After above it), not
-    counting /health, so a health check answers while the server is full."""
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit, self.active = app, limit, 0
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("path") == "/health":
-            return await self.app(scope, receive, send)
-        if self.active >= self.limit:
-            return await JSONResponse({"detail": f"the server is busy: {self.active} requests in progress (limit "
-                                                 f"{self.limit})"}, status_code=503,
-                                      headers={"Retry-After": "1", "Connection": "close"})(scope, receive, send)
-        self.active += 1
-        try:
-            return await self.app(scope, receive, send)
-        finally:
-            self.active -= 1
-
-
-async def _reply(scope, receive, send, status: int, detail: str, close: bool = False) -> None:
-    headers = {"Connection": "close"} if close else None
-    await JSONResponse({"detail": detail}, status_code=status, headers=headers)(scope, receive, send)
-
-
-class RateLimited(logging.Filter):
-    """At most one record a second of each message text; a count of the ones held back follows
-    (a flood of "Too many open files" must not fill the disk)."""
-
-    def __init__(self, per_s: float = 1.0):
-        super().__init__()
-        self.per_s, self.last, self.held = per_s, {}, collections.Counter()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.name, str(record.msg)[:200])
-        now = time.monotonic()
-        if now - self.last.get(key, -1e9) < 1.0 / self.per_s:
-            self.held[key] += 1
-            return False
-        self.last[key] = now
-        if self.held[key]:
-            record.msg = f"{record.msg} [and {self.held.pop(key)} more like it]"
-        return True
-
-
-def check_sentences(translator: Translator, limits: Limits, sentences: list[str], max_subwords: int,
-                    beam: int) -> list[list[int]]:
+def check_sentences(batcher: Batcher, limits: Limits, sentences: list[str], max_subwords: int,
+                    beam: int) -> tuple[list[list[int]], int]:
     """The edge: count, characters, UTF-8, subwords and work per request, each a 4xx naming the
-    sentence; returns the subword ids the worker translates."""
+    sentence; returns the subword ids the worker translates and their work (Batcher.price)."""
+    translator = batcher.translator
     if len(sentences) > limits.max_sentences:
         raise HTTPException(413, f"too many sentences: {len(sentences)} > {limits.max_sentences} per request")
     for i, s in enumerate(sentences):
@@ -183,11 +99,12 @@ def check_sentences(translator: Translator, limits: Limits, sentences: list[str]
         if len(x) > max_subwords:
             raise HTTPException(413, f"sentence {i} has {len(x)} subwords; the limit is {max_subwords}")
     ids = [x + [EOS] if x else [] for x in pieces]  # as encode_sources makes them
-    work = sum(beam * max(len(x), 1) for x in ids)
-    if work > limits.max_work:
-        raise HTTPException(413, f"the request's work (beam {beam} x subwords = {work}) is over the server's "
-                                 f"limit of {limits.max_work}; send fewer or shorter sentences, or a smaller beam")
-    return ids
+    work = sum(batcher.price(ids, beam))
+    if work > batcher.client_work:
+        raise HTTPException(413, f"the request's work (beam {beam} x (subwords + output positions) = {work}) is over "
+                                 f"what one client may hold, {batcher.client_work}; send fewer or shorter sentences, "
+                                 "or a smaller beam")
+    return ids, work
 
 
 def _guard(app: FastAPI, limits: Limits) -> None:
@@ -203,13 +120,15 @@ def _guard(app: FastAPI, limits: Limits) -> None:
         return JSONResponse({"detail": errors}, status_code=422)
 
 
-def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
+def create_app(translator: Translator, limits: Limits | None = None, connections: ConnectionCount | None = None
+               ) -> FastAPI:
     limits = limits or Limits()
     app = FastAPI(title="aiayn", description="Transformer translation (Attention Is All You Need)",
                   version="0.1.0")
     _guard(app, limits)
 
-    batcher = Batcher(translator, limits.max_queue, max_work=limits.max_work, chunk_work=limits.chunk_work)
+    batcher = Batcher(translator, limits.max_queue, max_work=limits.max_work, chunk_work=limits.chunk_work,
+                      chunk_bytes=limits.chunk_bytes, client_share=limits.client_share)
     app.state.batcher = batcher
     d = translator.decode_cfg
     cfg = translator.model.cfg
@@ -220,8 +139,9 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
         """Queue work for the model and wait for it, within the request's time limit."""
         try:
             fut = enqueue()
-        except Overloaded as e:
-            raise HTTPException(503, str(e), headers={"Retry-After": str(batcher.retry_after())}) from None
+        except Overloaded as e:  # 429: this client's share is full; 503: the whole queue is
+            raise HTTPException(429 if isinstance(e, OverShare) else 503, str(e),
+                                headers={"Retry-After": str(batcher.retry_after())}) from None
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), limits.timeout_s)
         except asyncio.TimeoutError:  # wait_for cancelled the job: the worker drops it at its next chunk
@@ -230,32 +150,32 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        return health_report(translator, batcher, limits, max_subwords, attention_subwords)
+        return health_report(translator, batcher, limits, max_subwords, attention_subwords, connections)
 
     @app.post("/translate", response_model=TranslateResponse)
-    async def translate(req: TranslateRequest) -> TranslateResponse:
+    async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
         if not req.sentences:
             raise HTTPException(400, "sentences is empty: send at least one sentence")
         beam = req.beam or d.beam
         if beam > limits.max_beam:
             raise HTTPException(413, f"beam {beam} is over the limit of {limits.max_beam}")
-        ids = check_sentences(translator, limits, req.sentences, max_subwords, beam)
+        ids, _ = check_sentences(batcher, limits, req.sentences, max_subwords, beam)
         alpha = d.alpha if req.alpha is None else req.alpha
-        texts, scores = await run(lambda: batcher.submit(ids, beam, alpha))
+        texts, scores = await run(lambda: batcher.submit(ids, beam, alpha, _client(request)))
         return TranslateResponse(translations=texts, scores=scores)
 
     @app.post("/attention", response_model=AttentionResponse)
-    async def attention(req: AttentionRequest) -> AttentionResponse:
+    async def attention(req: AttentionRequest, request: Request) -> AttentionResponse:
         if not req.sentence.strip():
             raise HTTPException(400, "sentence is empty")
-        check_sentences(translator, limits, [req.sentence], attention_subwords, d.beam)
+        _, work = check_sentences(batcher, limits, [req.sentence], attention_subwords, d.beam)
 
-        def maps() -> AttentionResponse:  # in the worker: the search, the arrays and the lists
-            data = attention_data(translator.model, translator.tokenizer, req.sentence, decode=d)
+        def maps() -> AttentionResponse:  # in the worker: the search (the server's own), the arrays, the lists
+            data = attention_data(translator.model, translator.tokenizer, req.sentence, decode=d, search=translator)
             return AttentionResponse(source_tokens=data.src_tokens, target_tokens=data.tgt_out_tokens,
                                      translation=data.translation, weights=data.cross.mean((0, 1)).tolist())
 
-        return await run(lambda: batcher.call(maps))
+        return await run(lambda: batcher.call(maps, 2 * work, _client(request)))  # the search, then the maps
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> str:
@@ -264,13 +184,24 @@ def create_app(translator: Translator, limits: Limits | None = None) -> FastAPI:
     return app
 
 
+def _client(request: Request) -> str | None:
+    """Who sent a request, for the share of the queue one client may hold: its address."""
+    return request.client.host if request.client else None
+
+
 def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_subwords: int,
-                  attention_subwords: int) -> dict:
-    """/health: the worker, the queue, the limits in force, the model and its decoding settings."""
+                  attention_subwords: int, connections: ConnectionCount | None = None) -> dict:
+    """/health: the worker ("degraded" while a job is older than the request time limit), the
+    queue, the open connections, the limits in force, the model and its decoding settings."""
     cfg, d = translator.model.cfg, translator.decode_cfg
-    return {"status": "ok" if batcher.worker.is_alive() else "worker stopped",
+    oldest = batcher.oldest_s()
+    status = ("worker stopped" if not batcher.worker.is_alive() else
+              "degraded" if oldest > limits.timeout_s else "ok")
+    return {"status": status,
             "queue": {"sentences": batcher.queued, "limit": limits.max_queue, "work": batcher.work,
-                      "work_limit": limits.max_work},
+                      "work_limit": limits.max_work, "client_work_limit": batcher.client_work,
+                      "oldest_s": round(oldest, 3)},
+            "connections": None if connections is None else connections.open,
             "limits": {"max_sentences": limits.max_sentences, "max_chars": limits.max_chars,
                        "max_subwords": max_subwords, "max_beam": limits.max_beam,
                        "max_attention_subwords": attention_subwords},
@@ -282,25 +213,6 @@ def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_
 def _training_length(translator: Translator) -> int:
     """Subwords per sentence the model was trained on (data.max_len less EOS), from its checkpoint."""
     return (translator.data_max_len or 1 << 30) - 1
-
-
-def health_exempt_protocol() -> type:
-    """uvicorn's HTTP/1.1 protocol (h11) with its connection limit lifted for /health. Above the limit
-    uvicorn answers 503 before the app sees the path, so while a flood of connections is being
-    refused and closed, a health check arriving among them would be refused too."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class HealthExempt(H11Protocol):
-        @property  # read by uvicorn after it has set the request's scope, before it applies the limit
-        def limit_concurrency(self) -> int | None:
-            scope = getattr(self, "scope", None)
-            return None if scope is not None and scope.get("path") == "/health" else self._limit
-
-        @limit_concurrency.setter
-        def limit_concurrency(self, value: int | None) -> None:
-            self._limit = value
-
-    return HealthExempt
 
 
 def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
@@ -332,6 +244,7 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: st
         logging.getLogger(name).addFilter(RateLimited())
     log.info("serving on http://%s:%d: %d requests at once, %d connections (open-file limit %d)", host, port,
              limits.limit_concurrency, connections, files)
-    uvicorn.run(create_app(translator, limits), host=host, port=port, log_level="info",
-                limit_concurrency=connections, http=health_exempt_protocol(),
+    count = ConnectionCount()
+    uvicorn.run(create_app(translator, limits, count), host=host, port=port, log_level="info",
+                limit_concurrency=connections, http=edge_protocol(count, limits.header_timeout_s),
                 timeout_keep_alive=max(1, round(limits.keep_alive_s)), h11_max_incomplete_event_size=64 * 1024)

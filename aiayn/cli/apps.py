@@ -86,7 +86,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     from ..apps.serve import Limits, serve
 
     names = ("max_sentences", "max_chars", "max_subwords", "max_queue", "max_work", "max_attention_subwords",
-             "timeout", "read_timeout", "limit_concurrency", "keep_alive")
+             "timeout", "read_timeout", "header_timeout", "limit_concurrency", "keep_alive")
     for name in names:
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)) and not (name == "max_subwords" and value == 0):
@@ -94,7 +94,8 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     limits = Limits(max_sentences=args.max_sentences, max_chars=args.max_chars, max_subwords=args.max_subwords,
                     max_queue=args.max_queue, max_work=args.max_work,
                     max_attention_subwords=args.max_attention_subwords, timeout_s=args.timeout,
-                    read_timeout_s=args.read_timeout, limit_concurrency=args.limit_concurrency,
+                    read_timeout_s=args.read_timeout, header_timeout_s=args.header_timeout,
+                    limit_concurrency=args.limit_concurrency,
                     keep_alive_s=args.keep_alive)
     refuse_parser(args.checkpoint, "serve")
     serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision, args.compile, args.shortlist)
@@ -162,12 +163,16 @@ def add_serve(sub) -> None:
                    help="sentences waiting or in translation; above it requests get 503 with Retry-After")
     p.add_argument("--max-subwords", type=int, default=0,
                    help="per sentence (413 above; default 0: the model's training length, data.max_len - 1)")
-    p.add_argument("--max-work", type=int, default=1 << 18,
-                   help="beam x subwords of the sentences waiting or in translation; above it 503 (one request "
-                        "above it alone: 413)")
+    p.add_argument("--max-work", type=int, default=1 << 20,
+                   help="work of the sentences waiting or in translation, beam x (source subwords + output "
+                        "positions, input + 50); above it 503; one client may hold a quarter (429 above it; one "
+                        "request above it alone: 413)")
     p.add_argument("--max-attention-subwords", type=int, default=100, help="/attention: subwords of its sentence")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait and run (504 past it)")
     p.add_argument("--read-timeout", type=float, default=10.0, help="seconds to receive a request body (408 past it)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds from a connection's start, or its last response, to a request's complete headers; "
+                        "a connection past it is closed")
     p.add_argument("--limit-concurrency", type=int, default=256,
                    help="connections and requests at once; 503 above it")
     p.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle keep-alive connection stays open")

@@ -1,0 +1,184 @@
+"""The server's edge, before a request reaches the app: connection deadlines, body size and read
+time, requests at once, a log that a flood cannot fill (README: Failure behaviour)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import re
+import time
+
+from fastapi.responses import JSONResponse
+
+log = logging.getLogger("aiayn")
+
+
+class ConnectionCount:
+    """The connections open now (reported by /health)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+
+
+def edge_protocol(count: ConnectionCount, header_timeout_s: float) -> type:
+    """uvicorn's HTTP/1.1 protocol (h11) with a deadline and /health's exemption.
+
+    Deadline: uvicorn starts no timer when a connection opens, and any byte cancels its keep-alive
+    timer (uvicorn issues #160, #1192), so silent connections and ones that send half a request
+    line stayed open for ever and held its connection table full. Here a connection must complete
+    its request's headers within `header_timeout_s` of being accepted or of its last response, or
+    it is closed (the body then has BodyLimit's read timeout, the request the server's time limit).
+    Exemption: above the connection limit uvicorn answers 503 before the app sees the path, so a
+    health check arriving during a flood would be refused too; /health is let through."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class EdgeProtocol(H11Protocol):
+        @property  # read by uvicorn after it has set the request's scope, before it applies the limit
+        def limit_concurrency(self) -> int | None:
+            scope = getattr(self, "scope", None)
+            return None if scope is not None and scope.get("path") == "/health" else self._limit
+
+        @limit_concurrency.setter
+        def limit_concurrency(self, value: int | None) -> None:
+            self._limit = value
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            count.open += 1
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            count.open -= 1
+            self._disarm()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()  # the headers are in: the request's own limits take over
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()  # may start a pipelined request, which keeps the deadline off
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(header_timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            handle = getattr(self, "_deadline", None)
+            if handle is not None:
+                handle.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                self.transport.close()
+
+    return EdgeProtocol
+
+
+class BodyLimit:
+    """ASGI middleware: the request body is read here, in full, before the app sees it: 413 past
+    `limit` bytes (before reading when Content-Length says so), 408 when it has not arrived within
+    `timeout_s` (a client that sends half a body frees its connection)."""
+
+    def __init__(self, app, limit: int, timeout_s: float = 10.0):
+        self.app, self.limit, self.timeout_s = app, limit, timeout_s
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            detail = f"request body of {length.decode(errors='replace')[:30]} bytes; the limit is {self.limit}"
+            return await _reply(scope, receive, send, 413, detail, close=True)  # its body is never read
+        try:
+            messages = await asyncio.wait_for(self._read(receive), self.timeout_s)
+        except asyncio.TimeoutError:
+            return await _reply(scope, receive, send, 408, f"request body not received within {self.timeout_s:g} s",
+                                close=True)
+        if messages is None:
+            return await _reply(scope, receive, send, 413, f"request body over {self.limit} bytes", close=True)
+        queued = collections.deque(messages)
+
+        async def replay():
+            return queued.popleft() if queued else await receive()
+
+        return await self.app(scope, replay, send)
+
+    async def _read(self, receive) -> list[dict] | None:
+        messages, received = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                return None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return messages
+
+
+class Concurrency:
+    """ASGI middleware: at most `limit` requests in progress (503 with Retry-After above it), not
+    counting /health, so a health check answers while the server is full."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit, self.active = app, limit, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") == "/health":
+            return await self.app(scope, receive, send)
+        if self.active >= self.limit:
+            return await JSONResponse({"detail": f"the server is busy: {self.active} requests in progress (limit "
+                                                 f"{self.limit})"}, status_code=503,
+                                      headers={"Retry-After": "1", "Connection": "close"})(scope, receive, send)
+        self.active += 1
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+
+async def _reply(scope, receive, send, status: int, detail: str, close: bool = False) -> None:
+    headers = {"Connection": "close"} if close else None
+    await JSONResponse({"detail": detail}, status_code=status, headers=headers)(scope, receive, send)
+
+
+class RateLimited(logging.Filter):
+    """At most one record a second of each kind of message (its text with the numbers in it, such as
+    ports and counts, made alike), and `most_per_s` records a second in all: a flood of "Too many open
+    files" or of access lines must not fill the disk. What was held back is counted, and the count
+    is logged on a line of its own when that kind of message next passes (uvicorn's access lines
+    are formatted from their arguments, so a count appended to the message would be lost)."""
+
+    def __init__(self, per_s: float = 1.0, most_per_s: int = 20):
+        super().__init__()
+        self.per_s, self.most_per_s = per_s, most_per_s
+        self.last: dict[tuple[str, str], float] = {}
+        self.held: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.second, self.passed = 0, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # a record whose arguments do not fit its format: key on the format
+            text = str(record.msg)
+        key = (record.name, re.sub(r"\d+", "#", text)[:200])
+        now = time.monotonic()
+        if int(now) != self.second:
+            self.second, self.passed = int(now), 0
+        if now - self.last.get(key, -1e9) < 1.0 / self.per_s or self.passed >= self.most_per_s:
+            self.held[key] += 1
+            return False
+        if len(self.last) > 10_000:  # many kinds of message (hostile paths): forget the old ones
+            self.last.clear()
+        self.last[key], self.passed = now, self.passed + 1
+        if self.held[key]:
+            log.warning("%d more log lines like this one were held back: %s", self.held.pop(key), key[1][:120])
+        return True
+
+
