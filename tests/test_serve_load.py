@@ -328,3 +328,25 @@ def test_an_oversized_content_length_gets_413_and_the_connection_closed(random_m
         assert data.startswith(b"HTTP/1.1 413") and b"connection: close" in data.lower(), data[:300]
     finally:
         stop(proc)
+
+
+def test_hosts_not_named_and_requests_without_the_token_are_refused(random_model, monkeypatch):
+    """A page elsewhere that points its own name at 127.0.0.1 (DNS rebinding) sends that name as Host:
+    400. With a token (here from $AIAYN_SERVE_TOKEN) the API needs it; the page and /health do not."""
+    monkeypatch.setenv("AIAYN_SERVE_TOKEN", "s3cret")
+    url, port, proc = start(random_model[0], "--allow-host", "mt.example")
+    body = {"sentences": ["the dog"]}
+    auth = {"Authorization": "Bearer s3cret"}
+    try:
+        rebound = httpx.post(url + "/translate", json=body, headers={**auth, "Host": f"evil.example:{port}"})
+        named = httpx.post(url + "/translate", json=body, headers={**auth, "Host": "mt.example"}, timeout=30)
+        local = httpx.post(f"http://localhost:{port}/translate", json=body, headers=auth, timeout=30)
+        no_token = httpx.post(url + "/translate", json=body)
+        wrong = httpx.post(url + "/attention", json={"sentence": "a dog"}, headers={"Authorization": "Bearer x"})
+        page, health = httpx.get(url + "/"), httpx.get(url + "/health")
+    finally:
+        stop(proc)
+    assert rebound.status_code == 400 and "host" in rebound.text.lower()
+    assert named.status_code == 200 and local.status_code == 200
+    assert no_token.status_code == 401 and wrong.status_code == 401 and "Bearer" in no_token.text
+    assert page.status_code == 200 and health.status_code == 200

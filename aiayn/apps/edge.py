@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import logging
 import re
 import time
@@ -120,6 +121,25 @@ class BodyLimit:
                 return None
             if message["type"] != "http.request" or not message.get("more_body", False):
                 return messages
+
+
+class BearerToken:
+    """ASGI middleware: /translate and /attention answer only requests that carry
+    "Authorization: Bearer TOKEN" (401 otherwise); the page and /health stay open."""
+
+    OPEN = ("/", "/health")
+
+    def __init__(self, app, token: str):
+        self.app, self.token = app, token.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") in self.OPEN:
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(given, b"Bearer " + self.token):
+            return await JSONResponse({"detail": "a valid 'Authorization: Bearer TOKEN' header is needed"},
+                                      status_code=401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 class Concurrency:

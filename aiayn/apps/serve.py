@@ -20,11 +20,12 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..tokenizer import EOS
 from ..translate import Translator, attention_data
 from .batcher import Batcher, Overloaded, OverShare
-from .edge import BodyLimit, Concurrency, ConnectionCount, RateLimited, edge_protocol
+from .edge import BearerToken, BodyLimit, Concurrency, ConnectionCount, RateLimited, edge_protocol
 
 PAGE = Path(__file__).with_name("page.html")
 log = logging.getLogger("aiayn")
@@ -48,6 +49,8 @@ class Limits:
     read_timeout_s: float = 10.0  # to receive a request's body (408 past it)
     header_timeout_s: float = 10.0  # from accept, or the last response, to a request's complete headers
     limit_concurrency: int = 256  # connections and requests at once; uvicorn answers 503 above it
+    allowed_hosts: tuple[str, ...] = ("*",)  # Host headers answered (400 otherwise); `serve` narrows it
+    token: str | None = None  # with it, /translate and /attention need "Authorization: Bearer TOKEN" (401)
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
 
     @property
@@ -111,7 +114,11 @@ def _guard(app: FastAPI, limits: Limits) -> None:
     """The edge: body size and read time, requests at once, and 422s that name the field without
     echoing the input (it may be huge, or a NaN that JSON cannot carry)."""
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.read_timeout_s)
-    app.add_middleware(Concurrency, limit=limits.limit_concurrency)  # outermost: refuses before reading
+    if limits.token:
+        app.add_middleware(BearerToken, token=limits.token)
+    app.add_middleware(Concurrency, limit=limits.limit_concurrency)
+    # outermost: a page on another site that points a name at 127.0.0.1 (DNS rebinding) sends its own Host
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(limits.allowed_hosts), www_redirect=False)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -215,6 +222,18 @@ def _training_length(translator: Translator) -> int:
     return (translator.data_max_len or 1 << 30) - 1
 
 
+def serving_hosts(host: str, extra: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The Host names a server answers: the address it listens on, the loopback names, and `extra`
+    (--allow-host). Listening on all interfaces (0.0.0.0, ::) names no host: clients on other
+    machines need --allow-host with the name or address they use, or '*'."""
+    loopback = ("localhost", "127.0.0.1", "::1")
+    own = () if host in ("0.0.0.0", "::", "") else (host,)
+    if not own and not extra:
+        log.warning("listening on %s: only requests naming %s are answered; add --allow-host NAME for the "
+                    "names other machines use (docs/serving.md)", host or "every interface", ", ".join(loopback))
+    return tuple(dict.fromkeys((*own, *loopback, *extra)))
+
+
 def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
           limits: Limits | None = None, precision: str = "auto", compiled: bool = False,
           shortlist: str | None = None) -> None:
@@ -225,6 +244,8 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: st
     import uvicorn
 
     limits = limits or Limits()
+    if "*" in limits.allowed_hosts:  # the default of create_app; a server names the hosts it answers to
+        limits.allowed_hosts = serving_hosts(host, ())
     translator = Translator.load(checkpoint, device=device, precision=precision, compiled=compiled,
                                  shortlist=shortlist)
     translator.compile_now()  # before the first request, not during it

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 from pathlib import Path
 
 from ..files import check_output_file, check_output_folder
@@ -83,7 +84,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     """HTTP API (FastAPI) and a page to try the model."""
     if extra:
         raise UserError(f"unrecognized arguments: {' '.join(extra)}")
-    from ..apps.serve import Limits, serve
+    from ..apps.serve import Limits, serve, serving_hosts
 
     names = ("max_sentences", "max_chars", "max_subwords", "max_queue", "max_work", "max_attention_subwords",
              "timeout", "read_timeout", "header_timeout", "limit_concurrency", "keep_alive")
@@ -91,12 +92,16 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)) and not (name == "max_subwords" and value == 0):
             raise UserError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    for name in args.allow_host or []:
+        if "*" in name[1:] or (name.startswith("*") and name != "*" and not name.startswith("*.")):
+            raise UserError(f"--allow-host {name!r}: a name, an address, '*' or '*.example.com'")
     limits = Limits(max_sentences=args.max_sentences, max_chars=args.max_chars, max_subwords=args.max_subwords,
                     max_queue=args.max_queue, max_work=args.max_work,
                     max_attention_subwords=args.max_attention_subwords, timeout_s=args.timeout,
                     read_timeout_s=args.read_timeout, header_timeout_s=args.header_timeout,
                     limit_concurrency=args.limit_concurrency,
-                    keep_alive_s=args.keep_alive)
+                    keep_alive_s=args.keep_alive, allowed_hosts=serving_hosts(args.host, args.allow_host or []),
+                    token=args.token or os.environ.get("AIAYN_SERVE_TOKEN") or None)
     refuse_parser(args.checkpoint, "serve")
     serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision, args.compile, args.shortlist)
 
@@ -176,6 +181,11 @@ def add_serve(sub) -> None:
     p.add_argument("--limit-concurrency", type=int, default=256,
                    help="connections and requests at once; 503 above it")
     p.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle keep-alive connection stays open")
+    p.add_argument("--allow-host", action="append", metavar="NAME",
+                   help="a Host name (or address) clients use, beside the listening address and localhost; "
+                        "repeatable; '*' for any (requests naming another host get 400: DNS rebinding)")
+    p.add_argument("--token", help="/translate and /attention need 'Authorization: Bearer TOKEN' "
+                                   "(default: $AIAYN_SERVE_TOKEN; none: open to whoever reaches the port)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
                    help="as for translate (default auto)")
     p.add_argument("--compile", action="store_true",
