@@ -176,6 +176,9 @@ def _save_npy(path: Path, raw: Path, n: int, dtype: type = np.int32) -> None:
         shutil.copyfileobj(r, f, 1 << 22)
 
 
+_CHARS_PER_SUBWORD = 1024  # far above SentencePiece's longest piece (16 characters)
+
+
 def _encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | None, out: Path, max_len: int,
                   max_ratio: float, threads: int) -> dict:
     """Pass 2: encode a split in chunks with `threads` threads, drop pairs too long for max_len
@@ -193,11 +196,18 @@ def _encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | No
         total = int(keep.sum()) if keep is not None else None
         with tqdm(total=total, desc=f"encoding {name}", unit=" pairs", disable=None, leave=False) as bar:
             for s_lines, t_lines in _chunks(folder, name, keep):
+                # A line of over _CHARS_PER_SUBWORD x max_len characters has more than max_len subwords
+                # (short of pages of blanks): dropped unencoded (a 100 MB line took 5 GB to encode).
+                huge = np.array([max(len(a), len(b)) > _CHARS_PER_SUBWORD * max_len
+                                 for a, b in zip(s_lines, t_lines)], dtype=bool)
+                if huge.any():
+                    s_lines = ["" if h else x for x, h in zip(s_lines, huge)]
+                    t_lines = ["" if h else x for x, h in zip(t_lines, huge)]
                 s_ids = tok.sp.encode(s_lines, num_threads=threads)
                 t_ids = tok.sp.encode(t_lines, num_threads=threads)
                 ls = np.fromiter(map(len, s_ids), dtype=np.int64, count=len(s_ids))
                 lt = np.fromiter(map(len, t_ids), dtype=np.int64, count=len(t_ids))
-                ok = (ls + 1 <= max_len) & (lt + 2 <= max_len)
+                ok = (ls + 1 <= max_len) & (lt + 2 <= max_len) & ~huge
                 counts["dropped_too_long"] += int((~ok).sum())
                 if max_ratio:
                     wild = ok & (np.maximum(ls, lt) > max_ratio * np.maximum(np.minimum(ls, lt), 1))

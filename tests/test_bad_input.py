@@ -75,6 +75,7 @@ def template(toy_prepared, tmp_path_factory) -> Path:
     lines(w / "foreign-run/checkpoint_last.pt", b"not ours")
     lines(w / "bad.yaml", "model: {d_model: [unclosed\n")
     lines(w / "list.yaml", "- 1\n- 2\n")
+    lines(w / "valid.en", good)
     lines(w / "in.txt", "a dog runs\n")
     lines(w / "in-badutf8.txt", b"a dog\n\xc3\x28 runs\n")
     lines(w / "out.txt", "KEEP ME\n")
@@ -196,6 +197,12 @@ CLI_CASES = [
     ("prepare into the folder of its own inputs", ["prepare", "--data-dir", "{w}/userdata", "--src", "en", "--tgt",
                                                    "de", "--train", "train", "--valid", "valid", "-o", "{w}/userdata",
                                                    "--data.vocab_size", "60"], ["userdata", "not empty"]),
+    ("a test set named like the validation split", P + ["--train", "ok", "--valid", "ok", "--test", "ok",
+                                                         "--test", "{w}/ok.en,{w}/ok.de"],
+     ["--test", "ok.en", "'ok'", "another test set"]),
+    ("a test set that would replace the validation split", P + ["--train", "ok", "--valid", "ok", "--test",
+                                                                "{w}/valid.en,{w}/ok.de"],
+     ["--test", "'valid'", "the valid split"]),
     ("translate --output onto its --input", T[:5] + ["--output", "{w}/in.txt"], ["in.txt", "also an input"]),
     ("average onto a checkpoint it averages",
      ["average", "{w}/run", "-o", "{w}/run/checkpoints/step-00000002.safetensors"],

@@ -259,3 +259,41 @@ def test_no_text_is_read_with_splitlines():
         for n, line in enumerate(path.read_text().split("\n"), 1):
             if re.search(r"\.splitlines\(", line) and path.name not in allowed:
                 raise AssertionError(f"{path}:{n}: {line.strip()}")
+
+
+def test_a_dotted_test_set_keeps_its_whole_name(tmp_path):
+    """`--test valid.final` was named after its first dotted part, "valid": it silently replaced the
+    validation split. Now it is the split "valid.final", beside an untouched "valid"."""
+    d = corpus(tmp_path)
+    write(d / "valid.final.en", SENTS_EN[:4])
+    write(d / "valid.final.de", SENTS_DE[:4])
+    out = tmp_path / "prep"
+    assert main(["prepare", "--data-dir", str(d), "--src", "en", "--tgt", "de", "--out", str(out),
+                 "--data.vocab_size", "120", "--test", "valid.final"]) == 0
+    splits = json.loads((out / "manifest.json").read_text())["splits"]
+    assert splits["valid"]["pairs"] == 10 and splits["valid.final"]["pairs"] == 4
+    from aiayn.data import read_text
+
+    assert len(read_text(out, "valid.final", "src")) == 4
+
+
+def test_an_enormous_line_is_dropped_before_it_is_encoded(toy_corpus, tmp_path, monkeypatch):
+    """A 100 MB line took 5 GB to encode before it was dropped as too long; a line longer than
+    1,024 characters per allowed subword is now dropped (and counted) unencoded."""
+    import sentencepiece as spm
+
+    longest, real = [0], spm.SentencePieceProcessor.encode
+
+    def spy(self, text, *a, **k):
+        longest[0] = max([longest[0], *(len(x) for x in (text if isinstance(text, list) else [text]))])
+        return real(self, text, *a, **k)
+
+    for path in toy_corpus.iterdir():
+        text = path.read_text()
+        if path.name == "train.en":
+            text = "a dog " * 40_000 + "\n" + text.split("\n", 1)[1]  # 240,000 characters for max_len 32
+        (tmp_path / path.name).write_text(text)
+    monkeypatch.setattr(spm.SentencePieceProcessor, "encode", spy)
+    stats = prepare({n: (tmp_path / f"{n}.en", tmp_path / f"{n}.de") for n in ("train", "valid")},
+                    tmp_path / "prep", "en", "de", vocab_size=60, max_len=32)["splits"]["train"]
+    assert longest[0] < 1024 * 32 and stats["dropped_too_long"] >= 1

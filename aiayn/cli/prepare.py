@@ -139,11 +139,24 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
                 log.warning("skipping test set %s: %s", value, e)
                 continue
             raise
-        splits[Path(value.split(",")[0]).name.split(".")[0]] = pair
+        name = _test_name(value, args.src)
+        if name in splits:
+            raise UserError(f"--test {value}: its split would be named {name!r}, as "
+                            f"{'the ' + name + ' split' if name in names else 'another test set'}; rename its files")
+        splits[name] = pair
     manifest = prepare(splits, Path(args.out), args.src, args.tgt, cfg.data.vocab_size, cfg.data.max_len,
                        cfg.data.strict or args.strict, cfg.train.seed, dedup=cfg.data.dedup,
                        max_ratio=cfg.data.max_ratio)
     print(json.dumps(manifest["splits"], indent=1))
+
+
+def _test_name(value: str, src: str) -> str:
+    """A test split's name: its prefix's file name (`newstest2014`, `valid.final`), or for explicit
+    files (SRC_FILE,TGT_FILE) the source file's name less `.gz` and its language suffix."""
+    if "," not in value:
+        return Path(value).name
+    name = Path(value.split(",", 1)[0]).name.removesuffix(".gz")
+    return name.removesuffix(f".{src}") or name
 
 
 def add_prepare(sub) -> None:
