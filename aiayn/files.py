@@ -36,8 +36,11 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Write to a temporary file beside `path`, fsync, rename over `path`, fsync the folder.
     The file gets the mode an ordinary write would (0666 less the umask), not mkstemp's 0600."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise FileError(f"{path}: cannot write ({e.strerror or e}); nothing was replaced") from None
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~_umask())
@@ -45,8 +48,11 @@ def atomic_write(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):  # a full disk, a quota: one line, and the old file is whole
+            raise FileError(f"{path}: cannot write ({e.strerror or e}); the file there before, if any, is "
+                            "unchanged") from None
         raise
     dfd = os.open(path.parent, os.O_RDONLY)
     try:

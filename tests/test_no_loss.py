@@ -255,3 +255,34 @@ def _has(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(toy_prepared, tmp_path, monkeypatch, capsys):
+    """The disk fills while a checkpoint is written: the command ends with one line naming the file,
+    exit 2, the checkpoints written before are whole and no temporary file is left."""
+    import errno
+
+    import aiayn.files as files
+    from aiayn.cli import main
+
+    run = tmp_path / "run"
+    tiny = ["--model.d_model", "16", "--model.d_ff", "32", "--model.h", "2", "--model.N", "1",
+            "--model.max_positions", "64", "--data.max_tokens", "400", "--train.valid_every", "0",
+            "--train.valid_bleu_sentences", "0", "--train.save_every_minutes", "0", "--train.save_every", "2",
+            "--train.threads", "1", "--train.tokens_per_update", "0"]
+    assert main(["train", "--data", str(toy_prepared), "--run-dir", str(run), *tiny, "--train.max_steps", "2"]) == 0
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    real_fsync = os.fsync
+
+    def full(fd):
+        real_fsync(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--train.max_steps", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "No space left on device" in err[-1] and "unchanged" in err[-1] and "Traceback" not in "\n".join(err)
+    after = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
