@@ -144,14 +144,19 @@ def verify_multi30k(folder: Path, src: str, tgt: str, trust_local: bool = False)
 
 
 def fetch_multi30k(src: str, tgt: str, root: Path) -> Path:
-    """Download Multi30k's raw files into root/multi30k (once, each checked) and return that folder."""
+    """Download Multi30k's raw files into root/multi30k (once) and return that folder. Every file is
+    checked against its published text each time, cached or not: a cached file that no longer
+    matches (damaged on disk, edited) is downloaded again."""
     out = root / "multi30k"
     out.mkdir(parents=True, exist_ok=True)
     for split in [MULTI30K["train"], MULTI30K["valid"], *MULTI30K["test"]]:
         for lang in (src, tgt):
             dest = out / f"{split}.{lang}.gz"
             if dest.exists():
-                continue
+                if _cached_ok(dest, MULTI30K_SHA256.get(f"{split}.{lang}")):
+                    continue
+                log.warning("%s: the cached file is not Multi30k's published text; downloading it again", dest)
+                dest.unlink()  # aiayn's own cache, written by the download below
             try:
                 _download(MULTI30K["url"].format(split=split, lang=lang), dest,
                           f"Pass --data-dir with a local copy (or set {MULTI30K['env']})")
@@ -166,6 +171,13 @@ def fetch_multi30k(src: str, tgt: str, root: Path) -> Path:
                     continue
                 raise
     return out
+
+
+def _cached_ok(path: Path, want: str | None) -> bool:
+    try:
+        return want is None or text_sha256(path) == want
+    except DataError:  # a truncated gzip
+        return False
 
 
 def checksum(path: Path, algorithm: str) -> str:

@@ -239,3 +239,26 @@ def test_a_local_multi30k_copy_is_checked(multi30k_dir, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="aiayn"):
         corpora.verify_multi30k(local, "en", "de", trust_local=True)
     assert "val.de.gz" in caplog.text
+
+
+def test_a_damaged_multi30k_cache_file_is_checked_and_fetched_again(multi30k_dir, tmp_path, monkeypatch):
+    """A cached file was trusted once present: a damaged one was used for ever. Each use checks it."""
+    import shutil
+
+    fetched = []
+
+    def download(url, dest, _hint):
+        name = url.rsplit("/", 1)[1]
+        fetched.append(name)
+        shutil.copyfile(multi30k_dir / name, dest)
+
+    monkeypatch.setattr(corpora, "_download", download)
+    out = corpora.fetch_multi30k("en", "de", tmp_path)
+    first = len(fetched)
+    assert first == 8  # train, val, 2 tests x 2 languages
+    corpora.fetch_multi30k("en", "de", tmp_path)
+    assert len(fetched) == first  # whole files are not fetched again
+    (out / "val.de.gz").write_bytes((out / "val.de.gz").read_bytes()[:-40])  # truncated on disk
+    corpora.fetch_multi30k("en", "de", tmp_path)
+    assert fetched[first:] == ["val.de.gz"]
+    assert corpora.text_sha256(out / "val.de.gz") == corpora.MULTI30K_SHA256["val.de"]
