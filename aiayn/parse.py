@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import zipfile
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,18 +110,46 @@ def _utf8(data: bytes, where: str) -> str:
         raise TreeError(f"{where}: line {line}: invalid UTF-8 at byte {e.start}") from None
 
 
+MAX_MRG_BYTES = 64 << 20  # one .mrg file (the WSJ's largest is under 1 MB); larger is refused unread
+
+
+def _add(files: dict[str, str], where: dict[str, str], name: str, data: bytes, place: str) -> None:
+    """One .mrg file's text under its base name, which must be new (the split follows the names)."""
+    if name in files:
+        raise TreeError(f"{place}: a second {name} (the first is {where[name]}); trees are split by file name, "
+                        "so each must be unique")
+    files[name], where[name] = _utf8(data, place), place
+
+
+def _read_capped(opener, size: int, place: str) -> bytes:
+    """At most MAX_MRG_BYTES, whatever a zip's header claims (a zip bomb claims little)."""
+    if size > MAX_MRG_BYTES:
+        raise TreeError(f"{place}: {size:,} bytes; a .mrg file may hold {MAX_MRG_BYTES:,}")
+    try:
+        with opener() as f:
+            data = f.read(MAX_MRG_BYTES + 1)
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as e:
+        raise TreeError(f"{place}: not readable ({e})") from None
+    if len(data) > MAX_MRG_BYTES:
+        raise TreeError(f"{place}: more than {MAX_MRG_BYTES:,} bytes; a .mrg file may hold no more")
+    return data
+
+
 def read_treebank(path: Path) -> dict[str, list[Tree]]:
     """Trees by file name (`wsj_0001.mrg` ...) from a folder of .mrg files or NLTK's treebank.zip."""
     path = Path(path)
     files: dict[str, str] = {}
+    where: dict[str, str] = {}
     if path.is_file() and zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as z:
-            for n in sorted(z.namelist()):
-                if n.endswith(".mrg"):
-                    files[Path(n).name] = _utf8(z.read(n), f"{path}:{n}")
+            for info in sorted(z.infolist(), key=lambda i: i.filename):
+                if info.filename.endswith(".mrg"):
+                    place = f"{path}:{info.filename}"
+                    data = _read_capped(lambda info=info: z.open(info), info.file_size, place)
+                    _add(files, where, Path(info.filename).name, data, place)
     elif path.is_dir():
         for f in sorted(path.rglob("*.mrg")):
-            files[f.name] = _utf8(f.read_bytes(), str(f))
+            _add(files, where, f.name, _read_capped(lambda f=f: open(f, "rb"), f.stat().st_size, str(f)), str(f))
     else:
         raise TreeError(f"{path}: not a folder of .mrg files or a treebank .zip")
     if not files:

@@ -447,3 +447,30 @@ def test_ptb_script_trains_members_side_by_side_and_parses_with_their_ensemble(t
             trees = read_trees((tmp_path / f"run/{split}.{kind}.mrg").read_text())
             assert [t.words() for t in trees] == [line.split() for line in words]
     assert p.stdout.count("2 parser(s)") == 2 and p.stdout.count("F1 ") >= 6
+
+
+def test_a_treebank_zip_is_read_in_bounded_pieces_and_names_are_unique(tmp_path, monkeypatch):
+    """A member larger than a .mrg file may be is refused unread (and read at most that far, whatever
+    its header claims: a zip bomb claims little); two members with one base name were silently one."""
+    import zipfile
+
+    import aiayn.parse as parse
+
+    tree = "( (S (NP (NN dog)) (VP (VBZ runs))) )\n"
+    dup = tmp_path / "dup.zip"
+    with zipfile.ZipFile(dup, "w") as z:
+        z.writestr("treebank/a/wsj_0001.mrg", tree)
+        z.writestr("treebank/b/wsj_0001.mrg", tree)
+    with pytest.raises(TreeError, match="a second wsj_0001.mrg"):
+        read_treebank(dup)
+    big = tmp_path / "big.zip"
+    with zipfile.ZipFile(big, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("treebank/wsj_0001.mrg", tree * 200)
+    monkeypatch.setattr(parse, "MAX_MRG_BYTES", 1000)
+    with pytest.raises(TreeError, match="wsj_0001.mrg: 7,600 bytes; a .mrg file may hold 1,000"):
+        read_treebank(big)
+    folder = tmp_path / "tb"
+    folder.mkdir()
+    (folder / "wsj_0002.mrg").write_text(tree * 200)
+    with pytest.raises(TreeError, match="wsj_0002.mrg: 7,600 bytes"):
+        read_treebank(folder)
