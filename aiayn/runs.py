@@ -240,7 +240,12 @@ def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed
 
     try:
         record = json.loads(path.read_text()) if resumed and path.exists() else {}
-    except json.JSONDecodeError:
+        if not isinstance(record, dict) or not isinstance(record.get("sessions", []), list):
+            raise ValueError("not a mapping with a list of sessions")
+    except (ValueError, RecursionError, UnicodeDecodeError) as e:  # its history kept aside, not lost
+        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(path, aside)
+        log.warning("%s is damaged (%s); kept as %s, and a new one started", path, str(e)[:80], aside.name)
         record = {}
     record["data_dir"] = str(data_dir.resolve())
     record.setdefault("sessions", []).append({

@@ -86,8 +86,10 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
         try:
             meta = json.loads((run.path / "run.json").read_text())
             data_dir = Path(meta["data_dir"]) if data_dir is None else data_dir
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise CheckpointError(f"{run.path / 'run.json'}: damaged (no data_dir)") from None
+        except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError):
+            if data_dir is None:
+                raise CheckpointError(f"{run.path / 'run.json'}: damaged (no data_dir); resume with --data "
+                                      "PREPARED_DIR (the damaged file is then kept aside)") from None
         resume_from = run.latest_state()
         if resume_from is None:
             log.warning("%s has no checkpoint yet; starting from step 0", run.path)

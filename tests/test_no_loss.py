@@ -286,3 +286,25 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_loses_nothing(toy_prepa
     after = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
     assert {k: v for k, v in after.items() if k in before} == before
     assert not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_a_damaged_run_json_is_kept_aside_on_resume(toy_prepared, tmp_path, caplog):
+    """run.json holds the history of a run's starts and resumes; a damaged one was replaced silently."""
+    import logging
+
+    from aiayn.cli import main
+
+    run = tmp_path / "run"
+    tiny = ["--model.d_model", "16", "--model.d_ff", "32", "--model.h", "2", "--model.N", "1",
+            "--model.max_positions", "64", "--data.max_tokens", "400", "--train.valid_every", "0",
+            "--train.valid_bleu_sentences", "0", "--train.save_every_minutes", "0", "--train.threads", "1",
+            "--train.tokens_per_update", "0"]
+    assert main(["train", "--data", str(toy_prepared), "--run-dir", str(run), *tiny, "--train.max_steps", "1"]) == 0
+    (run / "run.json").write_text('{"sessions": [{"started": "2026-01-01"')  # cut short
+    with caplog.at_level(logging.WARNING, logger="aiayn"):
+        assert main(["train", "--resume", str(run), "--train.max_steps", "2"]) == 2  # where is its data?
+        assert main(["train", "--resume", str(run), "--data", str(toy_prepared), "--train.max_steps", "2"]) == 0
+    aside = list(run.glob("run.json.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_text() == '{"sessions": [{"started": "2026-01-01"'
+    assert "damaged" in caplog.text and aside[0].name in caplog.text
+    assert len(json.loads((run / "run.json").read_text())["sessions"]) == 1
