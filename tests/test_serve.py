@@ -352,3 +352,28 @@ def test_the_access_log_limit_counts_what_it_held_back(caplog):
     assert sum("/health" in x and "held back" not in x for x in lines) == 2
     assert any("/translate" in x for x in lines)
     assert any("59 more log lines like this one were held back" in x for x in lines), lines
+
+
+def test_a_chunk_is_about_chunk_s_of_work_at_the_measured_rate(translator):
+    """Chunks follow the rate the worker measures, so a short request waits about `chunk_s` behind a
+    long one on any model (a fixed amount of work took 7 s a chunk on a base-sized model)."""
+    order = []
+    real = translator.translate_ids
+
+    def record(ids, *a, **k):
+        order.append(len(ids))
+        return real(ids, *a, **k)
+
+    gate = threading.Event()
+    b = Batcher(translator, chunk_s=0.5)
+    per = b.price(translator.encode_sources(["the dog runs"]), 4)[0]
+    b.call(lambda: gate.wait(10))
+    translator.translate_ids = record
+    try:
+        b.rate = 6 * per  # work per second: 3 sentences in half a second
+        long = b.submit(["the dog runs"] * 12, 4, 0.6)
+        gate.set()
+        long.result(30)
+    finally:
+        translator.translate_ids = real
+    assert order[0] == 3 and sum(order) == 12, order

@@ -79,20 +79,22 @@ def _trim_memory() -> None:
 
 
 class Batcher:
-    """One worker thread owns the model. It takes work in chunks of at most `chunk_work` (beam x
-    subwords), fills a chunk with waiting requests of the same options, and goes round the
-    requests in turn, so a long request delays a short one by one chunk, not by its whole length.
-    The queue is weighed in sentences and in work; a request that gave up costs nothing more."""
+    """One worker thread owns the model. It takes work in chunks of about `chunk_s` seconds (from
+    the rate it has measured; at most `chunk_work`, and the key/value memory of `chunk_bytes`),
+    fills a chunk with waiting requests of the same options, and goes round the requests in turn,
+    so a long request delays a short one by about one chunk, not by its whole length. The queue is
+    weighed in sentences and in work; a request that gave up costs nothing more."""
 
     def __init__(self, translator: Translator, max_queue: int = 1024, max_batch: int = 256,
                  max_work: int = 1 << 20, chunk_work: int = 1 << 14, chunk_bytes: int = 1 << 30,
-                 client_share: float = 0.25):
+                 client_share: float = 0.25, chunk_s: float = 1.0):
         self.translator = translator
         self.max_queue, self.max_batch, self.max_work = max_queue, max_batch, max_work
         self.client_work = max(1, int(max_work * client_share))  # what one client's requests may hold at once
         cfg = translator.model.cfg  # key/value bytes per unit of work (fp32, the cache grows by doubling)
         self.bytes_per_work = 2 * 2 * 4 * cfg.n_dec * cfg.d_model
         self.chunk_work = max(1, min(chunk_work, chunk_bytes // self.bytes_per_work))
+        self.chunk_s = chunk_s
         self.jobs: queue.Queue[Job] = queue.Queue()
         self.active: collections.deque[Job] = collections.deque()  # the worker's own: jobs under way
         self._count = threading.Lock()
@@ -100,7 +102,7 @@ class Batcher:
         self.work = 0  # their work
         self.by_client: collections.Counter[str | None] = collections.Counter()
         self.started: dict[int, float] = {}  # id(job) -> when it was queued, for the jobs not yet gone
-        self.rate = 2000.0  # work per second, a running estimate for Retry-After
+        self.rate = 10_000.0  # work per second, a running estimate (Retry-After, the size of a chunk)
         self.worker = threading.Thread(target=self._work, daemon=True, name="aiayn-batcher")
         self.worker.start()
 
@@ -189,15 +191,16 @@ class Batcher:
         if head.call is not None:
             return [(head, 0, 1)]
         chunk, work, n = [], 0, 0
+        budget = max(1, min(self.chunk_work, int(self.rate * self.chunk_s)))
         for job in list(self.active):
             if job.call is not None or job.options != head.options:
                 continue
             end = job.done
-            while end < job.size and n < self.max_batch and (n == 0 or work + job.cost(end) <= self.chunk_work):
+            while end < job.size and n < self.max_batch and (n == 0 or work + job.cost(end) <= budget):
                 work, n, end = work + job.cost(end), n + 1, end + 1
             if end > job.done:
                 chunk.append((job, job.done, end))
-            if n >= self.max_batch or work >= self.chunk_work:
+            if n >= self.max_batch or work >= budget:
                 break
         return chunk
 

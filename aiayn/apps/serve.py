@@ -42,7 +42,8 @@ class Limits:
     max_queue: int = 1024  # sentences waiting or being translated (503 above)
     max_work: int = 1 << 20  # rows x positions (Batcher.price) summed over waiting sentences (503 above)
     client_share: float = 0.25  # of max_work, what one client's requests may hold (429 above; 413 for one request)
-    chunk_work: int = 1 << 14  # work the worker takes in one go before it looks at other requests
+    chunk_s: float = 1.0  # about how long the worker works in one go before it looks at other requests
+    chunk_work: int = 1 << 14  # and at most this much work
     chunk_bytes: int = 1 << 30  # and the key/value memory that work may take (a smaller chunk for a large model)
     max_attention_subwords: int = 100  # /attention: its maps grow as the square of the length (413 above)
     timeout_s: float = 60.0  # per request, queueing included (504 past it)
@@ -135,7 +136,7 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
     _guard(app, limits)
 
     batcher = Batcher(translator, limits.max_queue, max_work=limits.max_work, chunk_work=limits.chunk_work,
-                      chunk_bytes=limits.chunk_bytes, client_share=limits.client_share)
+                      chunk_bytes=limits.chunk_bytes, client_share=limits.client_share, chunk_s=limits.chunk_s)
     app.state.batcher = batcher
     d = translator.decode_cfg
     cfg = translator.model.cfg
