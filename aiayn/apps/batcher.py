@@ -102,7 +102,8 @@ class Batcher:
         self.work = 0  # their work
         self.by_client: collections.Counter[str | None] = collections.Counter()
         self.started: dict[int, float] = {}  # id(job) -> when it was queued, for the jobs not yet gone
-        self.rate = 10_000.0  # work per second, a running estimate (Retry-After, the size of a chunk)
+        self.rate = 1_000.0  # work per second, a running estimate (Retry-After, the size of a chunk); it starts
+        # low, so the first chunks are short on a large model, and grows with what the worker measures
         self.worker = threading.Thread(target=self._work, daemon=True, name="aiayn-batcher")
         self.worker.start()
 
