@@ -298,8 +298,8 @@ def _coerce(value: Any, current: Any, key: str) -> Any:
         return value
     if isinstance(current, int) and not isinstance(current, bool) and number and isinstance(value, int):
         return value
-    if isinstance(current, float) and number and abs(value) < 1e300:
-        return float(value)
+    if isinstance(current, float) and number and not (isinstance(value, int) and abs(value) > 1e300):
+        return float(value)  # NaN and inf pass here; validate() names them
     if isinstance(current, tuple) and isinstance(value, (list, tuple)) and all(
             isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in value):
         return tuple(value)

@@ -67,6 +67,30 @@ def _log_setup(trainer: Trainer, cfg: Config, env: Dist, why: str) -> None:
         log.warning("training in %s: %s", cfg.train.precision, why)
 
 
+def _resumed(run: Run, data_dir: Path | None, overrides: dict | None) -> tuple[Config, Path | None, Path | None]:
+    """A run to resume: its config (with `overrides`), its data (run.json's unless given) and its
+    newest training state (None before the first checkpoint)."""
+    if not (run.path / "config.yaml").is_file() or not (run.path / "run.json").is_file():
+        raise CheckpointError(f"{run.path}: not an aiayn run directory (no config.yaml and run.json)")
+    from .config import apply_overrides
+
+    cfg = load_yaml(run.path / "config.yaml")
+    if "tokens_per_update" not in (yaml.safe_load((run.path / "config.yaml").read_text()).get("train") or {}):
+        cfg.train.tokens_per_update = 0  # written before the setting existed: update_freq sized the update
+    cfg = apply_overrides(cfg, overrides or {}).validate()
+    try:
+        meta = json.loads((run.path / "run.json").read_text())
+        data_dir = Path(meta["data_dir"]) if data_dir is None else data_dir
+    except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError):
+        if data_dir is None:
+            raise CheckpointError(f"{run.path / 'run.json'}: damaged (no data_dir); resume with --data "
+                                  "PREPARED_DIR (the damaged file is then kept aside)") from None
+    resume_from = run.latest_state()
+    if resume_from is None:
+        log.warning("%s has no checkpoint yet; starting from step 0", run.path)
+    return cfg, data_dir, resume_from
+
+
 def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, resume: bool = False,
           device: str | None = None, overrides: dict | None = None, force_batching: bool = False) -> dict:
     """Train a model on prepared data (§5); with `resume`, continue run_dir from its last checkpoint.
@@ -75,24 +99,7 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
     data_dir = None if data_dir is None else Path(data_dir)
     resume_from = None
     if resume:
-        if not (run.path / "config.yaml").is_file() or not (run.path / "run.json").is_file():
-            raise CheckpointError(f"{run.path}: not an aiayn run directory (no config.yaml and run.json)")
-        from .config import apply_overrides
-
-        cfg = load_yaml(run.path / "config.yaml")
-        if "tokens_per_update" not in (yaml.safe_load((run.path / "config.yaml").read_text()).get("train") or {}):
-            cfg.train.tokens_per_update = 0  # written before the setting existed: update_freq sized the update
-        cfg = apply_overrides(cfg, overrides or {}).validate()
-        try:
-            meta = json.loads((run.path / "run.json").read_text())
-            data_dir = Path(meta["data_dir"]) if data_dir is None else data_dir
-        except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError):
-            if data_dir is None:
-                raise CheckpointError(f"{run.path / 'run.json'}: damaged (no data_dir); resume with --data "
-                                      "PREPARED_DIR (the damaged file is then kept aside)") from None
-        resume_from = run.latest_state()
-        if resume_from is None:
-            log.warning("%s has no checkpoint yet; starting from step 0", run.path)
+        cfg, data_dir, resume_from = _resumed(run, data_dir, overrides)
     elif (run.path / "config.yaml").exists() or list_checkpoints(run.path):
         raise CheckpointError(f"{run.path} already holds a run; continue it with --resume {run.path}, "
                               "or choose another run directory")

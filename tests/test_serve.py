@@ -339,7 +339,7 @@ def test_one_client_holds_a_share_of_the_work_and_gets_429_beyond_it(gated):
 def test_the_access_log_limit_counts_what_it_held_back(caplog):
     from aiayn.apps.edge import RateLimited
 
-    logger = logging.getLogger("uvicorn.access.test")
+    logger = logging.getLogger("aiayn-test.access")  # not under uvicorn's loggers, which do not propagate
     logger.addFilter(RateLimited())
     logger.propagate = True
     with caplog.at_level(logging.INFO):

@@ -14,6 +14,7 @@ from aiayn import checkpoint
 from aiayn.batches import TokenData, collate, make_batches
 from aiayn.checkpoint import CheckpointError, atomic_write, list_checkpoints, load_checkpoint, read_weights
 from aiayn.cli import main
+from aiayn.files import FileError
 from aiayn.model import Transformer
 from aiayn.optim import make_optimizer
 from aiayn.steps import train_step
@@ -144,7 +145,7 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(FileError, match="ckpt.bin: cannot write .disk full.; the file there before"):
         atomic_write(target, b"new")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.bin"]

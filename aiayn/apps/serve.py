@@ -128,6 +128,19 @@ def _guard(app: FastAPI, limits: Limits) -> None:
         return JSONResponse({"detail": errors}, status_code=422)
 
 
+async def _answer(batcher: Batcher, timeout_s: float, enqueue: Callable[[], Future]) -> Any:
+    """Queue work for the model and wait for it, within the request's time limit."""
+    try:
+        fut = enqueue()
+    except Overloaded as e:  # 429: this client's share is full; 503: the whole queue is
+        raise HTTPException(429 if isinstance(e, OverShare) else 503, str(e),
+                            headers={"Retry-After": str(batcher.retry_after())}) from None
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+    except asyncio.TimeoutError:  # wait_for cancelled the job: the worker drops it at its next chunk
+        raise HTTPException(504, f"no answer within {timeout_s:g} s; the server is busy, retry later") from None
+
+
 def create_app(translator: Translator, limits: Limits | None = None, connections: ConnectionCount | None = None
                ) -> FastAPI:
     limits = limits or Limits()
@@ -143,18 +156,8 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
     max_subwords = limits.max_subwords or max(1, min(_training_length(translator), cfg.max_positions - 1))
     attention_subwords = min(max_subwords, limits.max_attention_subwords)
 
-    async def run(enqueue: Callable[[], Future]) -> Any:
-        """Queue work for the model and wait for it, within the request's time limit."""
-        try:
-            fut = enqueue()
-        except Overloaded as e:  # 429: this client's share is full; 503: the whole queue is
-            raise HTTPException(429 if isinstance(e, OverShare) else 503, str(e),
-                                headers={"Retry-After": str(batcher.retry_after())}) from None
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), limits.timeout_s)
-        except asyncio.TimeoutError:  # wait_for cancelled the job: the worker drops it at its next chunk
-            raise HTTPException(504, f"no answer within {limits.timeout_s:g} s; the server is busy, "
-                                     "retry later") from None
+    def run(enqueue: Callable[[], Future]) -> Any:
+        return _answer(batcher, limits.timeout_s, enqueue)
 
     @app.get("/health")
     async def health() -> dict:

@@ -139,24 +139,24 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
                 log.warning("skipping test set %s: %s", value, e)
                 continue
             raise
-        name = _test_name(value, args.src)
-        if name in splits:
-            raise UserError(f"--test {value}: its split would be named {name!r}, as "
-                            f"{'the ' + name + ' split' if name in names else 'another test set'}; rename its files")
-        splits[name] = pair
+        splits[_test_name(value, args.src, splits)] = pair
     manifest = prepare(splits, Path(args.out), args.src, args.tgt, cfg.data.vocab_size, cfg.data.max_len,
                        cfg.data.strict or args.strict, cfg.train.seed, dedup=cfg.data.dedup,
                        max_ratio=cfg.data.max_ratio)
     print(json.dumps(manifest["splits"], indent=1))
 
 
-def _test_name(value: str, src: str) -> str:
+def _test_name(value: str, src: str, splits: dict) -> str:
     """A test split's name: its prefix's file name (`newstest2014`, `valid.final`), or for explicit
-    files (SRC_FILE,TGT_FILE) the source file's name less `.gz` and its language suffix."""
-    if "," not in value:
-        return Path(value).name
-    name = Path(value.split(",", 1)[0]).name.removesuffix(".gz")
-    return name.removesuffix(f".{src}") or name
+    files (SRC_FILE,TGT_FILE) the source file's name less `.gz` and its language suffix; one that
+    another split has is refused."""
+    name = Path(value.split(",", 1)[0]).name
+    if "," in value:
+        name = name.removesuffix(".gz").removesuffix(f".{src}") or name
+    if name in splits:
+        what = f"the {name} split" if name in ("train", "valid") else "another test set"
+        raise UserError(f"--test {value}: its split would be named {name!r}, as {what}; rename its files")
+    return name
 
 
 def add_prepare(sub) -> None:
