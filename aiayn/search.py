@@ -10,6 +10,7 @@ score / lp(|Y|), |Y| counting the end-of-sentence token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -78,11 +79,22 @@ def _top_lprobs(logits: Tensor, n: int, at_max: Tensor, chunk_bytes: int = 1 << 
     return vals, idx
 
 
+Abandoned = Callable[[Tensor], Tensor]  # sentence ids (B,) -> which of them nobody waits for now
+ABANDON_EVERY = 8  # steps between two looks at `abandoned`
+
+
+def _wanted(abandoned: Abandoned | None, t: int, active: Tensor) -> Tensor | None:
+    """Every ABANDON_EVERY steps, which active sentences someone still waits for (None: all)."""
+    if abandoned is None or t % ABANDON_EVERY != ABANDON_EVERY - 1:
+        return None
+    return ~abandoned(active)
+
+
 @torch.no_grad()
 def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
-                  limit: int = 1023) -> list[Hypothesis]:
+                  limit: int = 1023, abandoned: Abandoned | None = None) -> list[Hypothesis]:
     """Pick the most probable next token until EOS or the maximum length; finished sentences
-    leave the batch."""
+    leave the batch, and so do `abandoned` ones (a server's requests that gave up)."""
     B, dev = src.size(0), src.device
     max_len = max_lengths(src, max_len_a, max_len_b, limit)
     cache = model.start_decoding(src)
@@ -96,6 +108,9 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
         scores[active] += best
         out[active, t] = tokens
         live = tokens != EOS
+        wanted = _wanted(abandoned, t, active)
+        if wanted is not None:
+            live &= wanted
         if not live.any():
             break
         if not live.all():
@@ -108,13 +123,15 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
 
 @torch.no_grad()
 def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: float = 0.6, max_len_a: float = 1.0,
-                max_len_b: int = 50, nbest: int = 1, limit: int = 1023) -> list[list[Hypothesis]]:
+                max_len_b: int = 50, nbest: int = 1, limit: int = 1023, abandoned: Abandoned | None = None
+                ) -> list[list[Hypothesis]]:
     """Batched beam search (§6.1) over src (B, S); returns the `nbest` best hypotheses per row.
 
     Each step expands every live beam, keeps the 2·beam best candidates, sets aside those that
     end in EOS among the top `beam`, and continues with the best `beam` that do not (the
     bookkeeping stays in tensors: no per-sentence Python work per step). A sentence stops as
-    `_open` says, and leaves the batch, so its rows cost nothing afterwards.
+    `_open` says, and leaves the batch, so its rows cost nothing afterwards; so does one that
+    `abandoned` names (every ABANDON_EVERY steps), with the hypotheses it had finished.
     """
     B, k, dev = src.size(0), beam, src.device
     max_len = max_lengths(src, max_len_a, max_len_b, limit)  # (B,)
@@ -145,13 +162,11 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         if is_eos[:, :k].any():
             _merge_finished(fin_score, fin_tok, active, top_scores[:, :k], hist[(row_base + top_beam[:, :k]).view(-1)],
                             is_eos[:, :k], length_penalty(t + 1, alpha))
-        # Live beams: the k best candidates that are not EOS.
-        rank = torch.arange(top_scores.size(1), device=dev).expand_as(top_scores)
-        live = (rank + is_eos.long() * 10_000).topk(k, dim=1, largest=False).indices  # (n, k)
-        new_scores = top_scores.gather(1, live)
-        new_tok = top_tok.gather(1, live)
-        src_rows = (row_base + top_beam.gather(1, live)).view(-1)
+        new_scores, new_tok, src_rows = _live(top_scores, top_tok, top_beam, is_eos, row_base, k)
         keep = _open(fin_score[active, nbest - 1], new_scores[:, 0], bound_lp[active], t >= max_len[active])
+        wanted = _wanted(abandoned, t, active[keep])
+        if wanted is not None:
+            keep = keep[wanted]
         if not keep.numel():
             break
         dropped = keep.numel() < n
@@ -166,6 +181,15 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         scores, tokens = new_scores, new_tok.view(-1)
     return [[Hypothesis([i for i in row if i != PAD], s) for s, row in zip(sc, tk) if s > float("-inf")]
             for sc, tk in zip(fin_score[:, :nbest].tolist(), fin_tok[:, :nbest].tolist())]
+
+
+def _live(top_scores: Tensor, top_tok: Tensor, top_beam: Tensor, is_eos: Tensor, row_base: Tensor, k: int
+          ) -> tuple[Tensor, Tensor, Tensor]:
+    """The live beams: each sentence's k best candidates that do not end in EOS, (n, k) scores and
+    tokens, and the decoder row each continues, (n·k,)."""
+    rank = torch.arange(top_scores.size(1), device=top_scores.device).expand_as(top_scores)
+    live = (rank + is_eos.long() * 10_000).topk(k, dim=1, largest=False).indices  # (n, k)
+    return top_scores.gather(1, live), top_tok.gather(1, live), (row_base + top_beam.gather(1, live)).view(-1)
 
 
 def _open(nth: Tensor, best_live: Tensor, bound_lp: Tensor, at_max: Tensor) -> Tensor:

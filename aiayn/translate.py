@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,8 +215,10 @@ class Translator:
 
     @torch.no_grad()
     def translate_ids(self, ids: list[list[int]], beam: int | None = None, alpha: float | None = None,
-                      nbest: int | None = None, progress: bool = False) -> list[list[Hypothesis]]:
-        """Search for every source (ids with EOS); empty sources give no hypotheses."""
+                      nbest: int | None = None, progress: bool = False,
+                      abandoned: Callable[[], set[int]] | None = None) -> list[list[Hypothesis]]:
+        """Search for every source (ids with EOS); empty sources give no hypotheses. `abandoned`:
+        the indices of `ids` nobody waits for any more (asked every few steps; they stop there)."""
         d = self.decode_cfg
         beam = d.beam if beam is None else beam
         alpha, nbest = d.alpha if alpha is None else alpha, d.nbest if nbest is None else nbest
@@ -239,11 +242,12 @@ class Translator:
             src = src.to(self.device)
             model = self.search_model if self.shortlist is None else ShortlistDecoder(
                 self.search_model, *self.shortlist.columns(src))
+            gone = None if abandoned is None else functools.partial(_gone, abandoned, batch)
             with ctx:
                 if beam == 1:
-                    hyps = [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, limit)]
+                    hyps = [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, limit, gone)]
                 else:
-                    hyps = beam_search(model, src, beam, alpha, d.max_len_a, d.max_len_b, nbest, limit)
+                    hyps = beam_search(model, src, beam, alpha, d.max_len_a, d.max_len_b, nbest, limit, gone)
             if isinstance(model, ShortlistDecoder):
                 hyps = model.full_ids(hyps)
             for i, h in zip(batch, hyps):
@@ -290,6 +294,12 @@ class Translator:
         seconds = time.perf_counter() - start
         log.info("encoder and decoder step compiled in %.1f s (torch.compile; inductor caches it on disk)", seconds)
         return seconds
+
+
+def _gone(abandoned: Callable[[], set[int]], batch: list[int], active: torch.Tensor) -> torch.Tensor:
+    """Which of a batch's active sentences (positions in `batch`) are among the abandoned ids."""
+    out = abandoned()
+    return torch.tensor([batch[i] in out for i in active.tolist()], dtype=torch.bool, device=active.device)
 
 
 # -- attention maps (Figures 3-5): one extraction for plots, the server and the analysis ----------

@@ -247,3 +247,36 @@ def test_translator_truncates_long_lines_and_handles_unknown_characters(translat
         out = translator.translate(["dog " * 60, "猫 ☃ émoji 🙂"])
     assert len(out) == 2
     assert "truncated" in caplog.text
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_an_abandoned_sentence_leaves_within_a_few_steps_and_the_others_do_not_notice(beam):
+    """A server's request that gave up mid-chunk: its sentence stops costing rows at the next look
+    (every ABANDON_EVERY steps), the batch's other sentences translate as they would have."""
+    from aiayn.search import ABANDON_EVERY
+
+    model = random_model(vocab=13, seed=4)
+    with torch.no_grad():
+        model.out_proj.weight[EOS].fill_(-5.0)  # searches run to their limit
+    srcs = [[4, 5, 6, 7, EOS], [10, 11, 12, 9, EOS]]
+    batch = torch.tensor(srcs)
+    rows, real = [], model.decode_step
+
+    def step(tokens, cache):
+        rows.append(tokens.numel())
+        return real(tokens, cache)
+
+    model.decode_step = step
+
+    def search(abandoned=None):
+        rows.clear()
+        if beam == 1:
+            return [[h] for h in greedy_search(model, batch, 0.0, 30, abandoned=abandoned)]
+        return beam_search(model, batch, beam=beam, alpha=0.6, max_len_a=0.0, max_len_b=30, abandoned=abandoned)
+
+    full = search()
+    full_rows = list(rows)
+    half = search(lambda active: active == 0)  # sentence 0's request gave up
+    assert rows[:ABANDON_EVERY] == full_rows[:ABANDON_EVERY]
+    assert rows[ABANDON_EVERY:] == [r // 2 for r in full_rows[ABANDON_EVERY:]]
+    assert [h.tokens for h in half[1]] == [h.tokens for h in full[1]]

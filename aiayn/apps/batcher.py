@@ -83,7 +83,8 @@ class Batcher:
     the rate it has measured; at most `chunk_work`, and the key/value memory of `chunk_bytes`),
     fills a chunk with waiting requests of the same options, and goes round the requests in turn,
     so a long request delays a short one by about one chunk, not by its whole length. The queue is
-    weighed in sentences and in work; a request that gave up costs nothing more."""
+    weighed in sentences and in work; a request that gave up leaves its chunk within a few decoder
+    steps and costs nothing more."""
 
     def __init__(self, translator: Translator, max_queue: int = 1024, max_batch: int = 256,
                  max_work: int = 1 << 20, chunk_work: int = 1 << 14, chunk_bytes: int = 1 << 30,
@@ -261,9 +262,12 @@ class Batcher:
     def _translate(self, chunk: list[tuple[Job, int, int]]) -> None:
         t = self.translator
         ids = [x for job, a, b in chunk for x in job.ids[a:b]]
+        owner = [job for job, a, b in chunk for _ in range(a, b)]
         beam, alpha = chunk[0][0].options
         start = time.perf_counter()
-        hyps = t.translate_ids(ids, beam=beam, alpha=alpha, nbest=1)
+        # a request that gives up during the chunk stops costing within a few decoder steps
+        hyps = t.translate_ids(ids, beam=beam, alpha=alpha, nbest=1,
+                               abandoned=lambda: {i for i, job in enumerate(owner) if job.future.cancelled()})
         texts = t.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
         scores = [h[0].score if h else None for h in hyps]
         work = sum(job.cost(i) for job, a, b in chunk for i in range(a, b))
