@@ -1,5 +1,6 @@
 """The HTTP API through FastAPI's TestClient: answers, limits, bad input, concurrency."""
 
+import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -158,12 +159,16 @@ def test_request_past_its_time_limit_gets_504_and_is_dropped(gated):
         assert gate.entered.wait(10)
         r = client.post("/translate", json={"sentences": ["a cat"]})
         assert r.status_code == 504 and "0.5 s" in r.json()["detail"]
+        time.sleep(0.1)
+        h = client.get("/health").json()  # the worker is stuck on a job past the time limit
+        assert h["status"] == "degraded" and h["queue"]["oldest_s"] > 0.5, h
         gate.release.set()
         assert first.result().status_code == 504  # it started, but its answer came too late
     r = client.post("/translate", json={"sentences": ["blue street"], "beam": 1})
     assert r.status_code == 200 and r.json()["translations"] == t.translate(["blue street"], beam=1)
     assert "a cat" not in [s for batch in gate.seen for s in batch]
-    assert client.get("/health").json()["queue"]["sentences"] == 0
+    h = client.get("/health").json()
+    assert h["queue"]["sentences"] == 0 and h["status"] == "ok"
 
 
 def test_attention_uses_the_model_where_it_is(translator, client, monkeypatch):
@@ -226,27 +231,34 @@ def test_a_batch_that_fails_is_rerun_one_request_at_a_time(translator):
     assert blocker.queued == 0 and blocker.work == 0 and blocker.worker.is_alive()
 
 
-def test_a_long_request_is_done_in_chunks_between_which_others_are_served(translator):
-    """Round robin: a request of many sentences does not hold the worker until it is done."""
-    order = []
-    real = translator.translate_ids
+@contextlib.contextmanager
+def batch_sizes(translator):
+    """The number of sentences of each translate_ids call meanwhile."""
+    order, real = [], translator.translate_ids
 
     def record(ids, *a, **k):
         order.append(len(ids))
         return real(ids, *a, **k)
 
+    translator.translate_ids = record
+    try:
+        yield order
+    finally:
+        translator.translate_ids = real
+
+
+def test_a_long_request_is_done_in_chunks_between_which_others_are_served(translator):
+    """Round robin: a request of many sentences does not hold the worker until it is done."""
     gate = threading.Event()
     b = Batcher(translator, chunk_work=4 * 4 * 3)  # about three short sentences per chunk at beam 4
     b.call(lambda: gate.wait(10))
-    translator.translate_ids = record
-    try:
+    with batch_sizes(translator) as order:
         long = b.submit(["the dog runs"] * 12, 4, 0.6)
         short = b.submit(["a cat"], 2, 0.6)  # other options: never merged with the long one
         gate.set()
-        assert long.result(30)[0] == translator.translate(["the dog runs"] * 12)
+        long = long.result(30)[0]
         short.result(30)
-    finally:
-        translator.translate_ids = real
+    assert long == translator.translate(["the dog runs"] * 12)
     assert len(order) > 2 and order.index(1) < len(order) - 1  # the short one ran before the long one ended
 
 
@@ -290,24 +302,6 @@ def test_a_server_with_a_shortlist_answers_as_its_translator_and_says_so(toy_pre
     assert client.post("/translate", json={"sentences": ["the dog runs", "a cat"]}).json()["translations"] == short
     assert client.get("/health").json()["decode"]["shortlist"] is True
     assert short != plain  # a random model's translations leave two subwords per source word
-
-
-def test_health_says_degraded_while_a_job_is_older_than_the_time_limit(gated):
-    t, gate = gated
-    client = TestClient(create_app(t, Limits(timeout_s=0.5)))
-    with ThreadPoolExecutor(1) as pool:
-        first = pool.submit(client.post, "/translate", json={"sentences": ["the dog"]})
-        assert gate.entered.wait(10)
-        assert client.get("/health").json()["status"] == "ok"
-        time.sleep(0.7)  # the worker is stuck on a job past the time limit
-        h = client.get("/health").json()
-        assert h["status"] == "degraded" and h["queue"]["oldest_s"] > 0.5, h
-        gate.release.set()
-        assert first.result().status_code == 504
-    deadline = time.time() + 10
-    while client.get("/health").json()["status"] != "ok":
-        assert time.time() < deadline
-        time.sleep(0.05)
 
 
 def test_one_client_holds_a_share_of_the_work_and_gets_429_beyond_it(gated):
@@ -357,23 +351,13 @@ def test_the_access_log_limit_counts_what_it_held_back(caplog):
 def test_a_chunk_is_about_chunk_s_of_work_at_the_measured_rate(translator):
     """Chunks follow the rate the worker measures, so a short request waits about `chunk_s` behind a
     long one on any model (a fixed amount of work took 7 s a chunk on a base-sized model)."""
-    order = []
-    real = translator.translate_ids
-
-    def record(ids, *a, **k):
-        order.append(len(ids))
-        return real(ids, *a, **k)
-
     gate = threading.Event()
     b = Batcher(translator, chunk_s=0.5)
     per = b.price(translator.encode_sources(["the dog runs"]), 4)[0]
     b.call(lambda: gate.wait(10))
-    translator.translate_ids = record
-    try:
+    with batch_sizes(translator) as order:
         b.rate = 6 * per  # work per second: 3 sentences in half a second
         long = b.submit(["the dog runs"] * 12, 4, 0.6)
         gate.set()
         long.result(30)
-    finally:
-        translator.translate_ids = real
     assert order[0] == 3 and sum(order) == 12, order
