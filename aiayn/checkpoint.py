@@ -19,12 +19,13 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .config import Config, ConfigError, from_dict
+from .errors import AiaynError
 from .files import atomic_write  # noqa: F401 (re-exported: its home before files.py)
 from .models import build_model
 from .tokenizer import Tokenizer
 
 
-class CheckpointError(ValueError):
+class CheckpointError(AiaynError):
     """A missing, corrupt or incompatible checkpoint; the message names the file."""
 
 

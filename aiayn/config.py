@@ -15,11 +15,12 @@ from typing import Any
 
 import yaml
 
+from .errors import AiaynError
 from .files import atomic_write
 from .presets import PAPER_PARAMS_M, PRESETS  # noqa: F401  (PAPER_PARAMS_M re-exported for the CLI)
 
 
-class ConfigError(ValueError):
+class ConfigError(AiaynError):
     """A config value or override is invalid; the message names the field."""
 
 

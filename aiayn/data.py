@@ -23,13 +23,14 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from .errors import AiaynError
 from .files import atomic_write, check_output_folder, lock_data, new_folder, owned
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("aiayn")
 FORMAT_VERSION = 1
 
-class DataError(ValueError):
+class DataError(AiaynError):
     """Bad input data; the message names the file and line."""
 
 

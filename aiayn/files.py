@@ -21,8 +21,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from .errors import AiaynError
 
-class FileError(ValueError):
+
+class FileError(AiaynError):
     """An output that would destroy something, or a folder in use; the message names it."""
 
 

@@ -18,12 +18,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import AiaynError
+
 LEAF = "XX"  # the placeholder for a part-of-speech tag and its word
 PUNCT = {",", ":", "``", "''", "."}  # COLLINS.prm DELETE_LABEL (punctuation tags)
 EQ_LABELS = {"PRT": "ADVP"}  # COLLINS.prm EQ_LABEL ADVP PRT
 
 
-class TreeError(ValueError):
+class TreeError(AiaynError):
     """A malformed tree; the message names the file and the tree number."""
 
 

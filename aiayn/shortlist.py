@@ -22,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save
 from torch import Tensor
 
+from .errors import AiaynError
 from .files import atomic_write
 from .search import Hypothesis
 from .tokenizer import EOS
@@ -29,7 +30,7 @@ from .tokenizer import EOS
 SPECIALS = 4  # PAD, UNK, BOS, EOS: ids 0-3, always columns 0-3, so search's ids for them hold
 
 
-class ShortlistError(ValueError):
+class ShortlistError(AiaynError):
     """A missing, corrupt or foreign shortlist file; the message names it."""
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .errors import AiaynError
 from .tokenizer import PAD
 
 # The Penn Treebank's 45 tags. Id 0 is no tag (padding, end of sentence); any other label is OTHER.
@@ -35,7 +36,7 @@ FOLDS = 10
 logging.getLogger("nltk.tag.perceptron").setLevel(logging.WARNING)  # not a line per training pass
 
 
-class TaggerError(ValueError):
+class TaggerError(AiaynError):
     """A tagger that cannot be built or read; the message says where."""
 
 

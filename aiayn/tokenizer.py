@@ -7,10 +7,12 @@ from collections.abc import Iterable
 
 import sentencepiece as spm
 
+from .errors import AiaynError
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3  # fixed ids, the same in every vocabulary
 
 
-class TokenizerError(ValueError):
+class TokenizerError(AiaynError):
     pass
 
 

@@ -111,3 +111,34 @@ def test_functions_and_modules_are_short(name):
     source = path.read_text()
     assert len(source.splitlines()) <= MAX_MODULE, f"{path.name}: {len(source.splitlines())} lines"
     assert long_functions(source) == [], f"{path.name}: functions over {MAX_FUNCTION} lines"
+
+
+def test_every_error_about_input_is_an_aiayn_error():
+    """One base (errors.AiaynError) that the command line prints as one line: a new kind of error
+    cannot be forgotten in a list of classes the CLI must know."""
+    import importlib
+    import inspect
+
+    from aiayn.errors import AiaynError
+
+    errors = []
+    for name in (n for n in modules() if not n.endswith("__main__")):  # that one runs the command line
+        module = importlib.import_module(name)
+        errors += [c for _, c in inspect.getmembers(module, inspect.isclass)
+                   if c.__module__ == name and c.__name__.endswith("Error")]
+    assert len(errors) >= 10
+    assert [c.__qualname__ for c in errors if not issubclass(c, AiaynError)] == []
+
+
+@pytest.mark.parametrize("argv", [["translate", "--checkpoint", "x"], ["score", "--hyp", "a", "--ref", "b"],
+                                  ["average", "run", "-o", "a.safetensors"],
+                                  ["export", "hf", "--checkpoint", "x", "-o", "y"],
+                                  ["serve", "--checkpoint", "x"], ["params"]])
+def test_unknown_arguments_are_refused_in_one_place(argv, capsys):
+    """Only prepare, train and config take --section.key overrides; any other verb names what it did
+    not understand, before doing anything."""
+    from aiayn.cli import main
+
+    assert main([*argv, "--bogus.flag", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"aiayn {argv[0]}: error: unrecognized arguments: --bogus.flag 1"]

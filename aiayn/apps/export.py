@@ -18,12 +18,13 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import load_checkpoint
+from ..errors import AiaynError
 from ..files import new_folder
 from ..model import Transformer
 from ..tokenizer import BOS, EOS, PAD, Tokenizer
 
 
-class ExportError(ValueError):
+class ExportError(AiaynError):
     pass
 
 

@@ -9,12 +9,8 @@ import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from ..config import ConfigError
-from ..data import DataError
-from ..files import FileError
-from ..tokenizer import TokenizerError
+from ..errors import AiaynError
 from . import apps, decoding, evidence, prepare, training
-from .common import UserError
 
 log = logging.getLogger("aiayn")
 
@@ -55,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         args.run_dir = args.run_dir_flag
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    if extra and not getattr(args, "overrides", False):  # only prepare, train and config take --section.key
+        print(f"aiayn {args.command}: error: unrecognized arguments: {' '.join(extra)}", file=sys.stderr)
+        return 2
     try:
         args.func(args, extra)
     except KeyboardInterrupt:
@@ -73,15 +72,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def meant_for_the_user(e: Exception) -> bool:
     """Whether an error's message is the whole story (it names what and where): no traceback then.
-
-    The kinds raised by modules that need torch are asked last, so that `aiayn --help` and a bad flag
-    never import it (2 s of a 3 s start)."""
-    if isinstance(e, (UserError, ConfigError, DataError, TokenizerError, FileError)):
-        return True
-    from ..checkpoint import CheckpointError
-    from ..shortlist import ShortlistError
-
-    return isinstance(e, (CheckpointError, ShortlistError))
+    Every such error is an AiaynError (errors.py)."""
+    return isinstance(e, AiaynError)
 
 
 if __name__ == "__main__":

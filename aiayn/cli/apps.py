@@ -19,8 +19,6 @@ log = logging.getLogger("aiayn")
 
 def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
     """Attention maps (Figures 3-5) or training curves."""
-    if extra:
-        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     from ..apps.plot import plot_attention, plot_curves
     from ..translate import attention_data
 
@@ -51,8 +49,6 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
     """What the attention heads do: importance, roles, pruning (validation split only)."""
-    if extra:
-        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     from ..apps.heads import HEADS, measure, write
 
     for name in ("sentences", "bleu_sentences"):
@@ -82,8 +78,6 @@ def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     """HTTP API (FastAPI) and a page to try the model."""
-    if extra:
-        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     from ..apps.serve import Limits, serve, serving_hosts
 
     names = ("max_sentences", "max_chars", "max_subwords", "max_queue", "max_work", "max_attention_subwords",
@@ -108,8 +102,6 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
     """Write a Hugging Face MarianMTModel directory, or a CTranslate2 model made from it."""
-    if extra:
-        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     from ..apps.export import ExportError, export_ct2, export_hf
 
     if args.quantization and args.format != "ct2":

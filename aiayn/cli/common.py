@@ -9,11 +9,12 @@ import unicodedata
 from pathlib import Path
 
 from ..config import Config, apply_overrides, load_yaml, preset
+from ..errors import AiaynError
 
 log = logging.getLogger("aiayn")
 
 
-class UserError(Exception):
+class UserError(AiaynError):
     """An error caused by the user's input; printed as one line, exit status 2."""
 
 

@@ -50,8 +50,6 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: beam search (beam 4, alpha 0.6, max length input + 50) over raw text."""
     from ..translate import Translator
 
-    if extra:
-        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
                                    "nbest": args.nbest, "max_tokens": args.max_tokens}.items() if v is not None}
     refuse_parser(args.checkpoint, "translate")
@@ -98,8 +96,6 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: choose beam size and alpha on the validation set; write them into a copy of the checkpoint."""
-    if extra:
-        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     from ..tune import tune
 
     beams, alphas = _numbers(args.beams, int, "--beams"), _numbers(args.alphas, float, "--alphas")
@@ -118,8 +114,6 @@ def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
 def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
     """sacreBLEU BLEU and chrF of detokenized hypotheses against references; with --parse,
     EVALB-style labeled bracketing F1 of trees (§6.3)."""
-    if extra:
-        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     if args.parse or args.right_branching or args.pcfg:
         from ..parse import TreeError, evalb, read_trees, right_branching
 
@@ -162,8 +156,6 @@ def _pcfg(train_file: str, gold: list) -> list:
 
 def cmd_parse(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.3: sentences (words separated by spaces) in, one well-formed tree per line out."""
-    if extra:
-        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     from ..parse import TreeError
     from ..treesearch import Parser
 

@@ -193,7 +193,7 @@ def add_prepare(sub) -> None:
                         "asked (instead of a warning)")
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--config", help="YAML config")
-    p.set_defaults(func=cmd_prepare)
+    p.set_defaults(func=cmd_prepare, overrides=True)  # --section.key VALUE
 
 
 def cmd_shortlist(args: argparse.Namespace, extra: list[str]) -> None:
@@ -201,8 +201,6 @@ def cmd_shortlist(args: argparse.Namespace, extra: list[str]) -> None:
     from ..files import check_output_file
     from ..shortlist import build
 
-    if extra:
-        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     if args.per_source < 1 or args.frequent < 0 or args.max_pairs < 0:
         raise UserError(f"--per-source must be >= 1, --frequent and --max-pairs >= 0; got {args.per_source}, "
                         f"{args.frequent}, {args.max_pairs}")

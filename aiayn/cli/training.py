@@ -34,8 +34,6 @@ def count_parameters(name: str, vocab_size: int) -> int:
 
 def cmd_params(args: argparse.Namespace, extra: list[str]) -> None:
     """Parameter counts of the paper's configurations beside Table 3."""
-    if extra:
-        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     if args.vocab_size <= 0:
         raise UserError(f"--vocab-size must be positive, got {args.vocab_size}")
     if args.preset:
@@ -76,8 +74,6 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: average the last N checkpoints of a run into one model file."""
     from ..checkpoint import list_checkpoints, write_averaged
 
-    if extra:
-        raise UserError(f"unrecognized arguments: {' '.join(extra)}")
     if not args.run_dir:
         raise UserError("average needs a run folder: aiayn average RUN_DIR -o OUT (or --run-dir RUN_DIR)")
     paths = list_checkpoints(Path(args.run_dir))
@@ -128,7 +124,7 @@ def add_train(sub) -> None:
     p.add_argument("--force-batching", action="store_true",
                    help="with --resume: accept changed data.max_tokens / train.seed / data by continuing from the "
                         "start of the next epoch (otherwise such a resume is refused)")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, overrides=True)  # --section.key VALUE
 
 
 def add_average(sub) -> None:
@@ -148,4 +144,4 @@ def add_config(sub) -> None:
                        epilog=config_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--config", help="YAML config to start from")
-    p.set_defaults(func=cmd_config)
+    p.set_defaults(func=cmd_config, overrides=True)  # --section.key VALUE
