@@ -14,8 +14,6 @@ Both end as a folder of aligned ``{split}.{lang}`` text files that `data.prepare
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import http.client
 import json
 import logging
@@ -30,6 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .data import DataError
+from .files import digest
 
 log = logging.getLogger("aiayn")
 
@@ -115,15 +114,11 @@ def _download(url: str, dest: Path, what: str) -> None:
 
 
 def text_sha256(path: Path) -> str:
-    """SHA-256 of a file's text, uncompressed if it is gzipped."""
-    h = hashlib.sha256()
+    """SHA-256 of a file's text, uncompressed if it is gzipped (Multi30k's published checksums)."""
     try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
+        return digest(path, gunzip=path.suffix == ".gz")
     except (OSError, EOFError) as e:
         raise DataError(f"{path}: not readable ({e})") from None
-    return h.hexdigest()
 
 
 def verify_multi30k(folder: Path, src: str, tgt: str, trust_local: bool = False) -> None:
@@ -180,21 +175,13 @@ def _cached_ok(path: Path, want: str | None) -> bool:
         return False
 
 
-def checksum(path: Path, algorithm: str) -> str:
-    h = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def verify(path: Path, size: int | None, expected: str) -> None:
     """The published size and checksum, or a DataError that names the file and both values."""
     if size is not None and path.stat().st_size != size:
         raise DataError(f"{path}: {path.stat().st_size} bytes, the official archive has {size}; "
                         "a truncated or different file (delete it to download again)")
     algorithm, want = expected.split(":")
-    got = checksum(path, algorithm)
+    got = digest(path, algorithm)
     if got != want:
         raise DataError(f"{path}: {algorithm} {got}, the official archive's is {want}; "
                         "a damaged or different file (delete it to download again)")

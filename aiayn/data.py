@@ -24,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .errors import AiaynError
-from .files import atomic_write, check_output_folder, lock_data, new_folder, owned
+from .files import atomic_write, check_output_folder, digest, lock_data, new_folder, owned
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("aiayn")
@@ -93,14 +93,6 @@ def read_parallel(src: Path, tgt: Path, strict: bool = False) -> tuple[list[str]
     counts: dict = {}
     pairs = list(iter_pairs(src, tgt, strict, counts))
     return [s for s, _ in pairs], [t for _, t in pairs], counts["dropped_empty"]
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # -- the prepared cache --------------------------------------------------------------------
@@ -289,7 +281,7 @@ def prepare(
     def recorded(p: Path) -> str:  # a carried file is recorded where it will be
         return str(out / p.relative_to(carry)) if carry and p.is_relative_to(carry) else str(p)
 
-    inputs = {name: {"src": recorded(s), "tgt": recorded(t), "src_sha256": sha256(s), "tgt_sha256": sha256(t)}
+    inputs = {name: {"src": recorded(s), "tgt": recorded(t), "src_sha256": digest(s), "tgt_sha256": digest(t)}
               for name, (s, t) in splits.items()}
     if (out / "manifest.json").exists():
         old = _old_manifest(out / "manifest.json")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -61,6 +63,16 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def digest(path: str | Path, algorithm: str = "sha256", gunzip: bool = False) -> str:
+    """The hex digest of a file's bytes, read in blocks (a file of any size); with `gunzip`, of the
+    text inside a gzip file. Raises OSError / EOFError for a file that cannot be read through."""
+    h = hashlib.new(algorithm)
+    with (gzip.open if gunzip else open)(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def check_output_file(path: str | Path, flag: str = "--output", inputs: tuple = ()) -> Path:
