@@ -20,7 +20,7 @@ from safetensors.torch import save as st_save
 
 from .config import Config, ConfigError, from_dict
 from .errors import AiaynError
-from .files import atomic_write  # noqa: F401 (re-exported: its home before files.py)
+from .files import atomic_write
 from .models import build_model
 from .tokenizer import Tokenizer
 

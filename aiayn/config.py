@@ -17,7 +17,7 @@ import yaml
 
 from .errors import AiaynError
 from .files import atomic_write
-from .presets import PAPER_PARAMS_M, PRESETS  # noqa: F401  (PAPER_PARAMS_M re-exported for the CLI)
+from .presets import PRESETS
 
 
 class ConfigError(AiaynError):

@@ -1,6 +1,7 @@
 import pytest
 
-from aiayn.config import PRESETS, Config, ConfigError, apply_overrides, load_yaml, preset
+from aiayn.config import Config, ConfigError, apply_overrides, load_yaml, preset
+from aiayn.presets import PRESETS
 
 
 def test_yaml_round_trip(tmp_path):

@@ -12,9 +12,9 @@ from conftest import tiny_config
 
 from aiayn import checkpoint
 from aiayn.batches import TokenData, collate, make_batches
-from aiayn.checkpoint import CheckpointError, atomic_write, list_checkpoints, load_checkpoint, read_weights
+from aiayn.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, read_weights
 from aiayn.cli import main
-from aiayn.files import FileError
+from aiayn.files import FileError, atomic_write
 from aiayn.model import Transformer
 from aiayn.optim import make_optimizer
 from aiayn.steps import train_step

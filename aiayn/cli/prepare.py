@@ -9,9 +9,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..config import PRESETS, Config
+from ..config import Config
 from ..data import PREPARED, DataError
 from ..files import add_to_marker
+from ..presets import PRESETS
 from .common import (
     UserError,
     build_config,

@@ -7,8 +7,9 @@ import logging
 import sys
 from pathlib import Path
 
-from ..config import PAPER_PARAMS_M, PRESETS, ConfigError, load_yaml, preset
+from ..config import ConfigError, load_yaml, preset
 from ..files import check_output_file
+from ..presets import PAPER_PARAMS_M, PRESETS
 from .common import (
     UserError,
     _parse_overrides,
