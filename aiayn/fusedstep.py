@@ -26,10 +26,10 @@ from .model import Transformer
 
 
 def fusable(model) -> bool:
-    """A model `FusedDecoder` computes exactly: the Transformer without the parser's inputs (pointer,
-    depth), and with no forward hooks on its modules (they must see every call: `aiayn heads`'s gates
-    are hooks)."""
-    if type(model) is not Transformer or model.cfg.pointer_input or model.cfg.depth_input:
+    """A model `FusedDecoder` computes exactly: a Transformer whose decoder inputs are the embedded
+    token and its position alone (not the parser's with pointer or depth inputs), with no forward
+    hooks on its modules (they must see every call: `aiayn heads`'s gates are hooks)."""
+    if not isinstance(model, Transformer) or model.decoder_inputs:
         return False
     return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
@@ -97,8 +97,9 @@ class FusedDecoder:
 
     def __init__(self, model, dtype: torch.dtype = torch.float32, capacity: int = 64, int8: bool = False,
                  encoder=None, compiled: bool = False):
-        if model.cfg.pointer_input or model.cfg.depth_input:
-            raise ValueError("the fused decoder step has no pointer or depth input (model.pointer_input, depth_input)")
+        if model.decoder_inputs:
+            raise ValueError("the fused decoder step has no decoder inputs beside the token (a parser's pointer "
+                             "or depth input)")
         self.model, self.dtype, self.capacity, self.cfg = model, dtype, capacity, model.cfg
         cfg = self.cfg
         self.pre_norm, self.d = cfg.pre_norm, cfg.d_model

@@ -8,7 +8,6 @@ Token tensors are right-padded with ``pad_id``. Attention weights are returned a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -19,8 +18,6 @@ from .attention import MultiHeadAttention
 from .config import ModelConfig
 from .dropout import Dropout
 from .linear import Linear
-from .pointer import BracketDepth, PointerState, gather, next_positions
-from .tagger import N_TAGS
 
 
 def sinusoidal_positions(n: int, d: int) -> Tensor:
@@ -167,7 +164,7 @@ class DecoderCache:
     src_mask: Tensor  # (B, 1, 1, S)
     group: int = 1
     step: int = 0
-    inputs: list = field(default_factory=list)  # per-row input states (pointer.py): pointer, depth
+    inputs: list = field(default_factory=list)  # per-row states of a subclass's decoder inputs (input_states)
 
     def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
         """Keep decoder rows `rows` (indices into the current rows), e.g. the surviving beams.
@@ -263,13 +260,7 @@ class Transformer(nn.Module):
         self.emb_dropout = Dropout(cfg.p_drop)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.N))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec))
-        if cfg.pointer_input:  # §6.3 option: the next source word's state joins each decoder input
-            self.pointer_proj = nn.Linear(d, d, bias=False)
-        if cfg.depth_input:  # §6.3 option: so does the number of open brackets
-            self.depth = BracketDepth(V, d)
-        if cfg.tag_input:  # §6.3 option: each source subword's word class joins its embedding (tagger.py)
-            self.tag_embed = nn.Embedding(N_TAGS, d, padding_idx=0)
-        self.src_tagger: Callable[[Tensor], Tensor] | None = None  # tags sources given without (from the checkpoint)
+        self.add_inputs(cfg)
         self.enc_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.dec_norm = nn.LayerNorm(d) if cfg.pre_norm else nn.Identity()
         self.reset_parameters()
@@ -287,13 +278,32 @@ class Transformer(nn.Module):
         with torch.no_grad():  # the padding row starts at zero (fairseq practice)
             self.src_embed.weight[self.cfg.pad_id].zero_()
             self.tgt_embed.weight[self.cfg.pad_id].zero_()
-            if self.cfg.tag_input:
-                self.tag_embed.weight[0].zero_()
+
+    # -- inputs beside the tokens (none here; a subclass may add some, e.g. §6.3's parser) -------
+    def add_inputs(self, cfg: ModelConfig) -> None:
+        """Modules of extra inputs, registered after the decoder (before the final norms)."""
+
+    def source_extra(self, src: Tensor, src_tags: Tensor | None) -> Tensor | None:
+        """An addition to the source embeddings (B, S, d), or None."""
+        return None
+
+    def decoder_extra(self, src: Tensor, memory: Tensor, tgt_in: Tensor) -> Tensor | None:
+        """An addition to the teacher-forced decoder inputs (B, T, d), or None."""
+        return None
+
+    def input_states(self, memory: Tensor, src: Tensor, group: int) -> list:
+        """Per-row states whose `step(tokens)` adds to each incremental decoder input, and `reorder(rows)`."""
+        return []
+
+    @property
+    def decoder_inputs(self) -> bool:
+        """Whether decoder inputs carry more than the embedded token and its position."""
+        return False
 
     # -- embeddings ------------------------------------------------------------------------
-    def _embed(self, tokens: Tensor, embed: nn.Embedding, side: str, offset: int = 0, tags: Tensor | None = None
+    def _embed(self, tokens: Tensor, embed: nn.Embedding, side: str, offset: int = 0, extra: Tensor | None = None
                ) -> Tensor:
-        """§3.4-3.5: Dropout(Embedding(x)·√d_model + PE) for positions offset..offset+T (+ the tags' embedding)."""
+        """§3.4-3.5: Dropout(Embedding(x)·√d_model + PE) for positions offset..offset+T (+ `extra`)."""
         T = tokens.size(1)
         if offset + T > self.cfg.max_positions:
             raise ValueError(
@@ -301,8 +311,8 @@ class Transformer(nn.Module):
             )
         pos = (self.src_pos if side == "src" else self.tgt_pos) if self.cfg.learned_positions else self.pe
         x = embed(tokens) * math.sqrt(self.cfg.d_model) + pos[offset:offset + T]
-        if tags is not None:
-            x = x + self.tag_embed(tags) * math.sqrt(self.cfg.d_model)
+        if extra is not None:
+            x = x + extra
         return self.emb_dropout(x)
 
     # -- encoder ---------------------------------------------------------------------------
@@ -312,24 +322,14 @@ class Transformer(nn.Module):
     def encode(self, src: Tensor, need_weights: bool = False, src_tags: Tensor | None = None
                ) -> tuple[Tensor, Tensor, list[Tensor]]:
         """src (B, S) -> memory (B, S, d), src_mask (B, 1, 1, S), per-layer self-attention weights.
-        With model.tag_input, `src_tags` (B, S) are the subwords' tag ids, else the model's tagger's."""
+        `src_tags` (B, S): per-subword ids of a subclass's source input (`source_extra`)."""
         mask = self.source_mask(src)
-        x = self._embed(src, self.src_embed, "src", tags=self._source_tags(src, src_tags))
+        x = self._embed(src, self.src_embed, "src", extra=self.source_extra(src, src_tags))
         weights = []
         for layer in self.encoder:
             x, w = layer(x, mask, need_weights)
             weights.append(w)
         return self.enc_norm(x), mask, weights
-
-    def _source_tags(self, src: Tensor, src_tags: Tensor | None) -> Tensor | None:
-        if not self.cfg.tag_input:
-            return None
-        if src_tags is None:
-            if self.src_tagger is None:
-                raise ValueError("this model reads part-of-speech tags beside its words (model.tag_input), and "
-                                 "neither tags nor a tagger were given")
-            src_tags = self.src_tagger(src)
-        return src_tags
 
     # -- decoder ---------------------------------------------------------------------------
     def _decode(
@@ -355,21 +355,15 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, tgt_in: Tensor, src_tags: Tensor | None = None) -> Tensor:
         """Teacher-forced logits: src (B, S), tgt_in (B, T) -> (B, T, V)."""
         memory, mask, _ = self.encode(src, src_tags=src_tags)
-        extra = self._pointed(src, memory, tgt_in)
+        extra = self.decoder_extra(src, memory, tgt_in)
         logits, _, _ = self._decode(tgt_in, self.cross_kv(memory), mask, None, False, extra)
         return logits
-
-    def _pointed(self, src: Tensor, memory: Tensor, tgt_in: Tensor) -> Tensor | None:
-        """The §6.3 options' additions to the decoder inputs (pointer.py), or None."""
-        parts = [self.pointer_proj(gather(memory, next_positions(src, tgt_in)))] if self.cfg.pointer_input else []
-        parts += [self.depth(tgt_in)] if self.cfg.depth_input else []
-        return sum(parts) if parts else None
 
     def attention_maps(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionMaps]:
         """Logits and every attention map, through the explicit attention path."""
         memory, mask, w_enc = self.encode(src, need_weights=True)
         logits, w_self, w_cross = self._decode(tgt_in, self.cross_kv(memory), mask, None, True,
-                                               self._pointed(src, memory, tgt_in))
+                                               self.decoder_extra(src, memory, tgt_in))
         return logits, AttentionMaps(w_enc, w_self, w_cross)
 
     # -- incremental decoding ----------------------------------------------------------------
@@ -378,9 +372,7 @@ class Transformer(nn.Module):
         rows b·group .. b·group + group - 1 translate source b (the beams of beam search)."""
         memory, mask, _ = self.encode(src)
         layers = [LayerCache(k, v) for k, v in self.cross_kv(memory)]
-        inputs = [PointerState.start(self.pointer_proj(memory), src, group)] if self.cfg.pointer_input else []
-        inputs += [self.depth.start(src.size(0) * group)] if self.cfg.depth_input else []
-        return DecoderCache(layers, mask, group, inputs=inputs)
+        return DecoderCache(layers, mask, group, inputs=self.input_states(memory, src, group))
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Feed the next token of each row, tokens (B,) -> next-token logits (B, V)."""

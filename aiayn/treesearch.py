@@ -141,8 +141,8 @@ class Parser:
     well-formed tree per line (None for an empty one), over exactly the line's words (with `(` and `)`
     spelled -LRB- and -RRB-, as in the treebank)."""
 
-    def __init__(self, translator, words: bool, free: bool = False):
-        self.translator = translator
+    def __init__(self, translator, words: bool, free: bool = False, tagger=None):
+        self.translator, self.tagger = translator, tagger  # tags the trees' leaves (else XX)
         if not free:
             translator.model = TreeSearch(translator.model, translator.tokenizer, words).eval()
 
@@ -163,14 +163,16 @@ class Parser:
             if task.get("linearization") != tasks[0].get("linearization"):
                 raise TreeError(f"{p}: its trees are linearized as {task.get('linearization')!r}, {paths[0]}'s as "
                                 f"{tasks[0].get('linearization')!r}: an ensemble's parsers must share one")
-        return cls(Translator.load(paths, device=device, **decode), tasks[0].get("linearization") == "words", free)
+        t = Translator.load(paths, device=device, **decode)
+        members = getattr(t.model, "members", [t.model])  # a model.tag_input parser carries its tagger
+        tagger = next((m.src_tagger.tagger for m in members if getattr(m, "src_tagger", None)), None)
+        return cls(t, tasks[0].get("linearization") == "words", free, tagger)
 
     def parse(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
               progress: bool = False) -> list[Tree | None]:
         t = self.translator
         lines = [" ".join(escape(w) for w in line.split()) for line in lines]  # words as the treebank spells them
         hyps = t.translate_ids(t.encode_sources(lines), beam, alpha, 1, progress)
-        tagger = next((m.src_tagger.tagger for m in t.model.modules() if getattr(m, "src_tagger", None)), None)
         return [delinearize(symbols_from_pieces(t.tokenizer.id_to_piece(h[0].tokens) if h else []), line.split(),
-                            tagger.tag(line.split()) if tagger else None)  # its tagger's tags, else XX
+                            self.tagger.tag(line.split()) if self.tagger else None)
                 if line.split() else None for h, line in zip(hyps, lines)]

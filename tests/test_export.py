@@ -9,6 +9,7 @@ from aiayn.checkpoint import model_tensors, save_weights
 from aiayn.cli import main
 from aiayn.config import Config
 from aiayn.model import Transformer
+from aiayn.models import build_model
 from aiayn.search import beam_search
 from aiayn.tokenizer import EOS, PAD, Tokenizer
 
@@ -80,7 +81,7 @@ def test_export_refuses_what_marian_cannot_hold(toy_prepared, tmp_path, capsys):
         from aiayn.tagger import Tagger
 
         cfg.model.pre_norm, cfg.model.tag_input = False, True
-        save_weights(tmp_path / "t.safetensors", model_tensors(Transformer(cfg.model)), cfg, tok, 0,
+        save_weights(tmp_path / "t.safetensors", model_tensors(build_model(cfg.model)), cfg, tok, 0,
                      {"task": "parse", "tagger": Tagger.train([[("a", "DT")]]).to_json()})
         assert main(["export", "hf", "--checkpoint", str(tmp_path / "t.safetensors"), "-o", str(tmp_path / "o")]) == 2
         assert "tag_input parser has inputs Marian and CTranslate2 lack" in capsys.readouterr().err

@@ -341,11 +341,11 @@ def test_pointer_model_steps_equal_teacher_forcing_and_group_like_copies():
     from conftest import check_cached_steps_and_padding, check_grouped_cache
 
     from aiayn.config import ConfigError, ModelConfig
-    from aiayn.model import Transformer
+    from aiayn.parser_model import ParserTransformer
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=23, d_model=16, d_ff=32, h=2, N=2, p_drop=0.0, pointer_input=True)
-    m = Transformer(cfg).eval()
+    m = ParserTransformer(cfg).eval()
     check_cached_steps_and_padding(m)
     check_grouped_cache(m)
     src, tgt = torch.randint(4, 23, (2, 5)), torch.randint(4, 23, (2, 4))
@@ -375,13 +375,13 @@ def test_depth_model_steps_equal_teacher_forcing_and_the_depth_reaches_the_logit
     from conftest import check_cached_steps_and_padding, check_grouped_cache
 
     from aiayn.config import ConfigError, ModelConfig
-    from aiayn.model import Transformer
+    from aiayn.parser_model import ParserTransformer
 
     torch.manual_seed(0)
     for pointer in (False, True):
         cfg = ModelConfig(vocab_size=23, d_model=16, d_ff=32, h=2, N=2, p_drop=0.0, depth_input=True,
                           pointer_input=pointer)
-        m = Transformer(cfg).eval()
+        m = ParserTransformer(cfg).eval()
         m.depth.delta[4:8] = torch.tensor([1.0, -1.0, 1.0, -1.0])  # ids 4, 6 open; 5, 7 close
         check_cached_steps_and_padding(m)
         check_grouped_cache(m)

@@ -378,3 +378,38 @@ def test_a_pointer_parser_resumes_bit_identically_after_sigkill(tmp_path):
     extra = json.loads(meta["extra"])
     assert extra.pop("tagger") == (prep / "tagger.json").read_text()  # the parse preset reads tags (tagger.py)
     assert extra == {"task": "parse", "linearization": "words"}
+
+
+OLD_PARSER_RUN = Path(__file__).parent / "fixtures" / "parser-run-d7d636a"
+OLD_PARSER_FLAGS = ("--preset", "parse", "--model.d_model", "16", "--model.d_ff", "32", "--model.h", "2",
+                    "--model.N", "1", "--model.p_drop", "0.1", "--model.max_positions", "128", "--data.max_tokens", "400",
+                    "--train.warmup_steps", "20", "--train.lr_scale", "0.5", "--train.valid_every", "0",
+                    "--train.valid_bleu_sentences", "0", "--train.save_every_minutes", "0", "--train.save_every", "5",
+                    "--train.log_every", "4", "--train.threads", "1", "--train.tokens_per_update", "0",
+                    "--train.max_minutes", "0", "--model.depth_input", "true")
+
+
+def test_a_parser_run_written_before_parser_model_resumes_bit_identically(tmp_path):
+    """A run folder of commit d7d636a, when the parser's inputs lived in model.py (tests/fixtures): today's
+    code loads its checkpoint as a ParserTransformer and resumes it, and the end equals a run started today
+    from scratch, bit for bit: the parameters keep their names, order and initialization, Adam its state."""
+    from test_parse import tiny_treebank
+
+    from aiayn.checkpoint import load_checkpoint
+    from aiayn.parser_model import ParserTransformer
+
+    (tmp_path / "tb").mkdir()
+    prep = tmp_path / "prep"
+    subprocess.run(aiayn("prepare", "--task", "parse", "--treebank", str(tiny_treebank(tmp_path / "tb")), "-o",
+                         str(prep), "--preset", "parse", "--data.vocab_size", "60"), check=True, capture_output=True,
+                   timeout=180)
+    old = OLD_PARSER_RUN / "run/checkpoints/step-00000010.safetensors"
+    assert isinstance(load_checkpoint(old)[0], ParserTransformer)
+    run = tmp_path / "run"
+    shutil.copytree(OLD_PARSER_RUN / "run", run)
+    assert "resumed from step-00000010" in resume(run, "--data", str(prep), "--train.max_steps", "20").stderr
+    subprocess.run(aiayn("train", "--data", str(prep), "--run-dir", str(tmp_path / "today"), *OLD_PARSER_FLAGS,
+                         "--train.max_steps", "20"), check=True, capture_output=True, timeout=180)
+    got, want = (read_weights(r / "checkpoints/step-00000020.safetensors")[0] for r in (run, tmp_path / "today"))
+    assert sorted(got) == sorted(want) and "tag_embed.weight" in got and "depth.embed.weight" in got
+    assert all(torch.equal(got[k], want[k]) for k in want)

@@ -13,6 +13,7 @@ from test_parse import aiayn, tiny_treebank
 from aiayn.checkpoint import CheckpointError, load_checkpoint, read_weights
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
+from aiayn.models import build_model
 from aiayn.parse import read_trees
 from aiayn.tagger import OTHER, TAG_ID, SourceTagger, Tagger, jackknife, subword_tags
 from aiayn.tokenizer import EOS, PAD, Tokenizer
@@ -76,7 +77,7 @@ def test_subword_tags_repeat_each_words_tag_over_its_pieces(tmp_path):
 def test_tags_reach_the_encoder_and_the_tagger_is_a_second_path_to_them():
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=30, d_model=16, d_ff=32, h=2, N=1, p_drop=0.0, tag_input=True)
-    m = Transformer(cfg).eval()
+    m = build_model(cfg).eval()  # the parser's model (parser_model.py)
     src, tgt = torch.randint(4, 30, (2, 5)), torch.randint(4, 30, (2, 4))
     tags = torch.randint(1, 40, (2, 5))
     with pytest.raises(ValueError, match="neither tags nor a tagger"):
@@ -85,7 +86,8 @@ def test_tags_reach_the_encoder_and_the_tagger_is_a_second_path_to_them():
     assert not torch.allclose(a, m(src, tgt, torch.ones_like(tags)))  # tags change the output
     m.src_tagger = lambda s: tags
     assert torch.equal(m(src, tgt), a)  # the model's own tagger gives what explicit tags give
-    assert not hasattr(Transformer(ModelConfig(vocab_size=30, d_model=16, d_ff=32, h=2, N=1)), "tag_embed")
+    assert not hasattr(build_model(ModelConfig(vocab_size=30, d_model=16, d_ff=32, h=2, N=1)), "tag_embed")
+    assert type(build_model(ModelConfig(vocab_size=30, d_model=16, d_ff=32, h=2, N=1))) is Transformer
 
 
 def test_prepare_with_tags_train_and_parse_end_to_end(tmp_path):
