@@ -382,7 +382,8 @@ def test_a_pointer_parser_resumes_bit_identically_after_sigkill(tmp_path):
 
 OLD_PARSER_RUN = Path(__file__).parent / "fixtures" / "parser-run-d7d636a"
 OLD_PARSER_FLAGS = ("--preset", "parse", "--model.d_model", "16", "--model.d_ff", "32", "--model.h", "2",
-                    "--model.N", "1", "--model.p_drop", "0.1", "--model.max_positions", "128", "--data.max_tokens", "400",
+                    "--model.N", "1", "--model.p_drop", "0.1", "--model.max_positions", "128",
+                    "--data.max_tokens", "400",
                     "--train.warmup_steps", "20", "--train.lr_scale", "0.5", "--train.valid_every", "0",
                     "--train.valid_bleu_sentences", "0", "--train.save_every_minutes", "0", "--train.save_every", "5",
                     "--train.log_every", "4", "--train.threads", "1", "--train.tokens_per_update", "0",
