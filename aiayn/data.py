@@ -355,6 +355,11 @@ def check_vocabulary(proto: bytes, data_dir: Path) -> None:
         raise DataError(f"{data_dir}: its vocabulary is not the checkpoint's; pass the run's prepared data")
 
 
+def vocabulary_size(data_dir: Path) -> int:
+    """The size of a prepared folder's shared vocabulary (§5.1), the model's vocab_size on it."""
+    return int(load_manifest(data_dir)["vocab_size"])
+
+
 def read_text(data_dir: Path, split: str, side: str, manifest: dict | None = None) -> list[str]:
     """One side ("src" or "tgt") of a prepared split's raw text (test and validation splits keep
     it), one sentence per line, checked against the manifest's count of its pairs."""

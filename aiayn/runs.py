@@ -168,7 +168,7 @@ class LossWindow:
             self.start, self.step = self.start - float(seconds), int(saved["step"])
 
 
-def _check_state(saved: object, path: Path) -> None:
+def check_state(saved: object, path: Path) -> None:
     """A training state holds the optimizer, the progress (step, epoch) and the random streams."""
     if not isinstance(saved, dict):
         raise CheckpointError(f"{path}: not a training state (a {type(saved).__name__}, not a mapping)")
@@ -182,25 +182,25 @@ def _check_state(saved: object, path: Path) -> None:
         raise CheckpointError(f"{path}: incomplete training state, missing {', '.join(missing)}")
 
 
-def _rank_seed(seed: int, rank: int) -> int:
+def rank_seed(seed: int, rank: int) -> int:
     """§5.4 dropout differs between ranks: each rank's stream is seeded from (seed, rank)."""
     return int(np.random.SeedSequence([seed, rank, 5]).generate_state(1)[0])
 
 
 def seed_rank(seed: int, rank: int) -> None:
     """§5.4: dropout differs between ranks; this rank's torch and Python streams start from (seed, rank)."""
-    torch.manual_seed(_rank_seed(seed, rank))
-    random.seed(_rank_seed(seed, rank))
+    torch.manual_seed(rank_seed(seed, rank))
+    random.seed(rank_seed(seed, rank))
 
 
-def _rng_state(device: torch.device) -> dict:
+def rng_state(device: torch.device) -> dict:
     """This process's random streams (dropout draws from torch's generator)."""
     return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
             "python_pos": random.getstate()[2],
             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
 
-def _set_rng_state(s: dict, device: torch.device) -> None:
+def set_rng_state(s: dict, device: torch.device) -> None:
     torch.set_rng_state(s["torch"])
     random.setstate((3, tuple(int(x) for x in s["python"]), s["python_pos"]))
     if s.get("cuda") is not None and device.type == "cuda":
@@ -208,7 +208,7 @@ def _set_rng_state(s: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(cuda[0] if isinstance(cuda, list) else cuda, device)
 
 
-def _main_thread() -> bool:
+def main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 

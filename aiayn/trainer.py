@@ -33,21 +33,21 @@ from .checkpoint import (
     save_state,
     save_weights,
 )
-from .config import Config
-from .data import load_manifest, read_text
+from .config import Config, ConfigError
+from .data import check_vocabulary, load_manifest, read_text
 from .models import build_model
 from .optim import make_optimizer, noam_lr
 from .runs import (
     Dist,
     LossWindow,
     Run,
-    _check_state,
-    _main_thread,
-    _rank_seed,
-    _rng_state,
-    _set_rng_state,
+    check_state,
+    main_thread,
     progress_log,
+    rank_seed,
+    rng_state,
     seed_rank,
+    set_rng_state,
 )
 from .steps import epoch_batches, shard, train_step, valid_bleu, validate
 from .tagger import SourceTagger, Tagger
@@ -75,7 +75,8 @@ class Trainer:
         self.data_dir = Path(data_dir)
         self.manifest = load_manifest(data_dir)
         self.tokenizer = Tokenizer.load(str(self.data_dir / "spm.model"))
-        cfg.model.vocab_size = len(self.tokenizer)
+        if cfg.model.vocab_size != len(self.tokenizer):  # set from the data before (training.train)
+            raise ConfigError(f"model.vocab_size {cfg.model.vocab_size}, {data_dir}'s {len(self.tokenizer)} pieces")
         cfg.validate()
         tags = cfg.model.tag_input  # §6.3 option: part-of-speech tags beside the words (tagger.py)
         self.train_data, self.valid_data = TokenData(data_dir, "train", tags), TokenData(data_dir, "valid", tags)
@@ -132,12 +133,10 @@ class Trainer:
         """Continue from a checkpoint: weights, optimizer, progress, and every rank's RNG."""
         weights_path = state_path.with_name(state_path.name.replace(".state.pt", ".safetensors"))
         tensors, meta = read_weights(weights_path)
-        if read_meta(meta, weights_path)[1].proto != self.tokenizer.proto:
-            raise CheckpointError(f"cannot resume from {weights_path}: {self.data_dir} holds another vocabulary "
-                                  "than the one this run was trained on; pass the run's own prepared data")
+        check_vocabulary(read_meta(meta, weights_path)[1].proto, self.data_dir)  # --resume RUN --data OTHER
         load_into(self.model, tensors, weights_path)
         saved = load_state(state_path)
-        _check_state(saved, state_path)
+        check_state(saved, state_path)
         try:
             self.optimizer.load_state_dict(saved["optimizer"])
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
@@ -150,9 +149,9 @@ class Trainer:
         self._check_batching(was, state_path, force_batching)
         rngs = saved["rng"] if isinstance(saved["rng"], list) else [saved["rng"]]
         if self.env.rank < len(rngs):
-            _set_rng_state(rngs[self.env.rank], self.env.device)
+            set_rng_state(rngs[self.env.rank], self.env.device)
         else:  # more ranks than when the checkpoint was written: a fresh stream for this rank
-            torch.manual_seed(_rank_seed(self.cfg.train.seed + self.state["step"], self.env.rank))
+            torch.manual_seed(rank_seed(self.cfg.train.seed + self.state["step"], self.env.rank))
         if len(rngs) != self.env.world:
             log.warning("the checkpoint holds the random streams of %d rank(s), this run has %d: "
                         "dropout masks will differ from an uninterrupted run", len(rngs), self.env.world)
@@ -265,7 +264,7 @@ class Trainer:
     def save(self, best: bool = False) -> None:
         """Collective: every rank hands its RNG state to rank 0, which writes the checkpoint."""
         self.state["saved_at"] = self.state["step"]
-        mine = (_rng_state(self.env.device), self.window.sums())
+        mine = (rng_state(self.env.device), self.window.sums())
         if self.env.world > 1:
             ranks: list | None = [None] * self.env.world if self.env.is_main else None
             dist.gather_object(mine, ranks, dst=0)
@@ -352,7 +351,7 @@ class Trainer:
         self.tb = self.run.tensorboard() if env.is_main else None
         last_save = time.perf_counter()
         handlers = {}
-        if _main_thread():
+        if main_thread():
             handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             while not self.finished():

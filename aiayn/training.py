@@ -13,6 +13,7 @@ from .checkpoint import (
     list_checkpoints,
 )
 from .config import Config, load_yaml
+from .data import vocabulary_size
 from .device import TRAIN_PRECISIONS, cpu_label, resolve_precision
 from .files import hold_data, lock_run
 from .runs import Dist, Run, cpu_paths, leave, progress_log, setup, write_provenance
@@ -105,6 +106,7 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
                               "or choose another run directory")
     if cfg is None or data_dir is None:
         raise ValueError("a config and a prepared data directory (--data) are required")
+    cfg.model.vocab_size = vocabulary_size(Path(data_dir))  # the model's vocabulary is its data's (§5.1)
     env = setup(device, cfg.train.threads, cfg.train.dist_timeout_minutes)
     why = _precision(cfg, env, run.path / "config.yaml" if resume else None)
     trainer = Trainer(cfg, Path(data_dir), run, env)

@@ -200,7 +200,8 @@ def test_resume_on_data_of_another_vocabulary_is_refused(toy_corpus, toy_prepare
         res = subprocess.run(aiayn("train", "--resume", str(run), "--data", str(other), *force), capture_output=True,
                              text=True, timeout=180)
         err = res.stderr.strip().splitlines()
-        assert res.returncode == 2 and "another vocabulary" in err[-1] and str(other) in err[-1], res.stderr[-1500:]
+        assert res.returncode == 2 and "vocabulary is not the checkpoint's" in err[-1] and str(other) in err[-1], \
+            res.stderr[-1500:]
     assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
 
 

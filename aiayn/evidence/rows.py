@@ -36,10 +36,10 @@ def row_config(row: Row, common: dict[str, Any]) -> Config:
 def trained_config(row: Row, common: dict[str, Any], data_dir: Path) -> Config:
     """The row's config as training resolves it: the vocabulary size is the prepared data's (a result
     states the same config whether its run was resumed or not)."""
-    from ..data import load_manifest
+    from ..data import vocabulary_size
 
     cfg = row_config(row, common)
-    cfg.model.vocab_size = int(load_manifest(Path(data_dir))["vocab_size"])
+    cfg.model.vocab_size = vocabulary_size(Path(data_dir))
     return cfg
 
 
@@ -288,9 +288,9 @@ def _minutes_at(step: int, train_rows: list[dict]) -> float:
 
 
 def _count_params(model_cfg, data_dir: Path) -> int:
-    from ..data import load_manifest
+    from ..data import vocabulary_size
     from ..models import build_model
 
-    model_cfg.vocab_size = int(load_manifest(data_dir)["vocab_size"])
+    model_cfg.vocab_size = vocabulary_size(data_dir)
     with torch.device("meta"):
         return sum(p.numel() for p in build_model(model_cfg).parameters())
