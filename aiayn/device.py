@@ -177,6 +177,22 @@ def lstm_bf16() -> bool:
     return True
 
 
+def inductor_cache() -> None:
+    """Under an ISA limit (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), unless the user chose a cache,
+    give TorchInductor a disk cache of that limit's own: its cache key does not include the limit,
+    and kernels compiled on one side crashed compiled decoding on the other (a segfault in a cached
+    kernel, seen with the AVX2 stand-in of issue #58). Call before torch.compile."""
+    limit = "-".join(os.environ[v].lower() for v in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+                     if os.environ.get(v))
+    if limit and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        import getpass
+        import tempfile
+
+        user = "".join(c if c.isalnum() else "_" for c in getpass.getuser())
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}-{limit}")
+        log.info("TorchInductor cache for %s: %s", limit, os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
 def huge_pages() -> None:
     """Ask PyTorch's CPU allocator for transparent huge pages on large tensors (THP_MEM_ALLOC_ENABLE),
     unless the user set the variable: every training step allocates the logits and their gradient

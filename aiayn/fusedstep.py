@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
+from .device import inductor_cache
 from .linear import Int8Linear, _onednn, onednn_available
 from .model import Transformer
 
@@ -261,6 +262,7 @@ def compiled_step(step, weights: Sequence[Tensor] = ()):
         torch._dynamo.config.recompile_limit = 64
     for w in weights:  # the weights' sizes are constants of the graph, not symbols
         torch._dynamo.mark_static(w)
+    inductor_cache()
     compiled = torch.compile(step, dynamic=True)
 
     def run(*args):

@@ -14,7 +14,7 @@ from .checkpoint import (
 )
 from .config import Config, load_yaml
 from .data import vocabulary_size
-from .device import TRAIN_PRECISIONS, cpu_label, resolve_precision
+from .device import TRAIN_PRECISIONS, cpu_label, inductor_cache, resolve_precision
 from .files import hold_data, lock_run
 from .runs import Dist, Run, cpu_paths, leave, progress_log, setup, write_provenance
 from .trainer import Trainer
@@ -109,6 +109,8 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
     cfg.model.vocab_size = vocabulary_size(Path(data_dir))  # the model's vocabulary is its data's (§5.1)
     env = setup(device, cfg.train.threads, cfg.train.dist_timeout_minutes)
     why = _precision(cfg, env, run.path / "config.yaml" if resume else None)
+    if cfg.train.compile:
+        inductor_cache()
     trainer = Trainer(cfg, Path(data_dir), run, env)
     handler, locks = None, []
     try:

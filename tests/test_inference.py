@@ -215,3 +215,21 @@ def test_huge_pages_are_asked_for_unless_the_user_chose(monkeypatch):
     monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
     device.huge_pages()
     assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"
+
+
+def test_an_isa_limit_gets_its_own_inductor_cache(monkeypatch):
+    """TorchInductor's disk cache does not key on ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY: each limit
+    gets a cache of its own, the user's choice is kept, and without a limit nothing changes."""
+    from aiayn.device import inductor_cache
+
+    for var in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "TORCHINDUCTOR_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    inductor_cache()
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("-avx2-avx2")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/mine")
+    inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
