@@ -174,6 +174,10 @@ CLI_CASES = [
      ["empty-dir", "metrics.jsonl"]),
     ("server with a zero queue", ["serve", "--checkpoint", "{w}/model.safetensors", "--max-queue", "0"],
      ["--max-queue", "positive"]),
+    ("server whose clients may hold more than the queue", ["serve", "--checkpoint", "{w}/model.safetensors",
+                                                            "--client-share", "1.5"], ["--client-share", "1.5"]),
+    ("server allowing a malformed host pattern", ["serve", "--checkpoint", "{w}/model.safetensors", "--allow-host",
+                                                  "ex*ample.com"], ["--allow-host", "ex*ample.com"]),
     # folders aiayn did not write are refused, never cleared (export ct2 once deleted them)
     ("export hf into a foreign folder", ["export", "hf", "--checkpoint", "{w}/model.safetensors", "-o", "{w}/precious"],
      ["precious", "not empty", "notes.txt"]),

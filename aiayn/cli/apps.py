@@ -86,11 +86,13 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)) and not (name == "max_subwords" and value == 0):
             raise UserError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    if not 0 < args.client_share <= 1:
+        raise UserError(f"--client-share must be in (0, 1], got {args.client_share}")
     for name in args.allow_host or []:
         if "*" in name[1:] or (name.startswith("*") and name != "*" and not name.startswith("*.")):
             raise UserError(f"--allow-host {name!r}: a name, an address, '*' or '*.example.com'")
     limits = Limits(max_sentences=args.max_sentences, max_chars=args.max_chars, max_subwords=args.max_subwords,
-                    max_queue=args.max_queue, max_work=args.max_work,
+                    max_queue=args.max_queue, max_work=args.max_work, client_share=args.client_share,
                     max_attention_subwords=args.max_attention_subwords, timeout_s=args.timeout,
                     read_timeout_s=args.read_timeout, header_timeout_s=args.header_timeout,
                     limit_concurrency=args.limit_concurrency,
@@ -164,6 +166,9 @@ def add_serve(sub) -> None:
                    help="work of the sentences waiting or in translation, beam x (source subwords + output "
                         "positions, input + 50); above it 503; one client may hold a quarter (429 above it; one "
                         "request above it alone: 413)")
+    p.add_argument("--client-share", type=float, default=0.25,
+                   help="the part of --max-work one client (address) may hold (429 above it; behind a proxy on "
+                        "this machine, the address its X-Forwarded-For names)")
     p.add_argument("--max-attention-subwords", type=int, default=100, help="/attention: subwords of its sentence")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait and run (504 past it)")
     p.add_argument("--read-timeout", type=float, default=10.0, help="seconds to receive a request body (408 past it)")
