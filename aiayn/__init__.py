@@ -26,26 +26,29 @@ from .config import (
     load_yaml,
     preset,
 )
-from .data import prepare
+from .data.prepare import prepare
 from .version import __version__
 
 if TYPE_CHECKING:
-    from .baselines.rnn import RecurrentModel
-    from .model import Transformer
-    from .models import build_model
-    from .training import train
-    from .translate import Translation, Translator
-    from .treesearch import Parser
+    from .decode.translator import Translation, Translator
+    from .models.rnn import RecurrentModel
+    from .models.transformer import Transformer
+    from .parsing.model import build_any as build_model
+    from .parsing.treesearch import Parser
+    from .training.session import train
 
-# the public names that need torch, and the module each lives in
-_WITH_TORCH = {"RecurrentModel": ".baselines.rnn", "Transformer": ".model", "build_model": ".models",
-               "train": ".training", "Translation": ".translate", "Translator": ".translate", "Parser": ".treesearch"}
+# the public names that need torch, and where each lives (module, or module:name)
+_WITH_TORCH = {"RecurrentModel": ".models.rnn", "Transformer": ".models.transformer",
+               "build_model": ".parsing.model:build_any",  # any config's model, §6.3's parser too
+               "train": ".training.session", "Translation": ".decode.translator", "Translator": ".decode.translator",
+               "Parser": ".parsing.treesearch"}
 
 
 def __getattr__(name: str) -> object:
     if name not in _WITH_TORCH:
         raise AttributeError(f"module 'aiayn' has no attribute {name!r}")
-    return getattr(import_module(_WITH_TORCH[name], __name__), name)
+    module, _, attr = _WITH_TORCH[name].partition(":")
+    return getattr(import_module(module, __name__), attr or name)
 
 
 def __dir__() -> list[str]:  # tab completion lists the lazy names too

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from .config import Config, ConfigError, from_dict
+from .config import Config, ConfigError, ModelConfig, from_dict
+from .data.tokenizer import Tokenizer
 from .errors import AiaynError
 from .files import atomic_write
-from .models import build_model
-from .tokenizer import Tokenizer
+from .models.build import build_model
+
+Builder = Callable[[ModelConfig, "list[str] | None"], torch.nn.Module]
 
 
 class CheckpointError(AiaynError):
@@ -93,29 +96,15 @@ def read_task(path: Path) -> dict[str, str]:
     return {"task": "translate", **{k: str(v) for k, v in extra.items() if k in ("task", "linearization")}}
 
 
-def load_checkpoint(path: Path, device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Config, Tokenizer, int]:
-    """Rebuild the model (the architecture its config names), config and tokenizer from one
-    `.safetensors` file."""
+def load_checkpoint(path: Path, device: str | torch.device = "cpu", build: Builder = build_model
+                    ) -> tuple[torch.nn.Module, Config, Tokenizer, int]:
+    """Rebuild the model (the architecture its config names, by `build`), config and tokenizer
+    from one `.safetensors` file. §6.3's parsers with inputs of their own need parsing/model.py's
+    builder (`build_any`); the default refuses them in one line."""
     tensors, meta = read_weights(path)
     cfg, tokenizer = read_meta(meta, path)
-    model = build_checked(cfg, tokenizer, tensors, path)
-    if cfg.model.tag_input:  # a parser that reads tags beside its words brings its tagger (tagger.py)
-        model.src_tagger = read_tagger(meta, tokenizer, path)
+    model = build_checked(cfg, tokenizer, tensors, path, build)
     return model.to(device).eval(), cfg, tokenizer, int(meta.get("step", 0))
-
-
-def read_tagger(meta: dict[str, str], tokenizer: Tokenizer, path: Path | str):
-    """The part-of-speech tagger a `model.tag_input` checkpoint carries in its metadata."""
-    from .tagger import SourceTagger, Tagger, TaggerError
-
-    try:
-        text = json.loads(meta.get("extra", "{}"))["tagger"]
-    except (KeyError, TypeError, ValueError):
-        raise CheckpointError(f"{path}: damaged metadata (model.tag_input is on but no tagger is stored)") from None
-    try:
-        return SourceTagger(Tagger.from_json(text, str(path)), tokenizer.pieces_list())
-    except TaggerError as e:
-        raise CheckpointError(str(e)) from None
 
 
 def read_meta(meta: dict[str, str], path: Path | str) -> tuple[Config, Tokenizer]:
@@ -147,15 +136,18 @@ def read_meta(meta: dict[str, str], path: Path | str) -> tuple[Config, Tokenizer
     return cfg, tokenizer
 
 
-def build_checked(cfg: Config, tokenizer: Tokenizer, tensors: dict[str, torch.Tensor], path: Path | str
-                  ) -> torch.nn.Module:
+def build_checked(cfg: Config, tokenizer: Tokenizer, tensors: dict[str, torch.Tensor], path: Path | str,
+                  build: Builder = build_model) -> torch.nn.Module:
     """The model the config names with the file's weights in it. It is built first on the meta
     device (no memory) and its shapes compared with the file's, so a config that does not match
     its weights is refused before anything the size of the model is allocated."""
-    with torch.device("meta"):
-        skeleton = build_model(cfg.model)
+    try:
+        with torch.device("meta"):
+            skeleton = build(cfg.model, None)
+    except ConfigError as e:  # a parser's config given to the translation models' builder
+        raise CheckpointError(f"{path}: {e}") from None
     _check_shapes(skeleton, tensors, path)
-    model = build_model(cfg.model, tokenizer.pieces_list())
+    model = build(cfg.model, tokenizer.pieces_list())
     load_into(model, tensors, path)
     return model
 

@@ -15,13 +15,8 @@ from typing import Any
 
 import yaml
 
-from .errors import AiaynError
-from .files import atomic_write
+from .errors import ConfigError
 from .presets import PRESETS
-
-
-class ConfigError(AiaynError):
-    """A config value or override is invalid; the message names the field."""
 
 
 def _check_numbers(section: str, cfg: Any) -> None:
@@ -100,6 +95,11 @@ class ModelConfig:
     rnn_attention: str = "additive"  # score: additive (Bahdanau's; Luong's "concat") | dot | general (Luong et al.)
 
     @property
+    def parser_inputs(self) -> list[str]:
+        """The §6.3 parser inputs (ours) this config turns on: a model with any is parsing/model.py's."""
+        return [n for n in ("pointer_input", "depth_input", "tag_input") if getattr(self, n)]
+
+    @property
     def head_dim_k(self) -> int:
         return self.d_k if self.d_k is not None else self.d_model // self.h
 
@@ -126,8 +126,8 @@ class ModelConfig:
         if self.max_positions * self.d_model > 1 << 26:  # the positional table, at most 256 MB
             raise ConfigError(f"model.max_positions x model.d_model must be at most {1 << 26:,} (a 256 MB "
                               f"positional table), got {self.max_positions:,} x {self.d_model:,}")
-        for name in ("pointer_input", "depth_input", "tag_input"):
-            if getattr(self, name) and self.arch != "transformer":
+        for name in self.parser_inputs:
+            if self.arch != "transformer":
                 raise ConfigError(f"model.{name} is a Transformer option; model.arch is {self.arch!r}")
         if self.conv_kernel < 1 or self.conv_kernel % 2 == 0 or self.conv_channels < 0:
             raise ConfigError(f"model.conv_kernel must be odd and positive (the encoder pads (k-1)/2 on each side), "
@@ -273,9 +273,9 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def save_yaml(self, path: str | Path) -> None:
-        """Written atomically: a run's config.yaml is never half a file."""
-        atomic_write(Path(path), yaml.safe_dump(self.to_dict(), sort_keys=False).encode())
+    def to_yaml(self) -> str:
+        """The config as load_yaml reads it back (a run writes it atomically: training/runs.py)."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
 def _coerce(value: Any, current: Any, key: str) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .config import ConfigError
+from .errors import ConfigError
 
 log = logging.getLogger("aiayn")
 PRECISIONS = ("auto", "fp32", "bf16", "int8")

@@ -10,3 +10,7 @@ from __future__ import annotations
 
 class AiaynError(ValueError):
     """An error in what aiayn was given (files, config, flags, requests), said in one line."""
+
+
+class ConfigError(AiaynError):
+    """A config value, override or device setting is invalid; the message names the field or flag."""

@@ -1,6 +1,6 @@
 """Attention on the CPU: explicit matmul path vs F.scaled_dot_product_attention.
 
-Why aiayn picks the path it does on the CPU (aiayn/attention.py): training (forward+backward,
+Why aiayn picks the path it does on the CPU (aiayn/models/attention.py): training (forward+backward,
 self-attention over a batch of sentences) and decoding (no gradient; one query per beam over
 the cached self-attention keys, or the 4 beams of a sentence over its source). Alternates the
 two paths, reports medians over repetitions and their ratio, writes JSON.
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from aiayn.attention import attention
+from aiayn.models.attention import attention
 
 
 def time_once(use_sdpa: bool, q, k, v, mask, iters: int) -> float:

@@ -36,9 +36,9 @@ import sacrebleu
 import torch
 from benchdata import CHECKPOINT, DATA, cpu_meta, meaningful, prepared_data, trained_checkpoint
 
-from aiayn.apps.export import export_ct2, export_hf
-from aiayn.shortlist import build
-from aiayn.translate import Translator
+from aiayn.decode.shortlist import build
+from aiayn.decode.translator import Translator
+from aiayn.export import export_ct2, export_hf
 
 
 def hf_translate(model, tok, src: list[str], beam: int, alpha: float, batch: int = 32) -> tuple[list[str], int]:

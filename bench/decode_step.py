@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 from benchdata import CHECKPOINT, DATA, prepared_data, trained_checkpoint
 
-import aiayn.search as search
-from aiayn.fusedstep import FusedDecoder
-from aiayn.linear import Int8Linear
-from aiayn.translate import Translator
+import aiayn.decode.search as search
+from aiayn.decode.fused import FusedDecoder
+from aiayn.decode.translator import Translator
+from aiayn.models.linear import Int8Linear
 
 SYSTEMS = ("fp32", "bf16", "bf16-compiled", "int8", "int8-compiled")
 PARTS = ("encoder", "decoder step", "top-k", "merge finished")

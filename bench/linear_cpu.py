@@ -1,4 +1,4 @@
-"""fp32 linear layers on the CPU: `F.linear` (MKL) vs aiayn's oneDNN path (aiayn/linear.py).
+"""fp32 linear layers on the CPU: `F.linear` (MKL) vs aiayn's oneDNN path (aiayn/models/linear.py).
 
 Forward + backward of the model's projections at training shapes (4,096 tokens) and the
 forward of the output layer at decoding shapes, alternating the two paths; medians of the
@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from aiayn import linear
+from aiayn.models import linear
 
 SHAPES = (  # mode, rows, in, out
     ("train", 4096, 512, 512), ("train", 4096, 512, 2048), ("train", 4096, 2048, 512),

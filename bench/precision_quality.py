@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from aiayn.config import preset
-from aiayn.training import train
+from aiayn.training.session import train
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ def profile(size: str, precision: str, steps: int, data_dir: Path, threads: int)
     torch.set_num_threads(threads)
     model, opt, cfg, batches = build(f"aiayn-{precision}", size, data_dir, 3 + steps)
     from aiayn.device import autocast
-    from aiayn.loss import label_smoothed_loss
+    from aiayn.training.loss import label_smoothed_loss
 
     def step(b) -> None:
         model.train()

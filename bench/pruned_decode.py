@@ -16,9 +16,9 @@ import statistics
 import time
 from pathlib import Path
 
-from aiayn.attention import without_dead_heads
-from aiayn.fusedstep import FusedDecoder
-from aiayn.translate import Translator, cast_bf16, quantize_int8
+from aiayn.decode.fused import FusedDecoder
+from aiayn.decode.translator import Translator, cast_bf16, quantize_int8
+from aiayn.models.attention import without_dead_heads
 
 
 def main() -> None:

@@ -31,8 +31,8 @@ from benchdata import DATA, cpu_meta, prepared_data
 
 from aiayn.checkpoint import model_tensors, save_weights
 from aiayn.config import Config
-from aiayn.model import Transformer
-from aiayn.tokenizer import EOS, Tokenizer
+from aiayn.data.tokenizer import EOS, Tokenizer
+from aiayn.models.transformer import Transformer
 
 SIZES = {"tests": dict(d_model=128, d_ff=256, h=4, N=3), "base": dict(d_model=512, d_ff=2048, h=8, N=6)}
 

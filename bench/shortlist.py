@@ -1,4 +1,4 @@
-"""What the target-vocabulary shortlist (aiayn/shortlist.py, `translate --shortlist`) costs and gains.
+"""What the target-vocabulary shortlist (aiayn/decode/shortlist.py, `translate --shortlist`) costs and gains.
 
 1. Choice on validation (int8, 2 threads): BLEU with and without shortlists of several sizes
    (per-source K, frequent N), and the columns a sentence keeps.
@@ -25,10 +25,10 @@ import torch
 from benchdata import CHECKPOINT, DATA, prepared_data, trained_checkpoint
 
 from aiayn.config import preset
-from aiayn.fusedstep import FusedDecoder
-from aiayn.models import build_model
-from aiayn.shortlist import ShortlistDecoder, build
-from aiayn.translate import Translator, cast_bf16, quantize_int8
+from aiayn.decode.fused import FusedDecoder
+from aiayn.decode.shortlist import ShortlistDecoder, build
+from aiayn.decode.translator import Translator, cast_bf16, quantize_int8
+from aiayn.models.build import build_model
 
 GRID = [(20, 100), (50, 100), (50, 200), (100, 200), (100, 500)]
 

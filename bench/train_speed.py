@@ -45,14 +45,14 @@ def build(system: str, size: str, data_dir: Path, n_batches: int):
     rows keep the fp32-logits setting of the preset the size stands for (FP32_LOGITS)."""
     import torch
 
-    from aiayn.batches import TokenData, collate, make_batches
     from aiayn.config import Config
-    from aiayn.model import Transformer
-    from aiayn.optim import make_optimizer
-    from aiayn.tokenizer import Tokenizer
+    from aiayn.data.batches import TokenData, collate, make_batches
+    from aiayn.data.tokenizer import Tokenizer
+    from aiayn.models.transformer import Transformer
+    from aiayn.training.optim import make_optimizer
 
     with contextlib.suppress(ImportError):  # the kernel cache `aiayn train` asks for (runs.setup)
-        from aiayn.linear import kernel_cache
+        from aiayn.models.linear import kernel_cache
 
         kernel_cache(16)
     with contextlib.suppress(ImportError):  # and its huge pages (device.huge_pages)
@@ -84,7 +84,7 @@ def worker(system: str, size: str, data_dir: str, threads: int) -> dict:
     torch.set_num_threads(threads)
     warm, steps = STEPS[size]
     if system.startswith("aiayn"):
-        from aiayn.steps import train_step
+        from aiayn.training.step import train_step
 
         model, opt, cfg, batches = build(system.split("@")[0], size, Path(data_dir), warm + steps)
 
@@ -93,8 +93,8 @@ def worker(system: str, size: str, data_dir: str, threads: int) -> dict:
     else:
         from transformers import MarianConfig, MarianMTModel
 
-        from aiayn.batches import TokenData, collate, make_batches
-        from aiayn.tokenizer import Tokenizer
+        from aiayn.data.batches import TokenData, collate, make_batches
+        from aiayn.data.tokenizer import Tokenizer
 
         torch.manual_seed(0)
         tok = Tokenizer.load(str(Path(data_dir) / "spm.model"))

@@ -58,7 +58,7 @@ def toy_corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def toy_prepared(toy_corpus, tmp_path_factory) -> Path:
-    from aiayn.data import prepare
+    from aiayn.data.prepare import prepare
 
     out = tmp_path_factory.mktemp("toy_prepared")
     splits = {name: (toy_corpus / f"{name}.en", toy_corpus / f"{name}.de") for name in ("train", "valid", "test")}
@@ -86,7 +86,7 @@ def tiny_config(**train):
 
 def overfit(model, vocab_size: int, steps: int, lr: float):
     """Train `model` on 4 random pairs with Adam; returns (final loss per token, src, tgt with BOS/EOS)."""
-    from aiayn.loss import label_smoothed_loss
+    from aiayn.training.loss import label_smoothed_loss
 
     src = torch.randint(4, vocab_size, (4, 6))
     tgt = torch.cat([torch.full((4, 1), 2), torch.randint(4, vocab_size, (4, 5)), torch.full((4, 1), 3)], 1)
@@ -105,7 +105,7 @@ def check_baseline_toolkit(ckpt, toy_prepared, tmp_path, capsys, maps: tuple[str
     import sacrebleu
 
     from aiayn.cli import main
-    from aiayn.translate import Translator
+    from aiayn.decode.translator import Translator
 
     src = (toy_prepared / "valid.en.txt").read_text().splitlines()
     ref = (toy_prepared / "valid.de.txt").read_text().splitlines()
@@ -130,8 +130,8 @@ def check_serves(ckpt) -> None:
     """The server translates as the Translator does and returns a cross-attention whose rows sum to 1."""
     from fastapi.testclient import TestClient
 
-    from aiayn.apps.serve import create_app
-    from aiayn.translate import Translator
+    from aiayn.decode.translator import Translator
+    from aiayn.serve.app import create_app
 
     t = Translator.load(ckpt)
     with TestClient(create_app(t)) as client:
@@ -165,7 +165,7 @@ def check_cached_steps_and_padding(m, vocab: int = 23, atol: float = 1e-5) -> No
 
 def check_overfits(m, steps: int) -> None:
     """A tiny model learns 4 random pairs by heart, and the one beam search finds them."""
-    from aiayn.search import beam_search
+    from aiayn.decode.search import beam_search
 
     loss, src, tgt = overfit(m.train(), 20, steps, 1e-2)
     assert loss < 0.05

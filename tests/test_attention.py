@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from aiayn.attention import MultiHeadAttention, attention
+from aiayn.models.attention import MultiHeadAttention, attention
 
 
 def reference_attention(q, k, v, mask=None):

@@ -20,11 +20,11 @@ from conftest import tiny_config
 from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 
-from aiayn.apps.serve import Limits, create_app
 from aiayn.checkpoint import CheckpointError
 from aiayn.config import ConfigError
-from aiayn.training import train
-from aiayn.translate import Translator
+from aiayn.decode.translator import Translator
+from aiayn.serve.app import Limits, create_app
+from aiayn.training.session import train
 
 MARKER = "PICKLE_WAS_EXECUTED"
 

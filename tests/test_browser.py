@@ -14,11 +14,11 @@ import time
 import pytest
 import torch
 
-from aiayn.apps.serve import create_app
 from aiayn.config import DecodeConfig, ModelConfig
-from aiayn.model import Transformer
-from aiayn.tokenizer import Tokenizer
-from aiayn.translate import Translator
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.decode.translator import Translator
+from aiayn.models.transformer import Transformer
+from aiayn.serve.app import create_app
 
 CHROMIUM = os.environ.get("AIAYN_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -98,9 +98,9 @@ def test_bad_override_is_a_clear_error(toy_corpus, tmp_path, capsys):
 def test_shortlist_command_and_translate_with_it(trained, tmp_path, capsys):
     """`aiayn shortlist` then `translate --shortlist`: one that holds every subword translates as
     without one; one that holds few keeps each sentence in its own set; a foreign one is refused."""
-    from aiayn.shortlist import Shortlist, vocabulary_id
-    from aiayn.tokenizer import Tokenizer
-    from aiayn.translate import Translator
+    from aiayn.data.tokenizer import Tokenizer
+    from aiayn.decode.shortlist import Shortlist, vocabulary_id
+    from aiayn.decode.translator import Translator
 
     work, prep = trained
     ckpt, src = str(work / "avg.safetensors"), str(prep / "test.en.txt")

@@ -17,12 +17,12 @@ from conftest import (
     tiny_config,
 )
 
-from aiayn.baselines.conv import ConvS2S, glu_conv
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.cli import main
 from aiayn.config import ConfigError, ModelConfig, preset
-from aiayn.models import build_model
-from aiayn.training import train
+from aiayn.models.build import build_model
+from aiayn.models.conv import ConvS2S, glu_conv
+from aiayn.training.session import train
 
 
 def conv(N=2, k=3, **kw) -> ConvS2S:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from sacrebleu.dataset.fake_sgml import FakeSGMLDataset
 
-from aiayn import corpora
 from aiayn.cli import main
-from aiayn.corpora import DataError, fetch_wmt14
+from aiayn.data import corpora
+from aiayn.data.corpora import DataError, fetch_wmt14
 
 EP = (["Wiederaufnahme der Sitzungsperiode", "", "Ich bitte Sie, sich zu einer Schweigeminute zu erheben."],
       ["Resumption of the session", "Please rise, then.", "Please rise, then, for this minute's silence."])

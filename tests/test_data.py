@@ -7,10 +7,10 @@ import unicodedata
 import numpy as np
 import pytest
 
-from aiayn.batches import TokenData, collate, make_batches
 from aiayn.cli import main
-from aiayn.data import DataError, prepare, read_lines, read_parallel
-from aiayn.tokenizer import BOS, EOS, PAD, Tokenizer
+from aiayn.data.batches import TokenData, collate, make_batches
+from aiayn.data.prepare import DataError, prepare, read_lines, read_parallel
+from aiayn.data.tokenizer import BOS, EOS, PAD, Tokenizer
 
 SENTS_EN = [f"the {a} dog runs to the {b} house number {i}" for i, (a, b) in
             enumerate(zip(["big", "small", "red", "old"] * 20, ["blue", "green", "white", "new"] * 20))]
@@ -175,7 +175,7 @@ def test_streaming_prepare_equals_encoding_the_kept_pairs_whole(tmp_path, monkey
     """The chunked, two-pass prepare against a second path: every kept pair encoded at once with
     the learned vocabulary. Duplicates, an over-long pair and a wild length ratio are dropped and
     counted (in train only); chunk borders fall everywhere."""
-    from aiayn import data
+    from aiayn.data import prepare as data
 
     monkeypatch.setattr(data, "_CHUNK", 7)
     en, de = list(SENTS_EN), list(SENTS_DE)
@@ -229,7 +229,7 @@ def test_invalid_utf8_deep_in_a_gzip_file_names_its_line(tmp_path):
 def test_prepared_text_is_split_at_newlines_only_and_counted(toy_corpus, tmp_path):
     """A validation sentence holding U+2028 (a line separator to str.splitlines) stays one sentence:
     read with splitlines, 20 sources read back as 21 and BLEU against the references fell to 21.7."""
-    from aiayn.data import read_text
+    from aiayn.data.prepare import read_text
 
     for path in toy_corpus.iterdir():
         text = path.read_text()
@@ -272,7 +272,7 @@ def test_a_dotted_test_set_keeps_its_whole_name(tmp_path):
                  "--data.vocab_size", "120", "--test", "valid.final"]) == 0
     splits = json.loads((out / "manifest.json").read_text())["splits"]
     assert splits["valid"]["pairs"] == 10 and splits["valid.final"]["pairs"] == 4
-    from aiayn.data import read_text
+    from aiayn.data.prepare import read_text
 
     assert len(read_text(out, "valid.final", "src")) == 4
 

@@ -1,7 +1,7 @@
 """Head-rule dependency conversion on hand-made trees, checked against arcs worked out by hand."""
 
-from aiayn.deps import dependencies, head_child
-from aiayn.parse import clean, read_trees
+from aiayn.parsing.deps import dependencies, head_child
+from aiayn.parsing.trees import clean, read_trees
 
 
 def deps(text: str) -> list[int]:

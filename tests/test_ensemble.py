@@ -7,13 +7,13 @@ import torch
 
 from aiayn.checkpoint import CheckpointError, model_tensors, save_weights
 from aiayn.config import Config, ModelConfig
-from aiayn.ensemble import Ensemble, load_models
-from aiayn.fusedstep import FusedDecoder
-from aiayn.model import Transformer
-from aiayn.models import build_model
-from aiayn.search import beam_search, greedy_search
-from aiayn.tokenizer import PAD, Tokenizer
-from aiayn.translate import Translator
+from aiayn.data.tokenizer import PAD, Tokenizer
+from aiayn.decode.ensemble import Ensemble, load_models
+from aiayn.decode.fused import FusedDecoder
+from aiayn.decode.search import beam_search, greedy_search
+from aiayn.decode.translator import Translator
+from aiayn.models.build import build_model
+from aiayn.models.transformer import Transformer
 
 
 def tiny(seed: int, **kw) -> torch.nn.Module:

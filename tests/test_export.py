@@ -8,10 +8,10 @@ import torch
 from aiayn.checkpoint import model_tensors, save_weights
 from aiayn.cli import main
 from aiayn.config import Config
-from aiayn.model import Transformer
-from aiayn.models import build_model
-from aiayn.search import beam_search
-from aiayn.tokenizer import EOS, PAD, Tokenizer
+from aiayn.data.tokenizer import EOS, PAD, Tokenizer
+from aiayn.decode.search import beam_search
+from aiayn.models.transformer import Transformer
+from aiayn.parsing.model import build_any
 
 transformers = pytest.importorskip("transformers", reason="export needs the optional transformers package")
 
@@ -22,7 +22,7 @@ def exported(toy_prepared, tmp_path_factory):
     from conftest import tiny_config
 
     from aiayn.checkpoint import list_checkpoints, load_checkpoint
-    from aiayn.training import train
+    from aiayn.training.session import train
 
     d = tmp_path_factory.mktemp("export")
     cfg = tiny_config(max_steps=300, lr_scale=0.5, warmup_steps=50)
@@ -78,13 +78,13 @@ def test_export_refuses_what_marian_cannot_hold(toy_prepared, tmp_path, capsys):
     assert main(["export", "hf", "--checkpoint", str(tmp_path / "p.safetensors"), "-o", str(tmp_path / "o")]) == 2
     assert "post-norm" in capsys.readouterr().err
     if importlib.util.find_spec("nltk"):  # a parser that reads part-of-speech tags (tagger.py)
-        from aiayn.tagger import Tagger
+        from aiayn.parsing.tagger import Tagger
 
         cfg.model.pre_norm, cfg.model.tag_input = False, True
-        save_weights(tmp_path / "t.safetensors", model_tensors(build_model(cfg.model)), cfg, tok, 0,
+        save_weights(tmp_path / "t.safetensors", model_tensors(build_any(cfg.model)), cfg, tok, 0,
                      {"task": "parse", "tagger": Tagger.train([[("a", "DT")]]).to_json()})
         assert main(["export", "hf", "--checkpoint", str(tmp_path / "t.safetensors"), "-o", str(tmp_path / "o")]) == 2
-        assert "tag_input parser has inputs Marian and CTranslate2 lack" in capsys.readouterr().err
+        assert "model.tag_input parser has inputs Marian and CTranslate2 lack" in capsys.readouterr().err
 
 
 def test_ctranslate2_gives_the_same_translations(exported, tmp_path):

@@ -7,10 +7,10 @@ import torch
 from conftest import requires_vnni
 
 from aiayn.config import preset
-from aiayn.fusedstep import FusedDecoder, fusable
-from aiayn.models import build_model
-from aiayn.search import beam_search, greedy_search
-from aiayn.translate import cast_bf16
+from aiayn.decode.fused import FusedDecoder, fusable
+from aiayn.decode.search import beam_search, greedy_search
+from aiayn.decode.translator import cast_bf16
+from aiayn.models.build import build_model
 
 
 def toy(**over):
@@ -118,7 +118,7 @@ def test_only_plain_transformers_are_fused():
 def test_fused_step_equals_the_int8_modules_bit_for_bit():
     """int8: the fused Q|K|V product quantized as one (per-channel weight scales, per-row
     activation scales) gives what the three Int8Linear products of translate.quantize_int8 give."""
-    from aiayn.translate import quantize_int8
+    from aiayn.decode.translator import quantize_int8
 
     model = toy()
     int8 = quantize_int8(model)
@@ -138,7 +138,7 @@ def test_compiled_step_agrees_with_eager_and_searches_the_same_batch_or_alone(in
     finds the eager search's hypotheses, and (int8) a sentence alone (other graphs: batch of one) the
     same as in the batch. int8 goes through Translator: after its compile_now(), nothing the test
     decodes compiles again (warm-up lengths that collided with the beam once did)."""
-    from aiayn.translate import Translator, quantize_int8
+    from aiayn.decode.translator import Translator, quantize_int8
 
     model, start = toy(N=1), _graphs()
     kw = {"int8": True, "encoder": quantize_int8(model)} if int8 else {}
@@ -174,8 +174,8 @@ def test_compiled_step_agrees_with_eager_and_searches_the_same_batch_or_alone(in
 
 
 def test_compiled_decoding_is_off_by_default_and_selectable():
-    from aiayn.tokenizer import Tokenizer
-    from aiayn.translate import Translator
+    from aiayn.data.tokenizer import Tokenizer
+    from aiayn.decode.translator import Translator
 
     tok = Tokenizer.__new__(Tokenizer)
     model = toy(N=1)
@@ -189,7 +189,7 @@ def test_the_compiled_step_has_the_batch_sizes_as_symbols_and_the_weights_sizes_
     """Dynamic shapes are for what varies (rows, sources, lengths, positions). A weight whose sizes
     entered the graph as symbols made the generated code generic: single-sentence int8 decoding
     took 50 ms instead of 25 (p50, 1 thread) until the weights were marked static."""
-    from aiayn.translate import quantize_int8
+    from aiayn.decode.translator import quantize_int8
 
     seen: list[tuple[str, tuple]] = []
 

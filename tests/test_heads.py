@@ -10,8 +10,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from aiayn.batches import TokenData
-from aiayn.heads import (
+from aiayn.analysis.heads import (
     HeadGates,
     ablation_importance,
     attention_modules,
@@ -22,7 +21,8 @@ from aiayn.heads import (
     rare_word,
     sink,
 )
-from aiayn.models import build_model
+from aiayn.data.batches import TokenData
+from aiayn.models.build import build_model
 
 
 def tiny_model(vocab: int = 60):
@@ -62,8 +62,8 @@ def valid(toy_prepared):
 
 
 def test_ablation_importance_is_the_nll_of_the_model_without_the_head(valid):
-    from aiayn.heads import eval_batches as _batches
-    from aiayn.heads import nll_per_token as _nll
+    from aiayn.analysis.heads import eval_batches as _batches
+    from aiayn.analysis.heads import nll_per_token as _nll
 
     model, cfg = tiny_model()
     base, delta = ablation_importance(model, valid, cfg, torch.device("cpu"))
@@ -78,8 +78,8 @@ def test_ablation_importance_is_the_nll_of_the_model_without_the_head(valid):
 
 def test_gradient_importance_is_the_gates_derivative(valid):
     """|∂L/∂g| at g = 1 against central finite differences, on a one-batch set."""
-    from aiayn.heads import eval_batches as _batches
-    from aiayn.heads import nll_per_token as _nll
+    from aiayn.analysis.heads import eval_batches as _batches
+    from aiayn.analysis.heads import nll_per_token as _nll
 
     model, cfg = tiny_model()
     model.double()
@@ -119,7 +119,7 @@ def test_roles_on_hand_built_patterns():
 
 
 def test_alignment_agreement_and_prune_order_by_hand():
-    from aiayn.heads import alignment_agreement, prune_order
+    from aiayn.analysis.heads import alignment_agreement, prune_order
 
     w = torch.zeros(2, 3, 4)
     w[0, [0, 1, 2], [1, 2, 3]] = 1.0  # head 1 picks keys 1, 2, 3
@@ -137,7 +137,7 @@ def test_pruning_keeps_a_head_per_sublayer_and_leaves_the_others_alone():
     """Every step removes one head, never the last of its attention; the heads still kept send
     W^O exactly what they sent in the full model (removing a head changes only its own input
     columns of that layer; later layers see a different input, so compare the first layer)."""
-    from aiayn.heads import prune_order, pruning_curve
+    from aiayn.analysis.heads import prune_order, pruning_curve
 
     model, _ = tiny_model()
     src, tgt = torch.randint(4, 60, (2, 7)), torch.randint(4, 60, (2, 5))
@@ -178,8 +178,8 @@ def test_pruning_keeps_a_head_per_sublayer_and_leaves_the_others_alone():
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_gated_model_translates_as_the_hand_pruned_one(toy_prepared, precision):
     """Beam search through Translator (bf16: its converted copy) sees the gates."""
-    from aiayn.tokenizer import Tokenizer
-    from aiayn.translate import Translator
+    from aiayn.data.tokenizer import Tokenizer
+    from aiayn.decode.translator import Translator
 
     model, cfg = tiny_model(60)
     tok = Tokenizer.load(str(toy_prepared / "spm.model"))
@@ -201,9 +201,9 @@ def test_a_gated_model_translates_as_the_hand_pruned_one(toy_prepared, precision
 def test_pruned_heads_are_skipped_at_decode_time(toy_prepared):
     """Translator slices out the heads whose W^O columns are zero: fewer heads computed, the same
     logits as the zeroed model, the same translations."""
-    from aiayn.attention import MultiHeadAttention, without_dead_heads
-    from aiayn.tokenizer import Tokenizer
-    from aiayn.translate import Translator
+    from aiayn.data.tokenizer import Tokenizer
+    from aiayn.decode.translator import Translator
+    from aiayn.models.attention import MultiHeadAttention, without_dead_heads
 
     model, cfg = tiny_model(60)
     zeroed_model = prune(copy.deepcopy(model), [("cross", 1, 0), ("cross", 1, 2), ("encoder_self", 0, 3)])
@@ -223,7 +223,7 @@ def test_pruned_heads_are_skipped_at_decode_time(toy_prepared):
 
 
 def test_word_attention_and_dependency_hits_by_hand():
-    from aiayn.heads import dependency_hits, word_attention
+    from aiayn.analysis.heads import dependency_hits, word_attention
 
     # 3 words over 5 pieces: word 0 = pieces 0-1, word 1 = piece 2, word 2 = pieces 3-4
     spans = [(0, 2), (2, 3), (3, 5)]
@@ -292,8 +292,8 @@ def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys, monkeypatch, c
             assert np.triu(w, 1).max() == 0
     assert sorted({e["sublayer"] for e in r["examples"]}) == ["cross", "decoder_self", "encoder_self"]
     # the pruned checkpoint (weights zeroed by hand) scores what the gated model scored at that step
+    from aiayn.analysis.heads import eval_batches, nll_per_token
     from aiayn.checkpoint import load_checkpoint
-    from aiayn.heads import eval_batches, nll_per_token
 
     pruned, cfg, _, _ = load_checkpoint(out / "pruned.safetensors")
     k = r["removable_at_0.5_bleu"]["importance"]
@@ -329,10 +329,10 @@ def test_the_pruned_checkpoint_keeps_the_models_metadata(toy_prepared, tmp_path)
     import json
 
     import aiayn
-    from aiayn.apps.heads import _save_pruned
+    from aiayn.analysis.heads_report import _save_pruned
     from aiayn.checkpoint import list_checkpoints, read_task, read_weights, save_weights
     from aiayn.config import from_dict
-    from aiayn.tokenizer import Tokenizer
+    from aiayn.data.tokenizer import Tokenizer
 
     aiayn.train(tiny_config(max_steps=2), str(toy_prepared), str(tmp_path / "run"))
     tensors, meta = read_weights(list_checkpoints(tmp_path / "run")[-1])

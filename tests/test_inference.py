@@ -13,9 +13,9 @@ import aiayn
 from aiayn.checkpoint import list_checkpoints, read_weights
 from aiayn.cli import main
 from aiayn.config import ConfigError
+from aiayn.decode.translator import Translator
 from aiayn.device import TRAIN_PRECISIONS, cpu_class, cpu_flags, resolve_precision
-from aiayn.linear import Int8Linear
-from aiayn.translate import Translator
+from aiayn.models.linear import Int8Linear
 
 CPU = torch.device("cpu")
 
@@ -83,8 +83,8 @@ def test_an_avx2_process_trains_the_lstm_and_refuses_int8_under_onednn_max_cpu_i
 import logging, torch
 from aiayn.config import ModelConfig
 from aiayn.device import resolve_precision, lstm_bf16
-from aiayn.models import build_model
-from aiayn.translate import Translator
+from aiayn.models.build import build_model
+from aiayn.decode.translator import Translator
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 print("auto", resolve_precision("auto", torch.device("cpu"))[0], "lstm_bf16", lstm_bf16())
 model = build_model(ModelConfig(arch="rnn", vocab_size=40, d_model=16, N=1, p_drop=0.0))
@@ -185,9 +185,9 @@ def test_bf16_weights_cast_once_give_what_autocast_gives(trained):
     """bf16 decoding runs a copy whose projections hold bf16 weights (translate.cast_bf16);
     autocast rounds fp32 weights the same way at every step, so the hypotheses and scores must
     be identical to searching the fp32 model under autocast. The given model stays fp32."""
-    from aiayn.fusedstep import FusedDecoder
-    from aiayn.search import beam_search
-    from aiayn.tokenizer import EOS, PAD
+    from aiayn.data.tokenizer import EOS, PAD
+    from aiayn.decode.fused import FusedDecoder
+    from aiayn.decode.search import beam_search
 
     ckpt, data = trained
     t = Translator.load(ckpt, precision="bf16")

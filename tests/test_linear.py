@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from conftest import requires_vnni
 
-from aiayn import linear
-from aiayn.linear import Int8Linear, Linear
+from aiayn.models import linear
+from aiayn.models.linear import Int8Linear, Linear
 
 needs_onednn = pytest.mark.skipif(not linear.onednn_available(), reason="no oneDNN linear op in this PyTorch")
 
@@ -188,7 +188,7 @@ def test_int8_linear_rows_do_not_depend_on_their_batch():
 
 
 def test_the_log_names_the_kernels_a_run_takes(monkeypatch):
-    from aiayn import runs
+    from aiayn.training import runs
 
     monkeypatch.setattr(runs, "native_bf16", lambda: [])
     assert "native bf16 no" in runs.cpu_paths("bf16") and "bf16 through oneDNN" in runs.cpu_paths("bf16")

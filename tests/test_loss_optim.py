@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from aiayn.loss import label_smoothed_loss
-from aiayn.optim import noam_lr
+from aiayn.training.loss import label_smoothed_loss
+from aiayn.training.optim import noam_lr
 
 
 @pytest.mark.parametrize("step", [1, 10, 3999, 4000, 4001, 10_000, 100_000])

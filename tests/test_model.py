@@ -9,7 +9,7 @@ from conftest import overfit
 from aiayn.cli import main
 from aiayn.cli.training import count_parameters
 from aiayn.config import ModelConfig, preset
-from aiayn.model import Transformer, sinusoidal_positions
+from aiayn.models.transformer import Transformer, sinusoidal_positions
 
 
 def tiny(**kw) -> Transformer:
@@ -205,8 +205,8 @@ def test_tiny_model_overfits_a_few_pairs():
 def test_logits_and_loss_stay_fp32_under_bf16_autocast(arch):
     """§3.4's projection under autocast: fp32 logits equal to an fp32 product of the (bf16-computed)
     decoder output with the embedding matrix, not bf16 values cast up."""
-    from aiayn.loss import label_smoothed_loss
-    from aiayn.models import build_model
+    from aiayn.models.build import build_model
+    from aiayn.training.loss import label_smoothed_loss
 
     cfg = ModelConfig(arch=arch, vocab_size=50, d_model=32, d_ff=64, h=4, N=2, p_drop=0.0, max_positions=64)
     torch.manual_seed(0)
@@ -243,7 +243,7 @@ def test_fp32_logits_can_be_turned_off_for_speed():
 def test_cpu_dropout_is_bernoulli_with_its_own_scale(p):
     """§5.4: each element dropped with probability p (to 1/65536), independently, the rest scaled so
     that E[output] = input; the mask is the global generator's (a seed replays it)."""
-    from aiayn.model import Dropout
+    from aiayn.models.transformer import Dropout
 
     d = Dropout(p).train()
     torch.manual_seed(3)

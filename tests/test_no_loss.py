@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from test_resume import TINY, aiayn
 
-from aiayn import data as data_module
 from aiayn.config import Config
-from aiayn.data import prepare
+from aiayn.data import prepare as data_module
+from aiayn.data.prepare import prepare
 from aiayn.files import MARKER, FileError, atomic_write, check_output_file, lock_holders, new_folder, owned
+from aiayn.training.runs import Run
 
 
 def wait_for(cond, what: str, proc: subprocess.Popen | None = None, limit: float = 120) -> None:
@@ -110,11 +111,11 @@ def test_prepare_refuses_a_folder_it_did_not_write(toy_corpus, tmp_path):
 
 def test_config_yaml_is_replaced_not_rewritten_in_place(tmp_path):
     path = tmp_path / "config.yaml"
-    Config().save_yaml(path)
+    Run(tmp_path).save_config(Config())
     with open(path) as old:  # a reader that opened it before the write
         cfg = Config()
         cfg.train.lr_scale = 3.0
-        cfg.save_yaml(path)
+        Run(tmp_path).save_config(cfg)
         assert old.read() == _yaml(Config())  # the old file is whole, not truncated or mixed
     assert path.read_text() == _yaml(cfg)
 
@@ -233,7 +234,7 @@ def test_export_twice_replaces_the_earlier_export_and_leaves_nothing_beside(toy_
     from conftest import tiny_config
 
     from aiayn.cli import main
-    from aiayn.training import train
+    from aiayn.training.session import train
 
     cfg = tiny_config(max_steps=1)
     cfg.model.N = 1

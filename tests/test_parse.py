@@ -11,9 +11,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from aiayn.baselines.pcfg import pcfg_parses
 from aiayn.checkpoint import read_weights
-from aiayn.parse import (
+from aiayn.data.tokenizer import BOS, EOS
+from aiayn.decode.translator import Translator
+from aiayn.parsing.pcfg import pcfg_parses
+from aiayn.parsing.trees import (
     LEAF,
     TreeError,
     brackets,
@@ -27,9 +29,7 @@ from aiayn.parse import (
     right_branching,
     symbols_from_pieces,
 )
-from aiayn.tokenizer import BOS, EOS
-from aiayn.translate import Translator
-from aiayn.treesearch import Parser, TreeSearch
+from aiayn.parsing.treesearch import Parser, TreeSearch
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/ptb-sample/treebank.zip"
 
@@ -326,7 +326,7 @@ def test_tree_search_refuses_a_vocabulary_without_brackets():
 
 # -- the pointer input (model.pointer_input) ----------------------------------------------------------
 def test_pointer_follows_the_leaves_by_hand():
-    from aiayn.pointer import next_positions
+    from aiayn.parsing.pointer import next_positions
 
     a, b, c, op, cl = 10, 11, 12, 5, 6  # source words a b c (then EOS); brackets op/cl
     src = torch.tensor([[a, b, c, EOS], [a, EOS, 0, 0]])
@@ -341,7 +341,7 @@ def test_pointer_model_steps_equal_teacher_forcing_and_group_like_copies():
     from conftest import check_cached_steps_and_padding, check_grouped_cache
 
     from aiayn.config import ConfigError, ModelConfig
-    from aiayn.parser_model import ParserTransformer
+    from aiayn.parsing.model import ParserTransformer
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=23, d_model=16, d_ff=32, h=2, N=2, p_drop=0.0, pointer_input=True)
@@ -358,7 +358,7 @@ def test_pointer_model_steps_equal_teacher_forcing_and_group_like_copies():
 
 # -- the depth input (model.depth_input) --------------------------------------------------------------
 def test_bracket_depth_counts_open_brackets_by_hand():
-    from aiayn.pointer import BracketDepth, bracket_deltas
+    from aiayn.parsing.pointer import BracketDepth, bracket_deltas
 
     pieces = ["<pad>", "<s>", "</s>", "<unk>", "\u2581(S", "\u2581)S", "\u2581(NP", "\u2581)NP", "\u2581the", "\u2581(",
               "\u2581)", "("]
@@ -375,7 +375,7 @@ def test_depth_model_steps_equal_teacher_forcing_and_the_depth_reaches_the_logit
     from conftest import check_cached_steps_and_padding, check_grouped_cache
 
     from aiayn.config import ConfigError, ModelConfig
-    from aiayn.parser_model import ParserTransformer
+    from aiayn.parsing.model import ParserTransformer
 
     torch.manual_seed(0)
     for pointer in (False, True):
@@ -396,7 +396,7 @@ def test_depth_model_steps_equal_teacher_forcing_and_the_depth_reaches_the_logit
 
 # -- subtree augmentation (prepare --subtrees) ----------------------------------------------------------
 def test_constituents_by_hand_and_the_augmented_training_split(tmp_path):
-    from aiayn.parse import constituents, write_splits
+    from aiayn.parsing.trees import constituents, write_splits
 
     t = clean(one("( (S (NP (DT A) (NN cat)) (VP (VBZ sits) (PP (IN on) (NP (DT the) (NN mat)))) (. .)) )"))
     assert [str(c) for c in constituents(t, 2)] == [
@@ -454,7 +454,7 @@ def test_a_treebank_zip_is_read_in_bounded_pieces_and_names_are_unique(tmp_path,
     its header claims: a zip bomb claims little); two members with one base name were silently one."""
     import zipfile
 
-    import aiayn.parse as parse
+    import aiayn.parsing.trees as parse
 
     tree = "( (S (NP (NN dog)) (VP (VBZ runs))) )\n"
     dup = tmp_path / "dup.zip"

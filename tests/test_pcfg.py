@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from aiayn.baselines.pcfg import PCFG, UNARY, pcfg_parses
-from aiayn.parse import read_trees
+from aiayn.parsing.pcfg import PCFG, UNARY, pcfg_parses
+from aiayn.parsing.trees import read_trees
 
 TRAIN = """
 (S (NP (DT the) (NN dog)) (VP (VBD saw) (NP (NP (DT a) (NN cat)) (PP (IN with) (NP (DT a) (NN hat))))) (. .))

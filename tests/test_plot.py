@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.apps.plot import plot_attention, plot_curves
+from aiayn.analysis.plot import plot_attention, plot_curves
 from aiayn.cli import main
 from aiayn.config import ModelConfig
-from aiayn.model import Transformer
-from aiayn.tokenizer import EOS, PAD, Tokenizer
-from aiayn.translate import Translator, attention_data
+from aiayn.data.tokenizer import EOS, PAD, Tokenizer
+from aiayn.decode.translator import Translator, attention_data
+from aiayn.models.transformer import Transformer
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_curves_from_metrics(tmp_path):
 def test_plot_cli(toy_prepared, tmp_path, capsys):
     from conftest import tiny_config
 
-    from aiayn.training import train
+    from aiayn.training.session import train
 
     train(tiny_config(max_steps=5), toy_prepared, tmp_path / "run")
     ckpt = sorted((tmp_path / "run/checkpoints").glob("step-*.safetensors"))[-1]

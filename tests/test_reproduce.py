@@ -16,8 +16,6 @@ import torch
 from scipy import stats as scipy_stats
 from torch.utils.flop_counter import FlopCounterMode
 
-from aiayn.attention import attention
-from aiayn.baselines.rnn import LSTMCell
 from aiayn.config import preset
 from aiayn.evidence.plan import BUDGET_UPDATES, converged_at, diverged, protocol, table3_rows, unstable
 from aiayn.evidence.rows import row_config
@@ -30,6 +28,8 @@ from aiayn.evidence.table1 import (
     saved_bytes,
 )
 from aiayn.evidence.verdicts import analyse
+from aiayn.models.attention import attention
+from aiayn.models.rnn import LSTMCell
 
 
 def reproduce(*args, cwd=None):
@@ -410,7 +410,7 @@ def test_reproduce_command_is_in_the_readme():
 def test_the_size_matched_baselines_have_the_transformers_parameters():
     """luong-7.6M and ConvS2S within 3 % of the Transformer's count at the multi30k vocabulary."""
     from aiayn.evidence.plan import arch_rows
-    from aiayn.models import build_model
+    from aiayn.models.build import build_model
 
     def count(row):
         cfg = row_config(row, {})

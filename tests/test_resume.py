@@ -21,9 +21,9 @@ import torch
 import torch.multiprocessing as mp
 from conftest import tiny_config
 
-from aiayn.batches import TokenData
 from aiayn.checkpoint import list_checkpoints, read_weights
-from aiayn.steps import epoch_batches
+from aiayn.data.batches import TokenData
+from aiayn.training.step import epoch_batches
 
 STEPS = 40
 TINY = ["--model.d_model", "32", "--model.d_ff", "64", "--model.h", "4", "--model.N", "2", "--model.p_drop", "0.1",
@@ -184,7 +184,7 @@ def test_resume_with_other_max_tokens_is_refused_or_forced(toy_prepared, tmp_pat
 
 def test_resume_on_data_of_another_vocabulary_is_refused(toy_corpus, toy_prepared, tmp_path):
     """Same number of pairs and of pieces, other pieces: the run's embeddings would read other words."""
-    from aiayn.data import prepare
+    from aiayn.data.prepare import prepare
 
     for path in toy_corpus.iterdir():  # the same corpus in capitals: other pieces, as many
         (tmp_path / path.name).write_text(path.read_text().upper())
@@ -219,7 +219,7 @@ def _clock_worker(rank: int, world: int, port: int, prep: str, run: str, out: st
 
         real, t0 = _time.perf_counter, _time.perf_counter()
         _time.perf_counter = lambda: t0 + 20 * (real() - t0)
-    from aiayn.training import train
+    from aiayn.training.session import train
 
     cfg = tiny_config(max_steps=10**6, max_minutes=0.03)
     state = train(cfg, Path(prep), Path(run))
@@ -324,8 +324,8 @@ def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(
 
     from aiayn.checkpoint import load_checkpoint
     from aiayn.config import load_yaml
-    from aiayn.data import prepare
-    from aiayn.steps import valid_bleu, validate
+    from aiayn.data.prepare import prepare
+    from aiayn.training.step import valid_bleu, validate
 
     for split, n, seed in (("train", 400, 0), ("valid", 10000, 1)):  # 5,000 took 4.7 s on a family-26 EPYC
         s, t = _sentences(n, seed)
@@ -398,7 +398,7 @@ def test_a_parser_run_written_before_parser_model_resumes_bit_identically(tmp_pa
     from test_parse import tiny_treebank
 
     from aiayn.checkpoint import load_checkpoint
-    from aiayn.parser_model import ParserTransformer
+    from aiayn.parsing.model import ParserTransformer
 
     (tmp_path / "tb").mkdir()
     prep = tmp_path / "prep"

@@ -14,11 +14,11 @@ from conftest import (
     tiny_config,
 )
 
-from aiayn.baselines.rnn import AdditiveAttention, MultiplicativeAttention, RecurrentModel, attend
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.config import ConfigError, ModelConfig, preset
-from aiayn.models import build_model
-from aiayn.training import train
+from aiayn.models.build import build_model
+from aiayn.models.rnn import AdditiveAttention, MultiplicativeAttention, RecurrentModel, attend
+from aiayn.training.session import train
 
 KINDS = [(cell, att) for cell in ("lstm", "gru") for att in ("additive", "dot", "general", "bahdanau")]
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from aiayn.config import DecodeConfig, ModelConfig
-from aiayn.model import Transformer
-from aiayn.search import _top_lprobs, beam_search, greedy_search, length_penalty
-from aiayn.tokenizer import BOS, EOS, PAD, Tokenizer
-from aiayn.translate import Translator
+from aiayn.data.tokenizer import BOS, EOS, PAD, Tokenizer
+from aiayn.decode.search import _top_lprobs, beam_search, greedy_search, length_penalty
+from aiayn.decode.translator import Translator
+from aiayn.models.transformer import Transformer
 
 
 def random_model(vocab=7, seed=0, max_positions=64):
@@ -253,7 +253,7 @@ def test_translator_truncates_long_lines_and_handles_unknown_characters(translat
 def test_an_abandoned_sentence_leaves_within_a_few_steps_and_the_others_do_not_notice(beam):
     """A server's request that gave up mid-chunk: its sentence stops costing rows at the next look
     (every ABANDON_EVERY steps), the batch's other sentences translate as they would have."""
-    from aiayn.search import ABANDON_EVERY
+    from aiayn.decode.search import ABANDON_EVERY
 
     model = random_model(vocab=13, seed=4)
     with torch.no_grad():

@@ -10,11 +10,11 @@ import torch
 from conftest import check_attention_body
 from fastapi.testclient import TestClient
 
-from aiayn.apps.serve import Limits, create_app
 from aiayn.config import DecodeConfig, ModelConfig
-from aiayn.model import Transformer
-from aiayn.tokenizer import Tokenizer
-from aiayn.translate import Translator
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.decode.translator import Translator
+from aiayn.models.transformer import Transformer
+from aiayn.serve.app import Limits, create_app
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_concurrent_requests_are_all_answered(client, translator):
 import json  # noqa: E402
 import threading  # noqa: E402
 
-from aiayn.apps.batcher import Batcher  # noqa: E402
+from aiayn.serve.batcher import Batcher  # noqa: E402
 
 
 class Gate:
@@ -283,13 +283,13 @@ def test_attention_is_capped_and_computed_off_the_event_loop(translator, monkeyp
     import subprocess
     import sys
 
-    code = "import sys, aiayn.apps.serve; print('matplotlib' in sys.modules)"  # no plotting library, ever
+    code = "import sys, aiayn.serve.app; print('matplotlib' in sys.modules)"  # no plotting library, ever
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
 def test_a_server_with_a_shortlist_answers_as_its_translator_and_says_so(toy_prepared):
     """`serve --shortlist`: the app answers what the shortlisted translator gives; /health reports it."""
-    from aiayn.shortlist import build
+    from aiayn.decode.shortlist import build
 
     tok = Tokenizer.load(str(toy_prepared / "spm.model"))
     torch.manual_seed(0)
@@ -331,7 +331,7 @@ def test_one_client_holds_a_share_of_the_work_and_gets_429_beyond_it(gated):
 
 
 def test_the_access_log_limit_counts_what_it_held_back(caplog):
-    from aiayn.apps.edge import RateLimited
+    from aiayn.serve.edge import RateLimited
 
     logger = logging.getLogger("aiayn-test.access")  # not under uvicorn's loggers, which do not propagate
     logger.addFilter(RateLimited())

@@ -17,8 +17,8 @@ import torch
 
 from aiayn.checkpoint import model_tensors, save_weights
 from aiayn.config import Config
-from aiayn.model import Transformer
-from aiayn.tokenizer import EOS, Tokenizer
+from aiayn.data.tokenizer import EOS, Tokenizer
+from aiayn.models.transformer import Transformer
 
 REQUESTS, HANGUPS = 200, 20
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import requires_vnni
 
+from aiayn.decode.fused import FusedDecoder
+from aiayn.decode.search import beam_search, greedy_search
+from aiayn.decode.shortlist import Shortlist, ShortlistDecoder, ShortlistError, _pairs, build, vocabulary_id
+from aiayn.decode.translator import cast_bf16, quantize_int8
 from aiayn.device import int8_products
-from aiayn.fusedstep import FusedDecoder
-from aiayn.search import beam_search, greedy_search
-from aiayn.shortlist import Shortlist, ShortlistDecoder, ShortlistError, _pairs, build, vocabulary_id
-from aiayn.translate import cast_bf16, quantize_int8
 from tests.test_fusedstep import sources, toy
 
 

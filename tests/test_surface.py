@@ -17,9 +17,9 @@ import aiayn
 from aiayn.checkpoint import list_checkpoints
 from aiayn.cli import main
 from aiayn.config import ConfigError, apply_overrides, load_yaml, preset
-from aiayn.search import length_penalty
-from aiayn.tokenizer import BOS, EOS
-from aiayn.translate import Translator
+from aiayn.data.tokenizer import BOS, EOS
+from aiayn.decode.search import length_penalty
+from aiayn.decode.translator import Translator
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_run_json_and_train_log_record_the_run(toy_prepared, tmp_path):
 
 def test_importing_aiayn_leaves_the_environment_alone():
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
-    out = subprocess.run([sys.executable, "-c", "import os, aiayn, aiayn.training, aiayn.apps.serve; "
+    out = subprocess.run([sys.executable, "-c", "import os, aiayn, aiayn.training.session, aiayn.serve.app; "
                           "print(os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'))"],
                          capture_output=True, text=True, env=env, timeout=120).stdout
     assert out.strip() == "None"
@@ -186,9 +186,9 @@ def test_a_command_does_not_import_scipy_until_it_needs_it():
 def test_the_package_loads_its_torch_names_on_first_use():
     """`import aiayn` alone leaves torch unloaded; every public name still resolves, is listed by dir(),
     and aiayn.train stays the function after its module is imported."""
-    code = ("import sys, aiayn\nbefore = 'torch' in sys.modules\nimport aiayn.training\n"
+    code = ("import sys, aiayn\nbefore = 'torch' in sys.modules\nimport aiayn.training.session\n"
             "print(before, all(hasattr(aiayn, n) for n in aiayn.__all__), set(aiayn.__all__) <= set(dir(aiayn)),"
-            " aiayn.train is aiayn.training.train, 'torch' in sys.modules)")
+            " aiayn.train is aiayn.training.session.train, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["False", "True", "True", "True", "True"], out.stdout + out.stderr[-2000:]
 
@@ -236,7 +236,7 @@ def scripted_validation(monkeypatch, losses):
         loss = next(seq)
         return {"valid_loss": loss, "valid_nll": loss, "valid_ppl": 2.0 ** loss}
 
-    monkeypatch.setattr(importlib.import_module("aiayn.trainer"), "validate", fake)
+    monkeypatch.setattr(importlib.import_module("aiayn.training.trainer"), "validate", fake)
 
 
 def test_patience_stops_training_and_survives_a_resume(toy_prepared, tmp_path, monkeypatch):
@@ -281,7 +281,7 @@ def test_train_translate_and_serve_choose_the_device_the_same_way(ckpt):
     import argparse
 
     from aiayn.cli import main as cli_main
-    from aiayn.translate import pick_device
+    from aiayn.decode.translator import pick_device
 
     expected = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert pick_device(None) == expected

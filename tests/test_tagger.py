@@ -11,12 +11,14 @@ from safetensors.torch import save_file
 from test_parse import aiayn, tiny_treebank
 
 from aiayn.checkpoint import CheckpointError, load_checkpoint, read_weights
-from aiayn.config import ModelConfig
-from aiayn.model import Transformer
-from aiayn.models import build_model
-from aiayn.parse import read_trees
-from aiayn.tagger import OTHER, TAG_ID, SourceTagger, Tagger, jackknife, subword_tags
-from aiayn.tokenizer import EOS, PAD, Tokenizer
+from aiayn.config import ConfigError, ModelConfig
+from aiayn.data.tokenizer import EOS, PAD, Tokenizer
+from aiayn.models.build import build_model
+from aiayn.models.transformer import Transformer
+from aiayn.parsing.model import build_any, read_tagger
+from aiayn.parsing.tagger import OTHER, TAG_ID, SourceTagger, Tagger, jackknife, subword_tags
+from aiayn.parsing.trees import read_trees
+from aiayn.parsing.treesearch import Parser
 
 pytest.importorskip("nltk")
 
@@ -77,7 +79,7 @@ def test_subword_tags_repeat_each_words_tag_over_its_pieces(tmp_path):
 def test_tags_reach_the_encoder_and_the_tagger_is_a_second_path_to_them():
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=30, d_model=16, d_ff=32, h=2, N=1, p_drop=0.0, tag_input=True)
-    m = build_model(cfg).eval()  # the parser's model (parser_model.py)
+    m = build_any(cfg).eval()  # the parser's model (parsing/model.py)
     src, tgt = torch.randint(4, 30, (2, 5)), torch.randint(4, 30, (2, 4))
     tags = torch.randint(1, 40, (2, 5))
     with pytest.raises(ValueError, match="neither tags nor a tagger"):
@@ -86,8 +88,10 @@ def test_tags_reach_the_encoder_and_the_tagger_is_a_second_path_to_them():
     assert not torch.allclose(a, m(src, tgt, torch.ones_like(tags)))  # tags change the output
     m.src_tagger = lambda s: tags
     assert torch.equal(m(src, tgt), a)  # the model's own tagger gives what explicit tags give
-    assert not hasattr(build_model(ModelConfig(vocab_size=30, d_model=16, d_ff=32, h=2, N=1)), "tag_embed")
-    assert type(build_model(ModelConfig(vocab_size=30, d_model=16, d_ff=32, h=2, N=1))) is Transformer
+    assert not hasattr(build_any(ModelConfig(vocab_size=30, d_model=16, d_ff=32, h=2, N=1)), "tag_embed")
+    assert type(build_any(ModelConfig(vocab_size=30, d_model=16, d_ff=32, h=2, N=1))) is Transformer
+    with pytest.raises(ConfigError, match="model.tag_input is an input of §6.3's parser"):
+        build_model(cfg)  # the translation models' builder knows no parser
 
 
 def test_prepare_with_tags_train_and_parse_end_to_end(tmp_path):
@@ -126,9 +130,10 @@ def test_prepare_with_tags_train_and_parse_end_to_end(tmp_path):
     p = aiayn("train", "--data", prep, "--run-dir", run, *common, "--model.tag_input", "true")
     assert p.returncode == 0, p.stderr[-1500:]
     ckpt = sorted((run / "checkpoints").glob("step-*.safetensors"))[-1]
-    model, *_ = load_checkpoint(ckpt)
+    with pytest.raises(CheckpointError, match="model.pointer_input is an input of §6.3's parser"):
+        load_checkpoint(ckpt)  # without the parser's builder: one line
     words = (prep / "test.words.txt").read_text().splitlines()
-    assert model.src_tagger.tagger.tag(words[0].split()) == Tagger.from_json((prep / "tagger.json").read_text()).tag(
+    assert read_tagger(ckpt).tag(words[0].split()) == Tagger.from_json((prep / "tagger.json").read_text()).tag(
         words[0].split())
     p = aiayn("parse", "--checkpoint", ckpt, "-i", prep / "test.words.txt", "-o", tmp_path / "hyp.mrg")
     assert p.returncode == 0, p.stderr[-1500:]
@@ -142,7 +147,7 @@ def test_prepare_with_tags_train_and_parse_end_to_end(tmp_path):
     del extra["tagger"]
     save_file(tensors, tmp_path / "untagged.safetensors", {**meta, "extra": json.dumps(extra)})
     with pytest.raises(CheckpointError, match="untagged.safetensors: damaged metadata .model.tag_input is on"):
-        load_checkpoint(tmp_path / "untagged.safetensors")
+        Parser.load(tmp_path / "untagged.safetensors")
     p = aiayn("prepare", "--task", "parse", "--treebank", tb, "-o", tmp_path / "plain", "--preset", "parse-paper",
               "--data.vocab_size", "60")  # words alone: the paper's model reads no tags
     assert p.returncode == 0, p.stderr[-1500:]

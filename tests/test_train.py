@@ -11,14 +11,14 @@ import yaml
 from conftest import tiny_config
 
 from aiayn import checkpoint
-from aiayn.batches import TokenData, collate, make_batches
 from aiayn.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, read_weights
 from aiayn.cli import main
+from aiayn.data.batches import TokenData, collate, make_batches
 from aiayn.files import FileError, atomic_write
-from aiayn.model import Transformer
-from aiayn.optim import make_optimizer
-from aiayn.steps import train_step
-from aiayn.training import train
+from aiayn.models.transformer import Transformer
+from aiayn.training.optim import make_optimizer
+from aiayn.training.session import train
+from aiayn.training.step import train_step
 
 
 def weights(path):
@@ -61,7 +61,7 @@ def test_tokens_per_second_counts_training_time_only(toy_prepared, tmp_path, mon
     (validated at step 5) ran 10 s: target tokens/s is the window's tokens over 10 s."""
     import time
 
-    import aiayn.trainer as trainer
+    import aiayn.training.trainer as trainer
 
     clock = [0.0]
     real_step, real_validate = trainer.train_step, trainer.validate
@@ -84,7 +84,7 @@ def test_tokens_per_second_counts_training_time_only(toy_prepared, tmp_path, mon
 
 
 def test_a_saved_loss_window_reopens_only_for_as_many_ranks_as_saved_it():
-    from aiayn.runs import LossWindow
+    from aiayn.training.runs import LossWindow
 
     saved = {"step": 12, "ranks": [[4.0, 3.0, 300, 2.0], [5.0, 3.5, 300, 2.5]]}
     w = LossWindow()
@@ -159,7 +159,7 @@ def test_resume_from_missing_run_is_an_error(tmp_path, capsys):
 def test_shard_gives_every_rank_the_same_number_of_passes():
     import numpy as np
 
-    from aiayn.steps import shard
+    from aiayn.training.step import shard
 
     group = [np.array([i]) for i in range(3)]
     parts = [shard(group, r, 2) for r in range(2)]
@@ -307,7 +307,8 @@ def test_a_run_from_before_tokens_per_update_resumes_with_its_update_freq(toy_pr
 
 def _cpu(monkeypatch, flags: set[str]) -> None:
     """Make this process see a CPU with `flags` (device.cpu_flags, and the kernels line of the log)."""
-    from aiayn import device, runs
+    from aiayn import device
+    from aiayn.training import runs
 
     monkeypatch.setattr(device, "cpu_flags", lambda *a, **k: set(flags))
     monkeypatch.setattr(runs, "native_bf16", lambda: device.native_bf16(flags))
@@ -348,7 +349,7 @@ def test_leave_closes_only_the_group_that_setup_joined():
     abort a rank), and leaves alone a group its caller made."""
     import torch.distributed as dist
 
-    from aiayn.runs import Dist, leave
+    from aiayn.training.runs import Dist, leave
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
         leave(Dist(owns_group=False))  # the caller's group

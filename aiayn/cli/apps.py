@@ -19,8 +19,8 @@ log = logging.getLogger("aiayn")
 
 def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
     """Attention maps (Figures 3-5) or training curves."""
-    from ..apps.plot import plot_attention, plot_curves
-    from ..translate import attention_data
+    from ..analysis.plot import plot_attention, plot_curves
+    from ..decode.translator import attention_data
 
     if args.what == "curves":
         if not args.run_dir:
@@ -36,11 +36,12 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError("plot attention needs --checkpoint FILE and --src SENTENCE")
     if not args.src.strip():
         raise UserError("--src is empty")
-    from ..apps.plot import ATTENTION_MAPS
+    from ..analysis.plot import ATTENTION_MAPS
     from ..checkpoint import load_checkpoint
+    from ..parsing.model import build_any
 
     check_output_folder(args.output, ATTENTION_MAPS)  # before the model is loaded and run
-    model, cfg, tokenizer, _ = load_checkpoint(Path(args.checkpoint))
+    model, cfg, tokenizer, _ = load_checkpoint(Path(args.checkpoint), build=build_any)
     data = attention_data(model, tokenizer, args.src, args.tgt, cfg.decode)
     files = plot_attention(data, Path(args.output))
     print(f"target: {data.translation}")
@@ -49,7 +50,7 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
     """What the attention heads do: importance, roles, pruning (validation split only)."""
-    from ..apps.heads import HEADS, measure, write
+    from ..analysis.heads_report import HEADS, measure, write
 
     for name in ("sentences", "bleu_sentences"):
         if getattr(args, name) < 1:
@@ -78,7 +79,7 @@ def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     """HTTP API (FastAPI) and a page to try the model."""
-    from ..apps.serve import Limits, serve, serving_hosts
+    from ..serve.app import Limits, serve, serving_hosts
 
     names = ("max_sentences", "max_chars", "max_subwords", "max_queue", "max_work", "max_attention_subwords",
              "timeout", "read_timeout", "header_timeout", "limit_concurrency", "keep_alive")
@@ -104,11 +105,11 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
     """Write a Hugging Face MarianMTModel directory, or a CTranslate2 model made from it."""
-    from ..apps.export import ExportError, export_ct2, export_hf
+    from ..export import ExportError, export_ct2, export_hf
 
     if args.quantization and args.format != "ct2":
         raise UserError("--quantization applies to `export ct2` only")
-    from ..apps.export import EXPORT
+    from ..export import EXPORT
 
     check_output_folder(args.output, EXPORT)
     try:

@@ -48,7 +48,7 @@ def _interactive(translator, output: str | None) -> None:
 
 def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: beam search (beam 4, alpha 0.6, max length input + 50) over raw text."""
-    from ..translate import Translator
+    from ..decode.translator import Translator
 
     overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
                                    "nbest": args.nbest, "max_tokens": args.max_tokens}.items() if v is not None}
@@ -96,7 +96,7 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: choose beam size and alpha on the validation set; write them into a copy of the checkpoint."""
-    from ..tune import tune
+    from ..decode.tune import tune
 
     beams, alphas = _numbers(args.beams, int, "--beams"), _numbers(args.alphas, float, "--alphas")
     if any(b < 1 for b in beams) or any(not (math.isfinite(a) and a >= 0) for a in alphas):
@@ -115,7 +115,7 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
     """sacreBLEU BLEU and chrF of detokenized hypotheses against references; with --parse,
     EVALB-style labeled bracketing F1 of trees (§6.3)."""
     if args.parse or args.right_branching or args.pcfg:
-        from ..parse import TreeError, evalb, read_trees, right_branching
+        from ..parsing.trees import TreeError, evalb, read_trees, right_branching
 
         try:
             gold = read_trees("\n".join(_read_input(args.ref)), args.ref)
@@ -145,8 +145,8 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
 
 def _pcfg(train_file: str, gold: list) -> list:
     """The treebank-PCFG baseline's trees for `gold`'s sentences (given their gold tags)."""
-    from ..baselines.pcfg import pcfg_parses
-    from ..parse import read_trees
+    from ..parsing.pcfg import pcfg_parses
+    from ..parsing.trees import read_trees
 
     test, failed = pcfg_parses(read_trees("\n".join(_read_input(train_file)), train_file), gold)
     log.info("PCFG from %s: %d of %d sentences outside the grammar (parsed right-branching)", train_file, failed,
@@ -156,8 +156,8 @@ def _pcfg(train_file: str, gold: list) -> list:
 
 def cmd_parse(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.3: sentences (words separated by spaces) in, one well-formed tree per line out."""
-    from ..parse import TreeError
-    from ..treesearch import Parser
+    from ..parsing.trees import TreeError
+    from ..parsing.treesearch import Parser
 
     decode = {k: v for k, v in (("beam", args.beam), ("alpha", args.alpha)) if v is not None}
     try:

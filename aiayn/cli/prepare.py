@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from ..config import Config
-from ..data import PREPARED, DataError
+from ..data.prepare import PREPARED, DataError
 from ..files import add_to_marker
 from ..presets import PRESETS
 from .common import (
@@ -23,8 +23,8 @@ log = logging.getLogger("aiayn")
 
 def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
     """§6.3: the treebank's splits as words -> linearized trees, prepared like a corpus."""
-    from ..data import check_prepared_output, prepare
-    from ..parse import TreeError, is_bracket, write_splits
+    from ..data.prepare import check_prepared_output, prepare
+    from ..parsing.trees import TreeError, is_bracket, write_splits
 
     if not args.treebank:
         raise UserError("prepare --task parse needs --treebank PATH (a folder of .mrg files or treebank.zip)")
@@ -48,8 +48,8 @@ def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
                                  **({"tags": "perceptron-jackknife"} if tags else {})},
                            on_build=(lambda: built.append(_train_tagger(Path(tmp)))) if tags else None)
     if tags and (built or not all((out / f"{s}.src.tag.npy").exists() for s in ("train", "valid"))):
-        from ..tagger import write_tag_arrays
-        from ..tokenizer import Tokenizer
+        from ..data.tokenizer import Tokenizer
+        from ..parsing.tagger import write_tag_arrays
 
         write_tag_arrays(out, *(built[0] if built else _read_tagging(out)),
                          Tokenizer.load(str(out / "spm.model")).pieces_list())
@@ -60,8 +60,8 @@ def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
 def _train_tagger(folder: Path) -> tuple:
     """A part-of-speech tagger from the training trees' gold tags (tagger.py), written to `tagger.json`, and
     the training sentences' jackknifed tags (words -> tags, also in raw/train.tags)."""
-    from ..parse import read_trees
-    from ..tagger import Tagger, TaggerError, jackknife
+    from ..parsing.tagger import Tagger, TaggerError, jackknife
+    from ..parsing.trees import read_trees
 
     sents = [[(w, t) for t, w in tree.tagged()] for tree in read_trees((folder / "train.gold.mrg").read_text())]
     log.info("training a part-of-speech tagger on %d trees, and %d more for jackknifed training tags", len(sents), 10)
@@ -77,11 +77,11 @@ def _train_tagger(folder: Path) -> tuple:
 
 def _read_tagging(folder: Path) -> tuple:
     """The tagger and jackknifed training tags that _train_tagger wrote into a prepared folder."""
-    from ..parse import read_trees
-    from ..tagger import Tagger
+    from ..parsing.tagger import Tagger
+    from ..parsing.trees import read_trees
 
     words = [" ".join(t.words()) for t in read_trees((folder / "train.gold.mrg").read_text())]
-    from ..data import read_lines
+    from ..data.prepare import read_lines
 
     tags = read_lines(folder / "raw" / "train.tags")
     tagger = Tagger.from_json((folder / "tagger.json").read_text(), str(folder / "tagger.json"))
@@ -90,8 +90,8 @@ def _read_tagging(folder: Path) -> tuple:
 
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
     """Validate parallel text, learn the joint BPE vocabulary (§5.1), cache every split."""
-    from ..corpora import CORPORA, cache_dir, check_mirror, fetch_multi30k, fetch_wmt14, verify_multi30k
-    from ..data import check_prepared_output, find_file, prepare
+    from ..data.corpora import CORPORA, cache_dir, check_mirror, fetch_multi30k, fetch_wmt14, verify_multi30k
+    from ..data.prepare import check_prepared_output, find_file, prepare
 
     cfg = build_config(args, extra)
     if args.task == "parse":  # §6.3: words -> linearized trees, from a treebank
@@ -199,8 +199,8 @@ def add_prepare(sub) -> None:
 
 def cmd_shortlist(args: argparse.Namespace, extra: list[str]) -> None:
     """A decoding shortlist from prepared data's training pairs (shortlist.py; not in the paper)."""
+    from ..decode.shortlist import build
     from ..files import check_output_file
-    from ..shortlist import build
 
     if args.per_source < 1 or args.frequent < 0 or args.max_pairs < 0:
         raise UserError(f"--per-source must be >= 1, --frequent and --max-pairs >= 0; got {args.per_source}, "

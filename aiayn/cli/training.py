@@ -24,12 +24,12 @@ def count_parameters(name: str, vocab_size: int) -> int:
     """Exact trainable-parameter count of a preset at a vocabulary size (built on the meta device)."""
     import torch
 
-    from ..models import build_model
+    from ..parsing.model import build_any
 
     cfg = preset(name).model
     cfg.vocab_size = vocab_size
     with torch.device("meta"):
-        model = build_model(cfg)
+        model = build_any(cfg)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -58,7 +58,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
     """Train (§5), or continue a run with --resume RUN_DIR (flags and config checked before torch loads)."""
     if args.resume:
         overrides = _parse_overrides(extra)
-        from ..training import train
+        from ..training.session import train
 
         train(None, Path(args.data) if args.data else None, Path(args.resume), resume=True, device=args.device,
               overrides=overrides, force_batching=args.force_batching)
@@ -66,7 +66,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
     if not args.data or not args.run:
         raise UserError("train needs --data PREPARED_DIR and --run-dir RUN_DIR (or --resume RUN_DIR)")
     cfg = build_config(args, extra)
-    from ..training import train
+    from ..training.session import train
 
     train(cfg, Path(args.data), Path(args.run), device=args.device)
 

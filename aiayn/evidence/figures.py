@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..optim import noam_lr  # noqa: E402
+from ..training.optim import noam_lr  # noqa: E402
 
 
 def _valid_bleu(r: dict) -> float:

@@ -27,6 +27,6 @@ def machine() -> dict[str, Any]:
 def _code_commit() -> str | None:
     """The commit of the code this process runs: read once, when the suite starts (a result
     written an hour later must not name whatever the working tree holds by then)."""
-    from ..runs import _git_commit
+    from ..training.runs import _git_commit
 
     return _git_commit()

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..attention import MultiHeadAttention, attention
 from ..config import Config
+from ..models.attention import MultiHeadAttention, attention
 
 PAPER = {  # Table 1: complexity per layer / sequential operations / maximum path length
     "self-attention": "O(n²·d) / O(1) / O(1)",
@@ -204,7 +204,7 @@ def flops_per_token(model: torch.nn.Module, data, cfg: Config, batches: int = 4)
     on the first batches of the validation split."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..batches import collate, make_batches
+    from ..data.batches import collate, make_batches
 
     total_flops, tokens = 0, 0
     device = next(model.parameters()).device

@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from ..batches import TokenData, collate
 from ..config import Config
-from ..data import load_manifest
+from ..data.batches import TokenData, collate
+from ..data.prepare import load_manifest
 from ..device import TRAIN_PRECISIONS, resolve_precision
-from ..models import build_model
-from ..optim import make_optimizer
-from ..runs import setup
-from ..steps import epoch_batches, train_step
+from ..parsing.model import build_any
+from ..training.optim import make_optimizer
+from ..training.runs import setup
+from ..training.step import epoch_batches, train_step
 from .machine import machine
 
 
@@ -40,7 +40,7 @@ def measure_throughput(cfgs: dict[str, Config], data_dir: Path, updates: int = 1
         cfg.model.vocab_size = vocab
         cfg.train.precision = resolve_precision(cfg.train.precision, env.device, choices=TRAIN_PRECISIONS)[0]
         torch.manual_seed(cfg.train.seed)
-        model = build_model(cfg.model).to(env.device)
+        model = build_any(cfg.model).to(env.device)
         models[name] = (model, make_optimizer(model, cfg.train), cfg)
         _updates(models[name], batches[:2], env.device)  # warm-up: kernels, allocator
     seconds: dict[str, list[float]] = {name: [] for name in cfgs}

@@ -166,7 +166,7 @@ def reference_words(refs: list[dict]) -> str:
 
 def schedule_words(r: dict) -> str:
     """The schedule a result trained with, from its recorded config (never from today's presets)."""
-    from ..optim import noam_lr
+    from ..training.optim import noam_lr
 
     t = (r.get("config") or {}).get("train")
     if not t:

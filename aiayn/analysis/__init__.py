@@ -1,0 +1,1 @@
+"""Figures 3-5, measured."""

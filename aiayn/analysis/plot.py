@@ -1,0 +1,127 @@
+"""Pictures: attention maps (Figures 3-5) and training curves (loss, perplexity, BLEU, Eq. 3)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ..decode.translator import AttentionData  # noqa: E402
+from ..files import new_folder  # noqa: E402
+
+
+def heatmap(ax, w: np.ndarray, rows: list[str], cols: list[str], title: str) -> None:
+    """One attention map (queries × keys) on `ax`, its tokens as tick labels."""
+    ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(float(w.max()), 1e-6), aspect="auto")
+    ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.set_title(title, fontsize=9)
+
+
+def _grid(maps: np.ndarray, rows: list[str], cols: list[str], title: str, path: Path) -> list[Path]:
+    """One figure for one layer: every head, and their mean."""
+    h = maps.shape[0]
+    panels = [(maps[i], f"head {i + 1}") for i in range(h)] + [(maps.mean(0), "mean of heads")]
+    ncol = min(len(panels), 3)
+    nrow = math.ceil(len(panels) / ncol)
+    size = 1.0 + 0.22 * max(len(rows), len(cols))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(ncol * size, nrow * size), squeeze=False)
+    for ax, (w, name) in zip(axes.flat, panels):
+        heatmap(ax, w, rows, cols, name)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = [path.with_suffix(".png"), path.with_suffix(".svg")]
+    for p in out:
+        fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return out
+
+
+ATTENTION_MAPS = "plot attention"  # the kind in the folder's marker (files.MARKER)
+
+
+def plot_attention(data: AttentionData, out_dir: Path) -> list[Path]:
+    """PNG and SVG heatmaps: per layer (every head + mean) for the three kinds of attention
+    (§3.2.3), and the cross-attention averaged over layers and heads. The folder is built beside
+    `out_dir` and renamed into place; a folder holding other files is refused."""
+    with new_folder(out_dir, ATTENTION_MAPS) as tmp:
+        names = [p.name for p in _plot_attention(data, tmp)]
+    return [Path(out_dir) / n for n in names]
+
+
+def _plot_attention(data: AttentionData, out_dir: Path) -> list[Path]:
+    kinds = [
+        ("encoder-self", data.encoder_self, data.src_tokens, data.src_tokens),
+        ("decoder-self", data.decoder_self, data.tgt_out_tokens, data.tgt_in_tokens),
+        ("cross", data.cross, data.tgt_out_tokens, data.src_tokens),
+    ]
+    written: list[Path] = []
+    for name, maps, rows, cols in kinds:
+        for layer in range(maps.shape[0]):
+            written += _grid(maps[layer], rows, cols, f"{name} attention, layer {layer + 1}",
+                             out_dir / f"{name}-layer{layer + 1}")
+    mean = data.cross.mean((0, 1))
+    size = 1.5 + 0.3 * max(mean.shape)
+    fig, ax = plt.subplots(figsize=(size, size))
+    heatmap(ax, mean, data.tgt_out_tokens, data.src_tokens, "cross attention, mean of layers and heads")
+    ax.set_xlabel("source")
+    ax.set_ylabel("output")
+    fig.tight_layout()
+    for p in (out_dir / "cross-mean.png", out_dir / "cross-mean.svg"):
+        fig.savefig(p, dpi=130)
+        written.append(p)
+    plt.close(fig)
+    return written
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found (is {run_dir} a run directory?)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_curves(run_dir: Path, out: Path) -> Path:
+    """Training and validation loss, perplexity, validation BLEU and the learning rate (Eq. 3)."""
+    rows = read_metrics(run_dir)
+    train = [r for r in rows if "loss" in r]
+    valid = [r for r in rows if "valid_loss" in r]
+    if not train and not valid:
+        raise ValueError(f"{run_dir}: metrics.jsonl has no training or validation records yet")
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    (a_loss, a_ppl), (a_bleu, a_lr) = axes
+
+    def line(ax, recs, key, label):
+        if recs:
+            ax.plot([r["step"] for r in recs], [r[key] for r in recs], label=label)
+
+    line(a_loss, train, "loss", "train (label-smoothed)")
+    line(a_loss, valid, "valid_loss", "valid (label-smoothed)")
+    a_loss.set_title("loss per token")
+    line(a_ppl, train, "ppl", "train")
+    line(a_ppl, valid, "valid_ppl", "valid")
+    a_ppl.set_yscale("log")
+    a_ppl.set_title("perplexity")
+    line(a_bleu, [r for r in valid if "valid_bleu" in r], "valid_bleu", "valid greedy BLEU")
+    a_bleu.set_title("validation BLEU (sacreBLEU)")
+    line(a_lr, train, "lr", "Eq. 3")
+    a_lr.set_title("learning rate")
+    for ax in axes.flat:
+        ax.set_xlabel("step")
+        if ax.lines:
+            ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

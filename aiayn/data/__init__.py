@@ -1,0 +1,1 @@
+"""text -> subwords -> batches (§5.1)."""

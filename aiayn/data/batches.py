@@ -1,0 +1,107 @@
+"""Prepared subwords in, token-count batches out (§5.1): "sentence pairs were batched together by
+approximate sequence length"; each batch holds about `max_tokens` padded tokens per side."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .prepare import DataError
+from .tokenizer import BOS, EOS, PAD
+
+
+class TokenData:
+    """One prepared split's token ids (memory-mapped), without BOS/EOS; with `tags`, also the
+    part-of-speech tag of every source subword (model.tag_input, tagger.py)."""
+
+    def __init__(self, data_dir: Path, split: str, tags: bool = False):
+        def arr(side: str, kind: str) -> np.ndarray:
+            path = Path(data_dir) / f"{split}.{side}.{kind}.npy"
+            if not path.exists():
+                if kind == "tag":
+                    raise DataError(f"{path} is missing: model.tag_input needs data prepared with tags "
+                                    "(`aiayn prepare --task parse --tags`)")
+                raise DataError(f"{path} is missing; re-run `aiayn prepare`")
+            return np.load(path, mmap_mode="r")
+
+        self.src_tok, self.src_off = arr("src", "tok"), np.asarray(arr("src", "off"))
+        self.tgt_tok, self.tgt_off = arr("tgt", "tok"), np.asarray(arr("tgt", "off"))
+        self.src_tag = arr("src", "tag") if tags else None
+        self.src_lens = np.diff(self.src_off) + 1  # + EOS
+        self.tgt_lens = np.diff(self.tgt_off) + 1  # decoder input: BOS + y, output: y + EOS
+
+    def __len__(self) -> int:
+        return len(self.src_lens)
+
+    def src(self, i: int) -> np.ndarray:
+        return self.src_tok[self.src_off[i]:self.src_off[i + 1]]
+
+    def tags(self, i: int) -> np.ndarray:
+        return self.src_tag[self.src_off[i]:self.src_off[i + 1]]  # type: ignore[index]
+
+    def tgt(self, i: int) -> np.ndarray:
+        return self.tgt_tok[self.tgt_off[i]:self.tgt_off[i + 1]]
+
+
+def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, epoch: int
+                 ) -> list[np.ndarray]:
+    """§5.1 "batched together by approximate sequence length": shuffle (seed, epoch), sort by
+    length, cut into batches of at most `max_tokens` padded tokens per side, shuffle the batches.
+    Every pair lands in exactly one batch; the result depends only on (seed, epoch)."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(src_lens))
+    order = order[np.lexsort((src_lens[order], tgt_lens[order]))]  # stable: random tie order
+    batches, start, longest = [], 0, 0
+    for j, i in enumerate(order):
+        longest_j = max(longest, src_lens[i], tgt_lens[i])
+        if j > start and longest_j * (j - start + 1) > max_tokens:
+            batches.append(order[start:j])
+            start, longest_j = j, max(src_lens[i], tgt_lens[i])
+        longest = longest_j
+    if start < len(order):
+        batches.append(order[start:])
+    perm = rng.permutation(len(batches))
+    return [batches[k] for k in perm]
+
+
+@dataclass
+class Batch:
+    src: torch.Tensor  # (B, S) source ids + EOS, right-padded
+    tgt_in: torch.Tensor  # (B, T) BOS + target ids
+    tgt_out: torch.Tensor  # (B, T) target ids + EOS
+    n_tokens: int  # non-padding target tokens
+    src_tags: torch.Tensor | None = None  # (B, S) part-of-speech tag ids of the source subwords (tagger.py)
+
+    def to(self, device: torch.device | str) -> Batch:
+        tags = None if self.src_tags is None else self.src_tags.to(device, non_blocking=True)
+        return Batch(self.src.to(device, non_blocking=True), self.tgt_in.to(device, non_blocking=True),
+                     self.tgt_out.to(device, non_blocking=True), self.n_tokens, tags)
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """The model's arguments: source, decoder input and, when the data has them, the source tags."""
+        return (self.src, self.tgt_in) if self.src_tags is None else (self.src, self.tgt_in, self.src_tags)
+
+
+def collate(data: TokenData, indices: np.ndarray) -> Batch:
+    B = len(indices)
+    S, T = int(data.src_lens[indices].max()), int(data.tgt_lens[indices].max())
+    src = np.full((B, S), PAD, dtype=np.int64)
+    tgt_in = np.full((B, T), PAD, dtype=np.int64)
+    tgt_out = np.full((B, T), PAD, dtype=np.int64)
+    for b, i in enumerate(indices):
+        s, t = data.src(i), data.tgt(i)
+        src[b, :len(s)], src[b, len(s)] = s, EOS
+        tgt_in[b, 0], tgt_in[b, 1:len(t) + 1] = BOS, t
+        tgt_out[b, :len(t)], tgt_out[b, len(t)] = t, EOS
+    n = int(data.tgt_lens[indices].sum())
+    tags = None
+    if data.src_tag is not None:
+        tags = np.zeros((B, S), dtype=np.int64)
+        for b, i in enumerate(indices):
+            t = data.tags(i)
+            tags[b, :len(t)] = t
+        tags = torch.from_numpy(tags)
+    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), n, tags)

@@ -1,0 +1,390 @@
+"""Parallel text in, checked and cached subwords out (§5.1).
+
+`prepare` reads aligned files (plain or .gz), validates them (line counts, UTF-8, empty lines,
+length), normalizes to NFC, learns the joint BPE vocabulary and writes every split once as
+flat int32 arrays + offsets with a manifest, which batches.py reads.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import tempfile
+import unicodedata
+from array import array
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ..errors import AiaynError
+from ..files import atomic_write, check_output_folder, digest, lock_data, new_folder, owned
+from .tokenizer import Tokenizer
+
+log = logging.getLogger("aiayn")
+FORMAT_VERSION = 1
+
+class DataError(AiaynError):
+    """Bad input data; the message names the file and line."""
+
+
+# -- reading and validating ----------------------------------------------------------------
+def find_file(prefix: str | Path, lang: str) -> Path:
+    """`{prefix}.{lang}` or `{prefix}.{lang}.gz`."""
+    for cand in (Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")):
+        if cand.is_file():
+            return cand
+    raise DataError(f"no file {prefix}.{lang} or {prefix}.{lang}.gz")
+
+
+def iter_lines(path: Path) -> Iterator[str]:
+    """Lines of a UTF-8 text file (plain or .gz), NFC-normalized, without line ends; read as a
+    stream, so a file of any size holds one line in memory."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    n = 0
+    try:
+        with opener(path, "rb") as f:
+            for n, line in enumerate(f, 1):  # noqa: B007 (n names the line of an error)
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}:{n}: invalid UTF-8 at byte {e.start}: {line[:60]!r}") from None
+                yield unicodedata.normalize("NFC", text.rstrip("\n").rstrip("\r"))
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot read{f' after line {n}' if n else ''}: {e}") from None
+
+
+def read_lines(path: Path) -> list[str]:
+    """Every line of a file (see iter_lines), split at "\n" only (str.splitlines also splits at U+2028,
+    U+0085 and form feeds, which a sentence may hold)."""
+    return list(iter_lines(path))
+
+
+def iter_pairs(src: Path, tgt: Path, strict: bool = False, counts: dict | None = None) -> Iterator[tuple[str, str]]:
+    """Aligned, stripped source/target lines as a stream. Pairs with an empty side are dropped
+    and counted in counts["dropped_empty"] (with `strict`, an error naming the file and line);
+    files of different lengths are an error naming both counts."""
+    counts = {} if counts is None else counts
+    counts.setdefault("dropped_empty", 0)
+    s_it, t_it = iter_lines(src), iter_lines(tgt)
+    for n, (s, t) in enumerate(itertools.zip_longest(s_it, t_it), 1):
+        if s is None or t is None:
+            rest = 1 + sum(1 for _ in (t_it if s is None else s_it))
+            s_n, t_n = (n - 1, n - 1 + rest) if s is None else (n - 1 + rest, n - 1)
+            raise DataError(f"misaligned corpus: {src} has {s_n} lines but {tgt} has {t_n}")
+        s, t = s.strip(), t.strip()
+        if not s or not t:
+            if strict:
+                raise DataError(f"{src if not s else tgt}:{n}: empty line (its pair would be dropped; "
+                                "--strict forbids it)")
+            counts["dropped_empty"] += 1
+            continue
+        yield s, t
+
+
+def read_parallel(src: Path, tgt: Path, strict: bool = False) -> tuple[list[str], list[str], int]:
+    """Every pair of two aligned files (see iter_pairs) and the number dropped as empty."""
+    counts: dict = {}
+    pairs = list(iter_pairs(src, tgt, strict, counts))
+    return [s for s, _ in pairs], [t for _, t in pairs], counts["dropped_empty"]
+
+
+# -- the prepared cache --------------------------------------------------------------------
+_CHUNK = 20_000  # pairs encoded at a time: memory stays flat whatever the corpus size
+
+
+def _peak_gb() -> float:
+    """This process's peak resident memory so far, in GB (0 where the platform does not say)."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    except (ImportError, OSError):
+        return 0.0
+
+
+def _pair_hash(s: str, t: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{s}\n{t}".encode(), digest_size=8).digest(), "little")
+
+
+def _clean_split(src: Path, tgt: Path, folder: Path, name: str, strict: bool, dedup: bool
+                 ) -> tuple[dict, np.ndarray | None]:
+    """Pass 1: stream a split's valid pairs to folder/NAME.src and NAME.tgt, one clean line each.
+    Returns its counts and, with `dedup`, the mask of pairs seen for the first time (8 bytes of
+    hash per pair in memory, not the text)."""
+    counts: dict = {}
+    hashes = array("Q")
+    n = 0
+    with open(folder / f"{name}.src", "w", encoding="utf-8", newline="\n") as fs, \
+            open(folder / f"{name}.tgt", "w", encoding="utf-8", newline="\n") as ft:
+        for s, t in tqdm(iter_pairs(src, tgt, strict, counts), desc=f"reading {name}", unit=" pairs",
+                         disable=None, leave=False):
+            fs.write(s + "\n")
+            ft.write(t + "\n")
+            n += 1
+            if dedup:
+                hashes.append(_pair_hash(s, t))
+    counts = {"pairs_in": n + counts["dropped_empty"], "dropped_empty": counts["dropped_empty"]}
+    if not dedup:
+        return counts, None
+    h = np.frombuffer(hashes, dtype=np.uint64)
+    _, first = np.unique(h, return_index=True)
+    keep = np.zeros(len(h), dtype=bool)
+    keep[first] = True
+    counts["dropped_duplicate"] = int(len(h) - len(first))
+    return counts, keep
+
+
+def _read_clean(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8", newline="\n") as f:
+        for line in f:
+            yield line[:-1]
+
+
+def _kept(path: Path, keep: np.ndarray | None) -> Iterator[str]:
+    lines = _read_clean(path)
+    return lines if keep is None else (x for x, k in zip(lines, keep) if k)
+
+
+def _chunks(folder: Path, name: str, keep: np.ndarray | None) -> Iterator[tuple[list[str], list[str]]]:
+    src, tgt = _kept(folder / f"{name}.src", keep), _kept(folder / f"{name}.tgt", keep)
+    while True:
+        s = list(itertools.islice(src, _CHUNK))
+        if not s:
+            return
+        yield s, list(itertools.islice(tgt, len(s)))
+
+
+def _save_npy(path: Path, raw: Path, n: int, dtype: type = np.int32) -> None:
+    """A .npy file of n values from a raw file, copied in blocks (never whole in memory)."""
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (n,)}
+    with open(path, "wb") as f, open(raw, "rb") as r:
+        np.lib.format.write_array_header_1_0(f, header)
+        shutil.copyfileobj(r, f, 1 << 22)
+
+
+_CHARS_PER_SUBWORD = 1024  # far above SentencePiece's longest piece (16 characters)
+
+
+def _encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | None, out: Path, max_len: int,
+                  max_ratio: float, threads: int) -> dict:
+    """Pass 2: encode a split in chunks with `threads` threads, drop pairs too long for max_len
+    (+ EOS, + BOS/EOS) and, with max_ratio, pairs whose lengths differ more than that factor;
+    write the ids as flat int32 arrays with int64 offsets, as TokenData reads them."""
+    counts = {"dropped_too_long": 0, **({"dropped_ratio": 0} if max_ratio else {})}
+    sides = ("src", "tgt")
+    raws = {(side, kind): folder / f"{name}.{side}.{kind}.raw" for side in sides for kind in ("tok", "off")}
+    files = {key: open(path, "wb") for key, path in raws.items()}
+    ends = {side: 0 for side in sides}  # tokens written so far: offsets are written as they come
+    pairs = 0
+    try:
+        for side in sides:
+            np.zeros(1, dtype=np.int64).tofile(files[side, "off"])
+        total = int(keep.sum()) if keep is not None else None
+        with tqdm(total=total, desc=f"encoding {name}", unit=" pairs", disable=None, leave=False) as bar:
+            for s_lines, t_lines in _chunks(folder, name, keep):
+                # A line of over _CHARS_PER_SUBWORD x max_len characters has more than max_len subwords
+                # (short of pages of blanks): dropped unencoded (a 100 MB line took 5 GB to encode).
+                huge = np.array([max(len(a), len(b)) > _CHARS_PER_SUBWORD * max_len
+                                 for a, b in zip(s_lines, t_lines)], dtype=bool)
+                if huge.any():
+                    s_lines = ["" if h else x for x, h in zip(s_lines, huge)]
+                    t_lines = ["" if h else x for x, h in zip(t_lines, huge)]
+                s_ids = tok.sp.encode(s_lines, num_threads=threads)
+                t_ids = tok.sp.encode(t_lines, num_threads=threads)
+                ls = np.fromiter(map(len, s_ids), dtype=np.int64, count=len(s_ids))
+                lt = np.fromiter(map(len, t_ids), dtype=np.int64, count=len(t_ids))
+                ok = (ls + 1 <= max_len) & (lt + 2 <= max_len) & ~huge
+                counts["dropped_too_long"] += int((~ok).sum())
+                if max_ratio:
+                    wild = ok & (np.maximum(ls, lt) > max_ratio * np.maximum(np.minimum(ls, lt), 1))
+                    counts["dropped_ratio"] += int(wild.sum())
+                    ok &= ~wild
+                for ids, n, side in ((s_ids, ls, "src"), (t_ids, lt, "tgt")):
+                    flat = itertools.chain.from_iterable(x for x, k in zip(ids, ok) if k)
+                    np.fromiter(flat, dtype=np.int32, count=int(n[ok].sum())).tofile(files[side, "tok"])
+                    ends_here = ends[side] + np.cumsum(n[ok])
+                    ends_here.tofile(files[side, "off"])
+                    ends[side] = int(ends_here[-1]) if len(ends_here) else ends[side]
+                pairs += int(ok.sum())
+                bar.update(len(s_lines))
+    finally:
+        for f in files.values():
+            f.close()
+    for side in sides:
+        _save_npy(out / f"{name}.{side}.tok.npy", raws[side, "tok"], ends[side])
+        _save_npy(out / f"{name}.{side}.off.npy", raws[side, "off"], pairs + 1, np.int64)
+        raws[side, "tok"].unlink()
+        raws[side, "off"].unlink()
+        counts[f"{side}_tokens"] = ends[side]
+    counts["pairs"] = pairs
+    return counts
+
+
+PREPARED = "prepare"  # the kind in a prepared folder's marker (files.MARKER): only such a folder is replaced
+
+
+def check_prepared_output(out: str | Path) -> Path:
+    """`prepare -o`, before any work: new, empty, or a prepared folder. One with a manifest.json but
+    no marker (an older aiayn's) may be reused if its inputs are unchanged, never replaced."""
+    out = Path(os.path.abspath(out))
+    if (out / "manifest.json").is_file() and not owned(out, PREPARED):
+        return out  # prepare() reuses it or new_folder refuses it, before the vocabulary is learned
+    return check_output_folder(out, PREPARED)
+
+
+def _old_manifest(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        log.warning("%s: unreadable (%s); preparing anew", path, e)
+        return None
+
+
+def prepare(
+    splits: dict[str, tuple[str | Path, str | Path]], out: str | Path, src_lang: str, tgt_lang: str,
+    vocab_size: int = 37000, max_len: int = 256, strict: bool = False, seed: int = 1,
+    symbols: tuple[str, ...] = (), dedup: bool = True, max_ratio: float = 3.0, carry: Path | None = None,
+    task: dict[str, str] | None = None, on_build: Callable[[], None] | None = None,
+) -> dict:
+    """Validate, learn the joint vocabulary on train, and cache every split, in bounded memory.
+
+    splits maps "train", "valid" and test names to (source file, target file). The text is read
+    as a stream into clean temporary files (pass 1: UTF-8, alignment, empty lines, NFC; repeated
+    training pairs dropped with `dedup`), SentencePiece learns the vocabulary on a sample of at
+    most 2M sentences, and pass 2 encodes in chunks on every core, dropping over-long pairs and,
+    for training, pairs with a length ratio above `max_ratio` (0: off). Every drop is counted.
+    The cache is built in a hidden sibling of `out` and swapped in whole at the end: a failure
+    leaves the old cache as it was, a trainer that memory-maps it keeps reading the old files, and
+    a folder in use by a trainer or holding files prepare did not write is refused. `carry`: a
+    folder whose contents are copied into the cache (the parse task's raw text and gold trees);
+    `on_build`: called once before they are, only when the cache is built (the parse task's tagger).
+    Returns the manifest; if one with the same inputs and settings exists in `out`, it is reused.
+    """
+    splits = {name: (Path(s), Path(t)) for name, (s, t) in splits.items()}
+    out = check_prepared_output(out)
+    for need in ("train", "valid"):
+        if need not in splits:
+            raise DataError(f"a {need} split is required")
+    settings = {"format": FORMAT_VERSION, "src": src_lang, "tgt": tgt_lang, "vocab_size": vocab_size,
+                "max_len": max_len, "strict": strict, "seed": seed, "dedup": dedup, "max_ratio": max_ratio}
+    if symbols:  # (absent otherwise, so earlier manifests still match)
+        settings["symbols"] = sorted(symbols)
+    settings.update(task or {})  # e.g. {"task": "parse", "linearization": "words"}; checkpoints carry it
+
+    def recorded(p: Path) -> str:  # a carried file is recorded where it will be
+        return str(out / p.relative_to(carry)) if carry and p.is_relative_to(carry) else str(p)
+
+    inputs = {name: {"src": recorded(s), "tgt": recorded(t), "src_sha256": digest(s), "tgt_sha256": digest(t)}
+              for name, (s, t) in splits.items()}
+    if (out / "manifest.json").exists():
+        old = _old_manifest(out / "manifest.json")
+        if old and old.get("settings") == settings and old.get("inputs") == inputs:
+            log.info("%s: inputs unchanged, reusing the prepared data", out)
+            return old
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = lock_data(out)  # held until the new cache is in place
+    try:
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".work", dir=out.parent) as tmp, \
+                new_folder(out, PREPARED) as new:
+            stats, tok = _build(splits, Path(tmp), new, src_lang, tgt_lang, vocab_size, max_len, strict, seed,
+                                symbols, dedup, max_ratio)
+            if on_build is not None:
+                on_build()
+            if carry is not None:
+                shutil.copytree(carry, new, dirs_exist_ok=True)
+            manifest = {"settings": settings, "inputs": inputs, "vocab_size": len(tok), "splits": stats,
+                        "tests": [n for n in splits if n not in ("train", "valid")]}
+            atomic_write(new / "manifest.json", json.dumps(manifest, indent=2).encode())
+    finally:
+        if lock is not None:
+            lock.release()
+    return manifest
+
+
+def _build(splits: dict[str, tuple[Path, Path]], folder: Path, new: Path, src_lang: str, tgt_lang: str,
+           vocab_size: int, max_len: int, strict: bool, seed: int, symbols: tuple[str, ...], dedup: bool,
+           max_ratio: float) -> tuple[dict[str, dict], Tokenizer]:
+    """Passes 1 and 2 of `prepare`: clean text in `folder`, the cache in `new`."""
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    stats: dict[str, dict] = {}
+    keeps: dict[str, np.ndarray | None] = {}
+    for name, (s, t) in splits.items():
+        stats[name], keeps[name] = _clean_split(s, t, folder, name, strict, dedup and name == "train")
+    log.debug("read and checked every split; peak memory %.2f GB", _peak_gb())
+    kept = stats["train"]["pairs_in"] - stats["train"]["dropped_empty"] - stats["train"].get("dropped_duplicate", 0)
+    if not kept:
+        raise DataError(f"{splits['train'][0]}: no sentence pairs to learn from "
+                        f"({stats['train']['dropped_empty']} dropped as empty)")
+    log.info("learning a joint BPE vocabulary of %d on %d + %d sentences (a sample of at most 2M)",
+             vocab_size, kept, kept)
+    text = itertools.chain(_kept(folder / "train.src", keeps["train"]), _kept(folder / "train.tgt", keeps["train"]))
+    tok = Tokenizer.train(text, vocab_size, seed, tuple(sorted(symbols)))
+    if len(tok) < vocab_size:
+        short = (f"the joint vocabulary has {len(tok)} subwords, fewer than the {vocab_size} asked for "
+                 "(data.vocab_size): the training text holds no more merges")
+        if strict:
+            raise DataError(f"{short}; --strict forbids a smaller vocabulary")
+        log.warning("%s; continuing with %d", short, len(tok))
+    log.debug("vocabulary learned; peak memory %.2f GB", _peak_gb())
+    (new / "spm.model").write_bytes(tok.proto)
+    for name in splits:
+        entry = stats[name]
+        if name in ("train", "valid"):
+            entry.update(_encode_split(tok, folder, name, keeps[name], new, max_len,
+                                       max_ratio if name == "train" else 0.0, threads))
+        if name != "train":  # raw text for translation and BLEU (every non-empty pair kept)
+            for side, lang in (("src", src_lang), ("tgt", tgt_lang)):
+                shutil.copyfile(folder / f"{name}.{side}", new / f"{name}.{lang}.txt")
+            entry.setdefault("pairs", entry["pairs_in"] - entry["dropped_empty"])
+        log.info("%s: %s", name, ", ".join(f"{k}={v}" for k, v in entry.items()))
+        log.debug("%s written; peak memory %.2f GB", name, _peak_gb())
+    return stats, tok
+
+
+def check_vocabulary(proto: bytes, data_dir: Path) -> None:
+    """§5.1: a checkpoint reads prepared data only in its own shared vocabulary (the same SentencePiece model)."""
+    path = Path(data_dir) / "spm.model"
+    if not path.exists() or path.read_bytes() != proto:
+        raise DataError(f"{data_dir}: its vocabulary is not the checkpoint's; pass the run's prepared data")
+
+
+def vocabulary_size(data_dir: Path) -> int:
+    """The size of a prepared folder's shared vocabulary (§5.1), the model's vocab_size on it."""
+    return int(load_manifest(data_dir)["vocab_size"])
+
+
+def read_text(data_dir: Path, split: str, side: str, manifest: dict | None = None) -> list[str]:
+    """One side ("src" or "tgt") of a prepared split's raw text (test and validation splits keep
+    it), one sentence per line, checked against the manifest's count of its pairs."""
+    manifest = manifest or load_manifest(data_dir)
+    path = Path(data_dir) / f"{split}.{manifest['settings'][side]}.txt"
+    if not path.is_file():
+        raise DataError(f"{data_dir}: no {path.name}; re-run `aiayn prepare`")
+    lines = read_lines(path)  # split at "\n" only: str.splitlines also splits at U+2028, which a sentence may hold
+    entry = manifest["splits"].get(split)
+    want = entry.get("pairs_in", 0) - entry.get("dropped_empty", 0) if isinstance(entry, dict) else None
+    if isinstance(want, int) and "pairs_in" in entry and len(lines) != want:
+        raise DataError(f"{path}: {len(lines)} lines, but the manifest counts {want} sentence pairs; "
+                        "re-run `aiayn prepare`")
+    return lines
+
+
+def load_manifest(data_dir: Path) -> dict:
+    path = Path(data_dir) / "manifest.json"
+    if not path.exists():
+        raise DataError(f"{data_dir}: no manifest.json; run `aiayn prepare` first")
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{path}: corrupt ({e}); re-run `aiayn prepare`") from None
+    if not isinstance(manifest, dict) or not {"vocab_size", "splits", "settings"} <= set(manifest):
+        raise DataError(f"{path}: corrupt (not a manifest with vocab_size, splits and settings); "
+                        "re-run `aiayn prepare`")
+    return manifest

@@ -1,0 +1,91 @@
+"""§6.1: beam size and length penalty α, "chosen after experimentation on the development set".
+
+`tune` translates the prepared validation set at every point of a small grid, scores each with
+sacreBLEU, and writes a copy of the checkpoint whose decoding settings are the best point's, so
+`translate`, `serve` and `Translator` use them by default. Test sets are never read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import sacrebleu
+
+from ..checkpoint import CheckpointError, read_weights, save_weights
+from ..config import DecodeConfig, from_dict
+from ..data.prepare import DataError, check_vocabulary, load_manifest, read_text
+
+log = logging.getLogger("aiayn")
+BEAMS = (2, 4, 6)
+ALPHAS = (0.0, 0.3, 0.6, 1.0, 1.5, 2.0)
+
+
+@dataclass
+class Point:
+    beam: int
+    alpha: float
+    bleu: float
+    bp: float
+
+
+def run_data_dir(checkpoint: Path) -> Path | None:
+    """The prepared data of the run a checkpoint belongs to (run.json beside it or one folder up)."""
+    for folder in (checkpoint.parent, checkpoint.parent.parent):
+        try:
+            return Path(json.loads((folder / "run.json").read_text())["data_dir"])
+        except (OSError, KeyError, ValueError):
+            continue
+    return None
+
+
+def choose(points: list[Point], default: DecodeConfig) -> Point:
+    """The best BLEU; among equals, the point nearest the paper's setting (beam 4, α 0.6)."""
+    return max(points, key=lambda p: (round(p.bleu, 2), -abs(p.beam - default.beam), -abs(p.alpha - default.alpha)))
+
+
+def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tuple[int, ...] = BEAMS,
+         alphas: tuple[float, ...] = ALPHAS, sentences: int = 0, precision: str = "auto",
+         out: str | Path | None = None, device: str | None = None) -> tuple[Point, list[Point], Path]:
+    """Grid-search beam × α on the validation set; write `out` (default: CHECKPOINT.tuned.safetensors)
+    with the chosen settings. Returns (chosen, every point, the written file)."""
+    from .translator import Translator
+
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise CheckpointError(f"checkpoint not found: {checkpoint}")
+    data_dir = Path(data_dir) if data_dir else run_data_dir(checkpoint)
+    if data_dir is None:
+        raise DataError(f"{checkpoint}: no run.json beside it to find its data; pass --data PREPARED_DIR")
+    manifest = load_manifest(data_dir)
+    src, ref = read_text(data_dir, "valid", "src", manifest), read_text(data_dir, "valid", "tgt", manifest)
+    if sentences:
+        src, ref = src[:sentences], ref[:sentences]
+    translator = Translator.load(checkpoint, device=device, precision=precision)
+    check_vocabulary(translator.tokenizer.proto, data_dir)
+    ids = translator.encode_sources(src)
+    points = []
+    for beam in beams:
+        for alpha in alphas:
+            hyps = translator.translate_ids(ids, beam, alpha, 1)
+            text = translator.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
+            score = sacrebleu.BLEU().corpus_score(text, [ref])
+            points.append(Point(beam, alpha, round(score.score, 2), round(score.bp, 3)))
+            log.info("beam %d alpha %.2f: valid BLEU %.2f (BP %.3f)", beam, alpha, score.score, score.bp)
+    best = choose(points, DecodeConfig())
+    tensors, meta = read_weights(checkpoint)
+    try:
+        cfg = from_dict(json.loads(meta["config"]))
+        step = int(meta.get("step", 0))
+        extra = json.loads(meta.get("extra", "{}"))
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{checkpoint}: damaged metadata ({e})") from None
+    cfg.decode.beam, cfg.decode.alpha = best.beam, best.alpha
+    valid = data_dir / f"valid.{manifest['settings']['src']}.txt"
+    extra["tuned"] = {"valid": str(valid), "sentences": len(src), "precision": translator.precision,
+                      "points": [p.__dict__ for p in points], "chosen": best.__dict__}
+    out = Path(out) if out else checkpoint.with_name(checkpoint.name.replace(".safetensors", "") + ".tuned.safetensors")
+    save_weights(out, tensors, cfg, translator.tokenizer, step, extra)
+    return best, points, out

@@ -1,0 +1,1 @@
+"""§3 and the families it replaced."""

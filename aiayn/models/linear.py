@@ -1,0 +1,172 @@
+"""The learned linear projections of §3.2.2, §3.3 and §3.4 (y = x Wᵀ + b), with a CPU kernel choice.
+
+PyTorch runs fp32 `F.linear` on the CPU through MKL, which on AMD processors takes a slower code
+path: on this 2-core Zen 5, MKL reached 150 GFLOP/s and oneDNN (shipped inside PyTorch, used for
+its bf16 matmuls) 270 GFLOP/s on the same fp32 product. `Linear` sends fp32 CPU products to
+oneDNN, forward and backward (in training only where the CPU has AVX-512: `onednn_trains`); the
+arithmetic is still IEEE fp32, only the kernel differs (results agree with `F.linear` to rounding).
+Everything else — GPU, bf16 autocast, `torch.compile`, a PyTorch without the oneDNN op — uses
+`F.linear`. Set AIAYN_ONEDNN_LINEAR=0 to always use `F.linear` (bench/linear_cpu.py measures both).
+
+oneDNN keeps a compiled kernel per product shape (1,024 by default). In training, token-count
+batches bring new shapes all the time and the cache grew bf16 training of the small model to
+2 GB, so aiayn's training asks for 16 (1.46 GB, same speed); decoding reuses its shapes step
+after step and is about 20 % faster with 1,024, which `Translator` asks for (`kernel_cache`).
+Importing aiayn changes nothing: the variable is set where aiayn's training or decoding starts,
+never when the user has set ONEDNN_PRIMITIVE_CACHE_CAPACITY, and oneDNN reads it once, at the
+process's first oneDNN product.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_CACHE_VAR = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+_USER_CACHE = _CACHE_VAR in os.environ  # the user's choice always wins
+
+
+def kernel_cache(capacity: int) -> None:
+    """Ask for a oneDNN kernel cache of `capacity` shapes, unless ONEDNN_PRIMITIVE_CACHE_CAPACITY
+    was set by the user. oneDNN reads it once, at this process's first oneDNN product."""
+    if not _USER_CACHE:
+        os.environ[_CACHE_VAR] = str(capacity)
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """True if this PyTorch has oneDNN's dense linear op and it computes x Wᵀ + b."""
+    if os.environ.get("AIAYN_ONEDNN_LINEAR", "1") == "0" or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        # Fixed values, not torch.randn: drawing from the global generator here would shift every
+        # later dropout mask of the process, and a resumed run would no longer replay its RNG.
+        x = torch.linspace(-1.0, 1.0, 15).reshape(3, 5)
+        w, b = torch.linspace(0.5, -0.7, 20).reshape(4, 5), torch.tensor([0.1, -0.2, 0.3, 0.0])
+        y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+        return bool(torch.allclose(y, F.linear(x, w, b), atol=1e-5))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+@functools.cache
+def onednn_trains() -> bool:
+    """Whether training's fp32 products go to oneDNN too: with AVX-512 they are up to 1.8x faster than
+    MKL's; on an AVX2 CPU (device.cpu_flags, so ONEDNN_MAX_CPU_ISA=AVX2 too) no faster end to end, and
+    the weight gradient's transposed operands cost oneDNN copies: 230 MB more at the peak of a
+    `multi30k` step there (bench/README.md), so training takes F.linear. Decoding keeps oneDNN."""
+    from ..device import cpu_flags
+
+    return "avx512f" in cpu_flags()
+
+
+def _onednn(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """y = x Wᵀ + b; backward: dx = dy W, dW = dyᵀ x, db = Σ dy, each one oneDNN product."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _onednn(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        n_out, n_in = weight.shape
+        # A gradient with zero strides (that of `y.sum()` is ones expanded) sends oneDNN to a
+        # kernel about 150x slower; a dense copy costs almost nothing beside the products.
+        g, x2 = grad.contiguous().reshape(-1, n_out), x.reshape(-1, n_in)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = _onednn(g, weight.t()).view(x.shape)
+        if ctx.needs_input_grad[1]:
+            # oneDNN is about 2x faster with the smaller dimension as the product's rows.
+            dw = _onednn(x2.t(), g.t()).t().contiguous() if n_out >= n_in else _onednn(g.t(), x2.t())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = g.sum(0)
+        return dx, dw, db
+
+
+def _autocast_on() -> bool:
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4
+        return torch.is_autocast_cpu_enabled()
+
+
+def _compiling() -> bool:
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(is_compiling and is_compiling())
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` (same parameters, same state-dict keys) whose fp32 CPU products run on oneDNN."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if (x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32
+                and not _autocast_on() and not _compiling() and onednn_available()
+                and (onednn_trains() or not (torch.is_grad_enabled() and self.weight.requires_grad))):
+            return _OneDNNLinear.apply(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+class Int8Linear(nn.Module):
+    """y ≈ x Wᵀ + b with int8 weights (one scale per output channel) and int8 activations with
+    one scale per row, computed when the row arrives (dynamic quantization), through PyTorch's
+    integer product `torch._int_mm` (int8 × int8 → exact int32 sums, oneDNN's VNNI kernels on
+    x86). A row's result depends on that row only, so a sentence translates the same in any
+    batch — which PyTorch's `quantize_dynamic` (one activation scale per tensor) does not give.
+    Symmetric scales: w_q = round(W / s_w), s_w = max|W_row| / 127; the same for each input row."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach().float()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        scale = w.abs().amax(1).clamp_min(1e-12) / 127
+        self.register_buffer("w_scale", scale)  # (out,)
+        self.register_buffer("w_q", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).t().contiguous())
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    @staticmethod
+    def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+        """x (m, k) float -> int8 rows and their scales (m, 1): x ≈ x_q · s."""
+        s = x.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
+        return (x / s).round_().clamp_(-127, 127).to(torch.int8), s
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x_q, s = self.quantize_rows(x.reshape(-1, self.in_features).float())
+        y = torch._int_mm(x_q, self.w_q)  # (m, out) exact integer sums
+        if _compiling():  # inductor fuses the epilogue; a Python loop over rows would fix their number
+            out = y * s * self.w_scale
+            return (out if self.bias is None else out + self.bias).view(*shape[:-1], self.out_features)
+        out = torch.empty(y.shape, device=y.device)
+        # Back to floats by blocks of rows that stay in cache (the output layer's (m, 8000) result
+        # is memory-bound: 2.4 vs 3.2 ms for 1,000 rows in one pass on a 2-core CPU).
+        step = max(1, (1 << 18) // self.out_features)
+        for i in range(0, y.size(0), step):
+            o = torch.mul(y[i:i + step], s[i:i + step], out=out[i:i + step]).mul_(self.w_scale)
+            if self.bias is not None:
+                o.add_(self.bias)
+        return out.view(*shape[:-1], self.out_features)
+
+    def select(self, rows: Tensor) -> Int8Linear:
+        """The same layer restricted to output channels `rows`, with the same numbers."""
+        sub = Int8Linear.__new__(Int8Linear)
+        nn.Module.__init__(sub)
+        sub.in_features, sub.out_features = self.in_features, rows.numel()
+        sub.register_buffer("w_scale", self.w_scale.index_select(0, rows))
+        sub.register_buffer("w_q", self.w_q.index_select(1, rows).contiguous())
+        sub.register_buffer("bias", None if self.bias is None else self.bias.index_select(0, rows))
+        return sub
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights and rows"

@@ -1,0 +1,275 @@
+"""A translation server: JSON API and one self-contained page with the cross-attention map.
+
+The model is loaded once and used by one worker thread. Requests wait in a bounded queue (503
+with Retry-After when it is full) for a bounded time (504 past it); the worker merges the
+sentences of waiting requests with the same beam and alpha into one batch, drops requests that
+gave up before it reached them, and survives every error of a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel, Field
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+from ..data.tokenizer import EOS
+from ..decode.translator import Translator, attention_data
+from .batcher import Batcher, Overloaded, OverShare
+from .edge import BearerToken, BodyLimit, Concurrency, ConnectionCount, RateLimited, edge_protocol
+
+PAGE = Path(__file__).with_name("page.html")
+log = logging.getLogger("aiayn")
+
+
+@dataclass
+class Limits:
+    """What one request may ask and what the server holds at once (README: Failure behaviour)."""
+
+    max_sentences: int = 64  # per request (413 above)
+    max_chars: int = 1000  # per sentence (413 above)
+    max_subwords: int = 0  # per sentence (413 above); 0: the model's training length, data.max_len - 1
+    max_beam: int = 16
+    max_queue: int = 1024  # sentences waiting or being translated (503 above)
+    max_work: int = 1 << 20  # rows x positions (Batcher.price) summed over waiting sentences (503 above)
+    client_share: float = 0.25  # of max_work, what one client's requests may hold (429 above; 413 for one request)
+    chunk_s: float = 1.0  # about how long the worker works in one go before it looks at other requests
+    chunk_work: int = 1 << 14  # and at most this much work
+    chunk_bytes: int = 1 << 30  # and the key/value memory that work may take (a smaller chunk for a large model)
+    max_attention_subwords: int = 100  # /attention: its maps grow as the square of the length (413 above)
+    timeout_s: float = 60.0  # per request, queueing included (504 past it)
+    read_timeout_s: float = 10.0  # to receive a request's body (408 past it)
+    header_timeout_s: float = 10.0  # from accept, or the last response, to a request's complete headers
+    limit_concurrency: int = 256  # connections and requests at once; uvicorn answers 503 above it
+    allowed_hosts: tuple[str, ...] = ("*",)  # Host headers answered (400 otherwise); `serve` narrows it
+    token: str | None = None  # with it, /translate and /attention need "Authorization: Bearer TOKEN" (401)
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Room for max_sentences sentences of max_chars characters, each escaped as \\uXXXX."""
+        return self.max_sentences * (6 * self.max_chars + 8) + 4096
+
+
+class TranslateRequest(BaseModel):
+    sentences: list[str] = Field(..., description="sentences to translate, one per item")
+    beam: int | None = Field(None, ge=1, description="beam size (default from the checkpoint, 4)")
+    alpha: float | None = Field(None, ge=0.0, le=10.0, allow_inf_nan=False,
+                                description="length penalty alpha (default 0.6)")
+
+
+class TranslateResponse(BaseModel):
+    translations: list[str]
+    scores: list[float | None]
+
+
+class AttentionRequest(BaseModel):
+    sentence: str
+
+
+class AttentionResponse(BaseModel):
+    source_tokens: list[str]
+    target_tokens: list[str]
+    translation: str
+    weights: list[list[float]] = Field(..., description="cross-attention (target x source), mean of layers and heads")
+
+
+def check_sentences(batcher: Batcher, limits: Limits, sentences: list[str], max_subwords: int,
+                    beam: int) -> tuple[list[list[int]], int]:
+    """The edge: count, characters, UTF-8, subwords and work per request, each a 4xx naming the
+    sentence; returns the subword ids the worker translates and their work (Batcher.price)."""
+    translator = batcher.translator
+    if len(sentences) > limits.max_sentences:
+        raise HTTPException(413, f"too many sentences: {len(sentences)} > {limits.max_sentences} per request")
+    for i, s in enumerate(sentences):
+        if len(s) > limits.max_chars:
+            raise HTTPException(413, f"sentence {i} has {len(s)} characters; the limit is {limits.max_chars}")
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate such as \\ud800: no text at all
+            raise HTTPException(422, [{"loc": ["body", "sentences", i], "type": "unicode",
+                                       "msg": f"not valid Unicode text at character {e.start}"}]) from None
+    pieces = translator.tokenizer.encode([s.strip() for s in sentences])  # not truncated, unlike encode_sources
+    for i, x in enumerate(pieces):
+        if len(x) > max_subwords:
+            raise HTTPException(413, f"sentence {i} has {len(x)} subwords; the limit is {max_subwords}")
+    ids = [x + [EOS] if x else [] for x in pieces]  # as encode_sources makes them
+    work = sum(batcher.price(ids, beam))
+    if work > batcher.client_work:
+        raise HTTPException(413, f"the request's work (beam {beam} x (subwords + output positions) = {work}) is over "
+                                 f"what one client may hold, {batcher.client_work}; send fewer or shorter sentences, "
+                                 "or a smaller beam")
+    return ids, work
+
+
+def _guard(app: FastAPI, limits: Limits) -> None:
+    """The edge: body size and read time, requests at once, and 422s that name the field without
+    echoing the input (it may be huge, or a NaN that JSON cannot carry)."""
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.read_timeout_s)
+    if limits.token:
+        app.add_middleware(BearerToken, token=limits.token)
+    app.add_middleware(Concurrency, limit=limits.limit_concurrency)
+    # outermost: a page on another site that points a name at 127.0.0.1 (DNS rebinding) sends its own Host
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(limits.allowed_hosts), www_redirect=False)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+                  for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+
+async def _answer(batcher: Batcher, timeout_s: float, enqueue: Callable[[], Future]) -> Any:
+    """Queue work for the model and wait for it, within the request's time limit."""
+    try:
+        fut = enqueue()
+    except Overloaded as e:  # 429: this client's share is full; 503: the whole queue is
+        raise HTTPException(429 if isinstance(e, OverShare) else 503, str(e),
+                            headers={"Retry-After": str(batcher.retry_after())}) from None
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+    except asyncio.TimeoutError:  # wait_for cancelled the job: the worker drops it at its next chunk
+        raise HTTPException(504, f"no answer within {timeout_s:g} s; the server is busy, retry later") from None
+
+
+def create_app(translator: Translator, limits: Limits | None = None, connections: ConnectionCount | None = None
+               ) -> FastAPI:
+    limits = limits or Limits()
+    app = FastAPI(title="aiayn", description="Transformer translation (Attention Is All You Need)",
+                  version="0.1.0")
+    _guard(app, limits)
+
+    batcher = Batcher(translator, limits.max_queue, max_work=limits.max_work, chunk_work=limits.chunk_work,
+                      chunk_bytes=limits.chunk_bytes, client_share=limits.client_share, chunk_s=limits.chunk_s)
+    app.state.batcher = batcher
+    d = translator.decode_cfg
+    cfg = translator.model.cfg
+    max_subwords = limits.max_subwords or max(1, min(_training_length(translator), cfg.max_positions - 1))
+    attention_subwords = min(max_subwords, limits.max_attention_subwords)
+
+    def run(enqueue: Callable[[], Future]) -> Any:
+        return _answer(batcher, limits.timeout_s, enqueue)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return health_report(translator, batcher, limits, max_subwords, attention_subwords, connections)
+
+    @app.post("/translate", response_model=TranslateResponse)
+    async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
+        if not req.sentences:
+            raise HTTPException(400, "sentences is empty: send at least one sentence")
+        beam = req.beam or d.beam
+        if beam > limits.max_beam:
+            raise HTTPException(413, f"beam {beam} is over the limit of {limits.max_beam}")
+        ids, _ = check_sentences(batcher, limits, req.sentences, max_subwords, beam)
+        alpha = d.alpha if req.alpha is None else req.alpha
+        texts, scores = await run(lambda: batcher.submit(ids, beam, alpha, _client(request)))
+        return TranslateResponse(translations=texts, scores=scores)
+
+    @app.post("/attention", response_model=AttentionResponse)
+    async def attention(req: AttentionRequest, request: Request) -> AttentionResponse:
+        if not req.sentence.strip():
+            raise HTTPException(400, "sentence is empty")
+        _, work = check_sentences(batcher, limits, [req.sentence], attention_subwords, d.beam)
+
+        def maps() -> AttentionResponse:  # in the worker: the search (the server's own), the arrays, the lists
+            data = attention_data(translator.model, translator.tokenizer, req.sentence, decode=d, search=translator)
+            return AttentionResponse(source_tokens=data.src_tokens, target_tokens=data.tgt_out_tokens,
+                                     translation=data.translation, weights=data.cross.mean((0, 1)).tolist())
+
+        return await run(lambda: batcher.call(maps, 2 * work, _client(request)))  # the search, then the maps
+
+    @app.get("/", response_class=HTMLResponse)
+    def page() -> str:
+        return PAGE.read_text(encoding="utf-8")
+
+    return app
+
+
+def _client(request: Request) -> str | None:
+    """Who sent a request, for the share of the queue one client may hold: its address."""
+    return request.client.host if request.client else None
+
+
+def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_subwords: int,
+                  attention_subwords: int, connections: ConnectionCount | None = None) -> dict:
+    """/health: the worker ("degraded" while a job is older than the request time limit), the
+    queue, the open connections, the limits in force, the model and its decoding settings."""
+    cfg, d = translator.model.cfg, translator.decode_cfg
+    oldest = batcher.oldest_s()
+    status = ("worker stopped" if not batcher.worker.is_alive() else
+              "degraded" if oldest > limits.timeout_s else "ok")
+    return {"status": status,
+            "queue": {"sentences": batcher.queued, "limit": limits.max_queue, "work": batcher.work,
+                      "work_limit": limits.max_work, "client_work_limit": batcher.client_work,
+                      "oldest_s": round(oldest, 3)},
+            "connections": None if connections is None else connections.open,
+            "limits": {"max_sentences": limits.max_sentences, "max_chars": limits.max_chars,
+                       "max_subwords": max_subwords, "max_beam": limits.max_beam,
+                       "max_attention_subwords": attention_subwords},
+            "model": {"d_model": cfg.d_model, "N": cfg.N, "h": cfg.h, "vocab_size": cfg.vocab_size},
+            "decode": {"beam": d.beam, "alpha": d.alpha, "max_len_b": d.max_len_b,
+                       "shortlist": translator.shortlist is not None}}
+
+
+def _training_length(translator: Translator) -> int:
+    """Subwords per sentence the model was trained on (data.max_len less EOS), from its checkpoint."""
+    return (translator.data_max_len or 1 << 30) - 1
+
+
+def serving_hosts(host: str, extra: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The Host names a server answers: the address it listens on, the loopback names, and `extra`
+    (--allow-host). Listening on all interfaces (0.0.0.0, ::) names no host: clients on other
+    machines need --allow-host with the name or address they use, or '*'."""
+    loopback = ("localhost", "127.0.0.1", "::1")
+    own = () if host in ("0.0.0.0", "::", "") else (host,)
+    if not own and not extra:
+        log.warning("listening on %s: only requests naming %s are answered; add --allow-host NAME for the "
+                    "names other machines use (docs/serving.md)", host or "every interface", ", ".join(loopback))
+    return tuple(dict.fromkeys((*own, *loopback, *extra)))
+
+
+def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
+          limits: Limits | None = None, precision: str = "auto", compiled: bool = False,
+          shortlist: str | None = None) -> None:
+    """Run the app under uvicorn with connection limits and timeouts; the open-file limit is raised
+    to its hard maximum so that many connections cannot make the server unreachable."""
+    import resource
+
+    import uvicorn
+
+    limits = limits or Limits()
+    if "*" in limits.allowed_hosts:  # the default of create_app; a server names the hosts it answers to
+        limits.allowed_hosts = serving_hosts(host, ())
+    translator = Translator.load(checkpoint, device=device, precision=precision, compiled=compiled,
+                                 shortlist=shortlist)
+    translator.compile_now()  # before the first request, not during it
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    files = 1 << 20 if files == resource.RLIM_INFINITY else files
+    # Connections: room for the requests, the health checks and the process's own files, under its
+    # open-file limit; above it uvicorn answers 503 and closes, so a flood cannot exhaust the files.
+    connections = max(8, min(limits.limit_concurrency + 64, files - 64))
+    limits.limit_concurrency = min(limits.limit_concurrency, max(1, connections - 32))
+    for name in ("uvicorn.error", "uvicorn.access", "asyncio"):
+        logging.getLogger(name).addFilter(RateLimited())
+    log.info("serving on http://%s:%d: %d requests at once, %d connections (open-file limit %d)", host, port,
+             limits.limit_concurrency, connections, files)
+    count = ConnectionCount()
+    uvicorn.run(create_app(translator, limits, count), host=host, port=port, log_level="info",
+                limit_concurrency=connections, http=edge_protocol(count, limits.header_timeout_s),
+                timeout_keep_alive=max(1, round(limits.keep_alive_s)), h11_max_incomplete_event_size=64 * 1024)

@@ -1,0 +1,142 @@
+"""`aiayn train` (§5): start a run or resume one, in one process or under torchrun."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import yaml
+
+from ..checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+)
+from ..config import Config, load_yaml
+from ..data.prepare import vocabulary_size
+from ..device import TRAIN_PRECISIONS, cpu_label, inductor_cache, resolve_precision
+from ..files import hold_data, lock_run
+from .runs import Dist, Run, cpu_paths, leave, progress_log, setup, write_provenance
+from .trainer import Trainer
+
+log = logging.getLogger("aiayn")
+
+
+def _start_run(run: Run, cfg: Config, data_dir: Path, env: Dist, trainer: Trainer, resume: bool,
+               resume_from: Path | None, locks: list, why: str) -> None:
+    """Rank 0, before anything is written: lock the run (one trainer per run), hold the data
+    (`prepare` will not replace it meanwhile), clear a killed process's leftovers."""
+    locks.append(lock_run(run.path))
+    if not resume and (run.path / "config.yaml").exists():
+        raise CheckpointError(f"{run.path} already holds a run; continue it with --resume {run.path}")
+    try:
+        locks.append(hold_data(data_dir))
+    except OSError:
+        log.debug("could not lock %s for reading", data_dir)
+    for stale in run.ckpt_dir.glob(".*.tmp"):  # half-written files of a killed process
+        stale.unlink(missing_ok=True)
+    if resume_from is None:
+        run.forget_metrics_after(0)  # rows of a process killed before its first checkpoint
+        run.save_config(cfg)
+        write_provenance(run.path / "run.json", data_dir, cfg, env, resume is True, trainer.per_update, why)
+
+
+def _precision(cfg: Config, env: Dist, resumed: Path | None) -> str:
+    """The run's precision, chosen once: `auto` resolves by what this device computes natively
+    (device.resolve_precision) when the run starts; a resumed run keeps the precision it started
+    with (in its config.yaml, `resumed`) so that it continues bit for bit, and says so in one
+    line where this device cannot run it natively. Returns the reason, for the log and run.json."""
+    asked, saved = cfg.train.precision, None
+    if resumed is not None:
+        saved = (yaml.safe_load(resumed.read_text()).get("train") or {}).get("precision")
+    if saved in ("fp32", "bf16") and asked in ("auto", saved):
+        cfg.train.precision = saved
+        why = resolve_precision(saved, env.device, choices=TRAIN_PRECISIONS)[1]
+        return "kept from the run's start" + ("" if why == "asked for" else why.removeprefix("asked for"))
+    cfg.train.precision, why = resolve_precision(asked, env.device, choices=TRAIN_PRECISIONS)
+    return why
+
+
+def _log_setup(trainer: Trainer, cfg: Config, env: Dist, why: str) -> None:
+    """The model's size and where it runs, the precision and why; on a CPU, the kernels its flags lead to."""
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    log.info("model: %.2fM parameters, vocabulary %d, device %s, world %d, precision %s (%s)",
+             n_params / 1e6, cfg.model.vocab_size, env.device, env.world, cfg.train.precision, why)
+    if env.device.type == "cpu":
+        log.info("CPU: %s; kernels: %s", cpu_label(), cpu_paths(cfg.train.precision))
+    if "emulated" in why:
+        log.warning("training in %s: %s", cfg.train.precision, why)
+
+
+def _resumed(run: Run, data_dir: Path | None, overrides: dict | None) -> tuple[Config, Path | None, Path | None]:
+    """A run to resume: its config (with `overrides`), its data (run.json's unless given) and its
+    newest training state (None before the first checkpoint)."""
+    if not (run.path / "config.yaml").is_file() or not (run.path / "run.json").is_file():
+        raise CheckpointError(f"{run.path}: not an aiayn run directory (no config.yaml and run.json)")
+    from ..config import apply_overrides
+
+    cfg = load_yaml(run.path / "config.yaml")
+    if "tokens_per_update" not in (yaml.safe_load((run.path / "config.yaml").read_text()).get("train") or {}):
+        cfg.train.tokens_per_update = 0  # written before the setting existed: update_freq sized the update
+    cfg = apply_overrides(cfg, overrides or {}).validate()
+    try:
+        meta = json.loads((run.path / "run.json").read_text())
+        data_dir = Path(meta["data_dir"]) if data_dir is None else data_dir
+    except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError):
+        if data_dir is None:
+            raise CheckpointError(f"{run.path / 'run.json'}: damaged (no data_dir); resume with --data "
+                                  "PREPARED_DIR (the damaged file is then kept aside)") from None
+    resume_from = run.latest_state()
+    if resume_from is None:
+        log.warning("%s has no checkpoint yet; starting from step 0", run.path)
+    return cfg, data_dir, resume_from
+
+
+def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, resume: bool = False,
+          device: str | None = None, overrides: dict | None = None, force_batching: bool = False) -> dict:
+    """Train a model on prepared data (§5); with `resume`, continue run_dir from its last checkpoint.
+    Returns the final progress (step, epoch, elapsed seconds, best validation scores)."""
+    run = Run(run_dir)
+    data_dir = None if data_dir is None else Path(data_dir)
+    resume_from = None
+    if resume:
+        cfg, data_dir, resume_from = _resumed(run, data_dir, overrides)
+    elif (run.path / "config.yaml").exists() or list_checkpoints(run.path):
+        raise CheckpointError(f"{run.path} already holds a run; continue it with --resume {run.path}, "
+                              "or choose another run directory")
+    if cfg is None or data_dir is None:
+        raise ValueError("a config and a prepared data directory (--data) are required")
+    cfg.model.vocab_size = vocabulary_size(Path(data_dir))  # the model's vocabulary is its data's (§5.1)
+    env = setup(device, cfg.train.threads, cfg.train.dist_timeout_minutes)
+    why = _precision(cfg, env, run.path / "config.yaml" if resume else None)
+    if cfg.train.compile:
+        inductor_cache()
+    trainer = Trainer(cfg, Path(data_dir), run, env)
+    handler, locks = None, []
+    try:
+        if env.is_main:
+            _start_run(run, cfg, Path(data_dir), env, trainer, resume, resume_from, locks, why)
+            handler = logging.FileHandler(run.path / "train.log")
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            log.addHandler(handler)
+            progress_log.addHandler(handler)
+            progress_log.setLevel(logging.INFO)
+            if log.getEffectiveLevel() > logging.INFO:
+                log.setLevel(logging.INFO)
+        if resume_from is not None:
+            trainer.restore(resume_from, force_batching)
+            if env.is_main:  # only once the checkpoint proved good: a refused resume changes nothing
+                old = "saved_at" not in trainer.state  # a checkpoint that does not say whether it was validated
+                run.forget_metrics_after(trainer.state["step"], validated=old or trainer.made("validated_at"))
+                run.save_config(cfg)
+                write_provenance(run.path / "run.json", Path(data_dir), cfg, env, True, trainer.per_update, why)
+        _log_setup(trainer, cfg, env, why)
+        return trainer.loop()
+    finally:
+        if handler is not None:
+            log.removeHandler(handler)
+            progress_log.removeHandler(handler)
+            handler.close()
+        for lock in locks:
+            lock.release()
+        leave(env)

@@ -1,0 +1,105 @@
+"""One update and one validation (§5): the batches of an epoch and a rank's share of them, the
+label-smoothed loss normalized by the update's target tokens, validation loss, perplexity and BLEU."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+
+import numpy as np
+import sacrebleu
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..config import Config
+from ..data.batches import Batch, TokenData, collate, make_batches
+from ..data.tokenizer import Tokenizer
+from ..decode.translator import Translator
+from ..device import autocast
+from .loss import label_smoothed_loss
+from .optim import set_lr
+from .runs import Dist
+
+log = logging.getLogger("aiayn")
+
+
+# -- one update ----------------------------------------------------------------------------
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list[tuple[Batch, float]],
+               total_tokens: int, cfg: Config, lr: float, world: int, device: torch.device
+               ) -> tuple[float, float]:
+    """One optimizer update from this rank's micro-batches, each with a weight (0 for a stand-in
+    batch that only keeps DDP's collective calls in step). The loss is the label-smoothed sum
+    divided by the update's global target-token count. Returns (loss sum, NLL sum) of this rank."""
+    model.train()
+    loss_total, nll_total = 0.0, 0.0
+    for j, (batch, weight) in enumerate(batches):
+        batch = batch.to(device)
+        sync = j == len(batches) - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
+        with (contextlib.nullcontext() if sync else model.no_sync()):
+            with autocast(device, cfg.train.precision):
+                logits = model(*batch.inputs())
+            loss, nll, _ = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, cfg.model.pad_id)
+            # DDP averages gradients over ranks; scaling by world makes that a global-token mean.
+            (loss * (weight * world / total_tokens)).backward()
+        loss_total += weight * loss.item()
+        nll_total += weight * nll.item()
+    if cfg.train.clip_norm > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
+    set_lr(optimizer, lr)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_total, nll_total
+
+
+def epoch_batches(data: TokenData, cfg: Config, epoch: int) -> list[np.ndarray]:
+    """The epoch's batches in training order; they depend only on (seed, epoch, max_tokens, data)."""
+    return make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, cfg.train.seed, epoch)
+
+
+def shard(group: list[np.ndarray], rank: int, world: int) -> list[tuple[np.ndarray, float]]:
+    """This rank's batches of an update (strided), with weight 1. Ranks left short get the
+    group's first batch with weight 0, so every rank runs as many forward/backward passes."""
+    per_rank = math.ceil(len(group) / world)
+    mine = [(b, 1.0) for b in group[rank::world]]
+    return mine + [(group[0], 0.0)] * (per_rank - len(mine))
+
+
+# -- validation ----------------------------------------------------------------------------
+@torch.no_grad()
+def validate(model: nn.Module, data: TokenData, cfg: Config, device: torch.device, env: Dist | None = None
+             ) -> dict[str, float]:
+    """Label-smoothed loss, NLL per token and perplexity on the validation split; under DDP each
+    rank takes every world-th batch and the sums are all-reduced (collective)."""
+    env = env or Dist(device=device)
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64)  # loss, NLL, tokens
+    for idx in make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, 0, 0)[env.rank::env.world]:
+        b = collate(data, idx).to(device)
+        with autocast(device, cfg.train.precision):
+            logits = model(*b.inputs())
+        loss, nll, k = label_smoothed_loss(logits, b.tgt_out, cfg.train.label_smoothing, cfg.model.pad_id)
+        sums += torch.tensor([loss.item(), nll.item(), k], dtype=torch.float64)
+    if env.world > 1:
+        sums = sums.to(device)
+        dist.all_reduce(sums)
+    loss_sum, nll_sum, n = sums.tolist()
+    return {"valid_loss": loss_sum / n, "valid_nll": nll_sum / n, "valid_ppl": math.exp(min(nll_sum / n, 50))}
+
+
+def valid_bleu(model: nn.Module, tokenizer: Tokenizer, src: list[str], ref: list[str], cfg: Config,
+               device: torch.device, env: Dist | None = None) -> float:
+    """Greedy-search sacreBLEU on validation sentences (cheap enough to run during training);
+    under DDP each rank translates every world-th sentence and all gather the translations."""
+    env = env or Dist(device=device)
+    mine = Translator(model, tokenizer, cfg.decode, device, cfg.train.precision).translate(
+        src[env.rank::env.world], beam=1)
+    shares: list = [mine]
+    if env.world > 1:
+        shares = [None] * env.world
+        dist.all_gather_object(shares, mine)
+    hyps = [""] * len(src)
+    for rank, share in enumerate(shares):
+        hyps[rank::env.world] = share
+    return sacrebleu.corpus_bleu(hyps, [ref]).score

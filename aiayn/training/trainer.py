@@ -1,0 +1,399 @@
+"""The training loop (§5): token-count batches, Adam + Eq. 3, label smoothing, checkpoints, DDP.
+
+One code path for one process and for `torchrun` (PyTorch DDP): every rank builds the same
+batch order from (seed, epoch), takes its share of each update's batches, and normalizes its
+loss by the update's global target-token count, so N ranks compute exactly the update that one
+process would on all their batches. Validation is shared by the ranks; only rank 0 logs and
+writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm import tqdm
+
+from ..checkpoint import (
+    CheckpointError,
+    list_checkpoints,
+    load_into,
+    load_state,
+    model_tensors,
+    read_meta,
+    read_weights,
+    save_state,
+    save_weights,
+)
+from ..config import Config, ConfigError
+from ..data.batches import TokenData, collate
+from ..data.prepare import check_vocabulary, load_manifest, read_text
+from ..data.tokenizer import Tokenizer
+from ..parsing.model import attach_tagger, build_any
+from ..parsing.tagger import Tagger
+from .optim import make_optimizer, noam_lr
+from .runs import (
+    Dist,
+    LossWindow,
+    Run,
+    check_state,
+    main_thread,
+    progress_log,
+    rank_seed,
+    rng_state,
+    seed_rank,
+    set_rng_state,
+)
+from .step import epoch_batches, shard, train_step, valid_bleu, validate
+
+log = logging.getLogger("aiayn")
+
+# What fixes the order of the training data: a saved position is exact only while these hold.
+_DATA_ORDER = {"max_tokens": "data.max_tokens", "seed": "train.seed", "pairs": "the prepared training pairs"}
+
+
+# -- the training loop -----------------------------------------------------------------------
+class Trainer:
+    """§5's loop for one run, in parts that read on their own: set-up (`__init__`, `restore`), one
+    update (`update`), validation (`validate`), saving (`save`) and the stop decision (`agree`).
+
+    Progress (`state`) is the data position — epoch and batches consumed in it, so a different
+    world size or update_freq continues at exactly the same batch — the step, the elapsed time
+    and the best validation scores. Stop and save decisions that depend on a clock or a signal
+    are taken collectively, so DDP ranks always leave the loop at the same update.
+    """
+
+    def __init__(self, cfg: Config, data_dir: Path, run: Run, env: Dist):
+        self.cfg, self.run, self.env = cfg, run, env
+        self.data_dir = Path(data_dir)
+        self.manifest = load_manifest(data_dir)
+        self.tokenizer = Tokenizer.load(str(self.data_dir / "spm.model"))
+        if cfg.model.vocab_size != len(self.tokenizer):  # set from the data before (training.train)
+            raise ConfigError(f"model.vocab_size {cfg.model.vocab_size}, {data_dir}'s {len(self.tokenizer)} pieces")
+        cfg.validate()
+        tags = cfg.model.tag_input  # §6.3 option: part-of-speech tags beside the words (tagger.py)
+        self.train_data, self.valid_data = TokenData(data_dir, "train", tags), TokenData(data_dir, "valid", tags)
+        self._batches: tuple[int, list[np.ndarray]] | None = None
+        self.per_update = self._batches_per_update()
+        self.state: dict = {"step": 0, "epoch": 0, "batch": 0, "elapsed": 0.0, "best_bleu": -1.0,
+                            "best_loss": 1e9, "stale": 0, "batching": self.batching()}
+        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
+        self.model = build_any(cfg.model, self.tokenizer.pieces_list()).to(env.device)
+        seed_rank(cfg.train.seed, env.rank)  # a dropout stream per rank
+        self.optimizer = make_optimizer(self.model, cfg.train)
+        self.fwd_model: nn.Module = torch.compile(self.model) if cfg.train.compile else self.model
+        if env.world > 1:
+            self.fwd_model = nn.parallel.DistributedDataParallel(
+                self.fwd_model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+        settings = self.manifest["settings"]
+        self.task = {k: settings[k] for k in ("task", "linearization") if k in settings}  # §6.3 models say so
+        if tags:  # checkpoints carry the tagger, so a parser tags its own input
+            self.task["tagger"] = (self.data_dir / "tagger.json").read_text()
+            attach_tagger(self.model, Tagger.from_json(self.task["tagger"]), self.tokenizer)
+        k = cfg.train.valid_bleu_sentences
+        self.v_src = read_text(self.data_dir, "valid", "src", self.manifest)[:k]
+        self.v_ref = read_text(self.data_dir, "valid", "tgt", self.manifest)[:k]
+        self.tb = None  # opened when the loop starts: a refused start leaves the run folder alone
+        self.signal: int | None = None  # set by the SIGTERM/SIGINT handler
+        self.bar: tqdm | None = None
+        self.window = LossWindow()
+
+    def batching(self) -> dict:
+        return {"max_tokens": self.cfg.data.max_tokens, "seed": self.cfg.train.seed,
+                "pairs": len(self.train_data), "world": self.env.world, "update_freq": self.cfg.train.update_freq,
+                "per_update": self.per_update}
+
+    def _batches_per_update(self) -> int:
+        """§5.1: batches in one update. With train.tokens_per_update, the number of this data's
+        batches (at data.max_tokens) whose target tokens add up closest to it — the same whatever
+        the world size, as ranks share an update's batches; otherwise world × update_freq."""
+        t_cfg = self.cfg.train
+        if not t_cfg.tokens_per_update:
+            return self.env.world * t_cfg.update_freq
+        self._batches = (0, epoch_batches(self.train_data, self.cfg, 0))
+        mean = float(self.train_data.tgt_lens.sum()) / max(len(self._batches[1]), 1)
+        n = max(1, round(t_cfg.tokens_per_update / mean))
+        log.info("tokens per update: %d target tokens asked; %d batches of %.0f on average (data.max_tokens %d) "
+                 "make %.0f, over %d rank(s)", t_cfg.tokens_per_update, n, mean, self.cfg.data.max_tokens,
+                 n * mean, self.env.world)
+        if n > len(self._batches[1]):
+            log.warning("an update of %d batches is more than an epoch (%d batches): each update is one epoch",
+                        n, len(self._batches[1]))
+        return n
+
+    # -- set-up ------------------------------------------------------------------------------
+    def restore(self, state_path: Path, force_batching: bool = False) -> None:
+        """Continue from a checkpoint: weights, optimizer, progress, and every rank's RNG."""
+        weights_path = state_path.with_name(state_path.name.replace(".state.pt", ".safetensors"))
+        tensors, meta = read_weights(weights_path)
+        check_vocabulary(read_meta(meta, weights_path)[1].proto, self.data_dir)  # --resume RUN --data OTHER
+        load_into(self.model, tensors, weights_path)
+        saved = load_state(state_path)
+        check_state(saved, state_path)
+        try:
+            self.optimizer.load_state_dict(saved["optimizer"])
+        except (ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise CheckpointError(f"{state_path}: the optimizer state does not fit this model ({e})") from None
+        progress = dict(saved["progress"])
+        was = progress.get("batching", {})
+        if "batch" not in progress:  # written before the position counted batches
+            progress["batch"] = progress.pop("cursor", 0) * was.get("world", 1) * was.get("update_freq", 1)
+        self.state.update({k: v for k, v in progress.items() if k != "batching"})
+        self._check_batching(was, state_path, force_batching)
+        rngs = saved["rng"] if isinstance(saved["rng"], list) else [saved["rng"]]
+        if self.env.rank < len(rngs):
+            set_rng_state(rngs[self.env.rank], self.env.device)
+        else:  # more ranks than when the checkpoint was written: a fresh stream for this rank
+            torch.manual_seed(rank_seed(self.cfg.train.seed + self.state["step"], self.env.rank))
+        if len(rngs) != self.env.world:
+            log.warning("the checkpoint holds the random streams of %d rank(s), this run has %d: "
+                        "dropout masks will differ from an uninterrupted run", len(rngs), self.env.world)
+        self.window.restore(saved.get("window"), self.env.rank, self.env.world, self.state["step"])
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", weights_path.name, self.state["step"],
+                 self.state["epoch"], self.state["batch"])
+
+    def _check_batching(self, was: dict, state_path: Path, force: bool) -> None:
+        now = self.batching()
+        changed = [f"{what} was {was[k]} and is now {now[k]}" for k, what in _DATA_ORDER.items()
+                   if k in was and was[k] != now[k]]
+        if changed and self.state["batch"] > 0:
+            if not force:
+                raise CheckpointError(
+                    f"cannot resume from {state_path}: {'; '.join(changed)}. The saved position (batch "
+                    f"{self.state['batch']} of epoch {self.state['epoch']}) has no exact place in the new "
+                    "batches. Resume with the old value, or pass --force-batching to continue from the start "
+                    "of the next epoch with the new batching")
+            log.warning("%s; --force-batching: continuing from the start of epoch %d",
+                        "; ".join(changed), self.state["epoch"] + 1)
+            self.state["epoch"] += 1
+            self.state["batch"] = 0
+        g_was = was.get("per_update", was.get("world", 1) * was.get("update_freq", 1))
+        if was and g_was != now["per_update"]:
+            log.warning("batches per update were %d and are now %d: the data position is the same, each update "
+                        "is a different size", g_was, now["per_update"])
+
+    # -- one update --------------------------------------------------------------------------
+    def epoch_batches(self) -> list[np.ndarray]:
+        epoch = self.state["epoch"]
+        if self._batches is None or self._batches[0] != epoch:
+            self._batches = (epoch, epoch_batches(self.train_data, self.cfg, epoch))
+        return self._batches[1]
+
+    def update(self) -> None:
+        """One optimizer update on the epoch's next `per_update` batches, shared by the ranks (Eq. 3 lr)."""
+        t_cfg, env, state = self.cfg.train, self.env, self.state
+        batches = self.epoch_batches()
+        group = batches[state["batch"]:state["batch"] + self.per_update]
+        total = int(sum(self.train_data.tgt_lens[b].sum() for b in group))
+        mine = [(collate(self.train_data, b), w) for b, w in shard(group, env.rank, env.world)]
+        lr = noam_lr(state["step"] + 1, self.cfg.model.d_model, t_cfg.warmup_steps, t_cfg.lr_scale,
+                     t_cfg.peak_lr)
+        loss, nll = train_step(self.fwd_model, self.optimizer, mine, total, self.cfg, lr, env.world, env.device)
+        state["step"] += 1
+        state["batch"] += len(group)
+        self.window.add(loss, nll, total)
+        if state["step"] % t_cfg.log_every == 0:  # collective under DDP: every rank's losses are summed
+            self._log_training(lr)
+        if state["batch"] >= len(batches):
+            state["epoch"] += 1
+            state["batch"] = 0
+            log.info("epoch %d done at step %d", state["epoch"], state["step"])
+
+    def _log_training(self, lr: float) -> None:
+        """Loss and perplexity per target token of the updates since the last log (all ranks)."""
+        (loss, nll, tokens, seconds), last_step = self.window.sums(), self.window.step
+        self.window = LossWindow(self.state["step"])
+        if self.env.world > 1:
+            t = torch.tensor([loss, nll], dtype=torch.float64,
+                             device=self.env.device if self.env.device.type == "cuda" else "cpu")
+            dist.all_reduce(t)
+            loss, nll = t.tolist()
+        if not self.env.is_main:
+            return
+        tok = max(tokens, 1)
+        rec = {"step": self.state["step"], "epoch": self.state["epoch"], "lr": lr, "loss": loss / tok,
+               "nll": nll / tok, "ppl": math.exp(min(nll / tok, 50)), "tgt_tok_s": tokens / seconds,
+               "elapsed_s": self.state["elapsed"],
+               "tgt_tokens_per_update": tokens / max(1, self.state["step"] - last_step)}
+        self.run.metrics(rec)
+        progress_log.info("step %d epoch %d loss %.4f ppl %.2f lr %.3g %.0f target tok/s %.0f target tokens/update",
+                          rec["step"], rec["epoch"], rec["loss"], rec["ppl"], lr, rec["tgt_tok_s"],
+                          rec["tgt_tokens_per_update"])
+        if self.tb:
+            for key in ("lr", "loss", "ppl", "tgt_tok_s"):
+                self.tb.add_scalar(f"train/{key}", rec[key], rec["step"])
+        if self.bar is not None:
+            self.bar.set_postfix(step=rec["step"], loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}",
+                                 tok_s=f"{rec['tgt_tok_s']:.0f}", refresh=False)
+            self.bar.refresh()
+
+    # -- validation --------------------------------------------------------------------------
+    def validate(self) -> bool:
+        """Validation loss/perplexity (and greedy BLEU); True when it is the best so far. Collective:
+        every rank validates its share and holds the same result; rank 0 records it."""
+        state, began = self.state, time.perf_counter()
+        metrics = validate(self.model, self.valid_data, self.cfg, self.env.device, self.env)
+        if self.v_src:
+            metrics["valid_bleu"] = valid_bleu(self.model, self.tokenizer, self.v_src, self.v_ref, self.cfg,
+                                               self.env.device, self.env)
+            better = metrics["valid_bleu"] > state["best_bleu"]
+        else:
+            better = metrics["valid_loss"] < state["best_loss"]
+        state["best_bleu"] = max(state["best_bleu"], metrics.get("valid_bleu", -1))
+        state["best_loss"] = min(state["best_loss"], metrics["valid_loss"])
+        state["stale"] = 0 if better else state.get("stale", 0) + 1  # validations without improvement
+        state["validated_at"] = state["step"]
+        self.window.pause(time.perf_counter() - began)
+        if not self.env.is_main:
+            return better
+        self.run.metrics({"step": state["step"], "epoch": state["epoch"], **metrics})
+        log.info("validation step %d: %s", state["step"], " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        if self.tb:
+            for key, v in metrics.items():
+                self.tb.add_scalar(key, v, state["step"])
+        return better
+
+    # -- saving ------------------------------------------------------------------------------
+    def save(self, best: bool = False) -> None:
+        """Collective: every rank hands its RNG state to rank 0, which writes the checkpoint."""
+        self.state["saved_at"] = self.state["step"]
+        mine = (rng_state(self.env.device), self.window.sums())
+        if self.env.world > 1:
+            ranks: list | None = [None] * self.env.world if self.env.is_main else None
+            dist.gather_object(mine, ranks, dst=0)
+        else:
+            ranks = [mine]
+        if not self.env.is_main:
+            return
+        rngs = [r[0] for r in ranks]
+        window = {"step": self.window.step, "ranks": [r[1] for r in ranks]}
+        state, run = self.state, self.run
+        name = f"step-{state['step']:08d}"
+        tensors = model_tensors(self.model)
+        save_weights(run.ckpt_dir / f"{name}.safetensors", tensors, self.cfg, self.tokenizer, state["step"],
+                     self.task)
+        save_state(run.ckpt_dir / f"{name}.state.pt",
+                   {"optimizer": self.optimizer.state_dict(), "progress": dict(state), "rng": rngs,
+                    "window": window})
+        if best:
+            save_weights(run.ckpt_dir / "best.safetensors", tensors, self.cfg, self.tokenizer, state["step"],
+                         self.task)
+        for old in list_checkpoints(run.path)[:-self.cfg.train.keep_last]:
+            old.unlink(missing_ok=True)
+            old.with_name(old.name.replace(".safetensors", ".state.pt")).unlink(missing_ok=True)
+        log.info("saved %s", name)
+
+    def save_best(self) -> None:
+        """best.safetensors alone (rank 0; weights are the same on every rank)."""
+        if self.env.is_main:
+            save_weights(self.run.ckpt_dir / "best.safetensors", model_tensors(self.model), self.cfg,
+                         self.tokenizer, self.state["step"], self.task)
+            log.info("saved best.safetensors (step %d)", self.state["step"])
+
+    # -- the stop decision -------------------------------------------------------------------
+    def agree(self, save_wish: bool, early_stop: bool = False) -> tuple[bool, bool, bool]:
+        """The collective decision after an update: rank 0's clock, save wish and early-stopping
+        verdict and every rank's pending signal, shared in one all-reduce. Returns (save now, stop
+        for a signal, stop early), the same on every rank; a signal that arrives after the snapshot
+        is acted on at the next update."""
+        elapsed = time.perf_counter() - self.start
+        signalled = float(self.signal is not None)
+        if self.env.world > 1:
+            main = float(self.env.is_main)
+            t = torch.tensor([elapsed * main, float(save_wish) * main, signalled, float(early_stop) * main],
+                             dtype=torch.float64, device=self.env.device if self.env.device.type == "cuda" else "cpu")
+            dist.all_reduce(t)
+            elapsed, save_wish, signalled, early_stop = float(t[0]), bool(t[1] > 0), float(t[2]), bool(t[3] > 0)
+        self.state["elapsed"] = elapsed
+        stop = signalled > 0
+        return save_wish or stop or early_stop, stop, early_stop
+
+    def made(self, what: str) -> bool:
+        """Whether this step's validation ("validated_at") or checkpoint ("saved_at") is made."""
+        return self.state.get(what) == self.state["step"]
+
+    def stopped_early(self) -> bool:
+        p = self.cfg.train.patience
+        return bool(p and self.state.get("stale", 0) >= p)
+
+    def finished(self) -> bool:
+        t_cfg, state = self.cfg.train, self.state
+        limit_s = t_cfg.max_minutes * 60
+        return bool(state["step"] >= t_cfg.max_steps or (t_cfg.max_epochs and state["epoch"] >= t_cfg.max_epochs)
+                    or (limit_s and state["elapsed"] >= limit_s) or self.stopped_early())
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            if self.env.world == 1:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop at once, without a checkpoint
+            # Under torchrun it could land inside a collective and leave the other ranks waiting:
+            # every rank stops at the next update boundary instead, together.
+            log.warning("already stopping at the next update boundary (all ranks together)")
+            return
+        self.signal = signum  # acted on at the next update boundary
+
+    # -- the loop ----------------------------------------------------------------------------
+    def loop(self) -> dict:
+        """Update until a limit is reached; on SIGTERM/SIGINT, checkpoint at the update boundary
+        (a state that resumes exactly) and raise KeyboardInterrupt."""
+        t_cfg, state, env = self.cfg.train, self.state, self.env
+        limit_s = t_cfg.max_minutes * 60
+        self.bar = tqdm(total=int(limit_s) if limit_s else t_cfg.max_steps, unit="s" if limit_s else "step",
+                        disable=not env.is_main, dynamic_ncols=True)
+        self.start = time.perf_counter() - state["elapsed"]
+        self.tb = self.run.tensorboard() if env.is_main else None
+        last_save = time.perf_counter()
+        handlers = {}
+        if main_thread():
+            handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while not self.finished():
+                self.update()
+                better = False
+                if t_cfg.valid_every and state["step"] % t_cfg.valid_every == 0:  # collective
+                    better = self.validate()
+                now = time.perf_counter()
+                # Interval checkpoints (§6.1) keep their spacing: a better validation score writes
+                # best.safetensors only, never a step checkpoint that would push one out of the rotation.
+                wish = bool(t_cfg.save_every and state["step"] % t_cfg.save_every == 0) or bool(
+                    t_cfg.save_every_minutes and now - last_save >= t_cfg.save_every_minutes * 60)
+                early = bool(self.made("validated_at") and t_cfg.patience and state["stale"] >= t_cfg.patience)
+                save, stop, early = self.agree(wish, early)
+                if save:
+                    self.save(best=better)
+                    last_save = now
+                elif better:
+                    self.save_best()
+                if stop:
+                    log.warning("stopped by a signal at step %d; checkpoint written", state["step"])
+                    raise KeyboardInterrupt
+                if early:
+                    log.info("early stopping at step %d: %d validations without improvement (train.patience)",
+                             state["step"], state["stale"])
+                    break
+                self.bar.n = int(state["elapsed"]) if limit_s else state["step"]
+            # the last step's validation and checkpoint, unless made already: by this process, or by the one
+            # that wrote the checkpoint a finished run resumes from (such a resume then changes nothing)
+            better = self.validate() if not self.made("validated_at") and not self.stopped_early() else False
+            if self.agree(not self.made("saved_at"))[0]:
+                self.save(best=better)
+            elif better:
+                self.save_best()
+            log.info("finished at step %d, epoch %d, %.1f minutes", state["step"], state["epoch"],
+                     state["elapsed"] / 60)
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+            self.bar.close()
+            if self.tb:
+                self.tb.close()
+        if env.world > 1:
+            dist.barrier()
+        return state
