@@ -121,7 +121,8 @@ def export_hf(checkpoint: Path, out: Path) -> Path:
 
 
 def _parser_refused(cfg: ModelConfig) -> ExportError:
-    return ExportError(f"a model.{cfg.parser_inputs[0]} parser has inputs Marian and CTranslate2 lack; use `aiayn parse`")
+    return ExportError(f"a model.{cfg.parser_inputs[0]} parser has inputs Marian and CTranslate2 lack; "
+                       "use `aiayn parse`")
 
 
 def _exportable(cfg: ModelConfig, pieces: list[str] | None) -> torch.nn.Module:

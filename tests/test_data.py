@@ -9,7 +9,8 @@ import pytest
 
 from aiayn.cli import main
 from aiayn.data.batches import TokenData, collate, make_batches
-from aiayn.data.prepare import DataError, prepare, read_lines, read_parallel
+from aiayn.data.prepare import prepare
+from aiayn.data.text import DataError, read_lines, read_parallel
 from aiayn.data.tokenizer import BOS, EOS, PAD, Tokenizer
 
 SENTS_EN = [f"the {a} dog runs to the {b} house number {i}" for i, (a, b) in

@@ -10,7 +10,7 @@ from aiayn.config import preset
 from aiayn.decode.fused import FusedDecoder, fusable
 from aiayn.decode.search import beam_search, greedy_search
 from aiayn.decode.translator import cast_bf16
-from aiayn.models.build import build_model
+from aiayn.parsing.model import build_any
 
 
 def toy(**over):
@@ -19,7 +19,7 @@ def toy(**over):
     for k, v in over.items():
         setattr(cfg, k, v)
     torch.manual_seed(0)
-    model = build_model(cfg).eval()
+    model = build_any(cfg).eval()
     with torch.no_grad():  # peaky output distributions, so search has real choices to make
         model.out_proj.weight.mul_(8.0)
     return model

@@ -11,9 +11,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from aiayn.checkpoint import read_weights
+from aiayn.checkpoint import CheckpointError, read_weights
 from aiayn.data.tokenizer import BOS, EOS
 from aiayn.decode.translator import Translator
+from aiayn.parsing.model import build_any
 from aiayn.parsing.pcfg import pcfg_parses
 from aiayn.parsing.trees import (
     LEAF,
@@ -170,7 +171,9 @@ def test_prepare_train_parse_score_end_to_end(tmp_path):
     assert p.returncode == 0, p.stderr[-1500:]
     ckpt = sorted((run / "checkpoints").glob("step-*.safetensors"))[-1]
     # The target's leaves are the source's own subwords (what lets each leaf copy its word).
-    t = Translator.load(ckpt)
+    with pytest.raises(CheckpointError, match="is an input of §6.3's parser: parse with"):
+        Translator.load(ckpt)  # the translation models' builder knows no parser
+    t = Translator.load(ckpt, build=build_any)
     for src, tgt in zip((prep / "raw/train.words").read_text().splitlines(),
                         (prep / "raw/train.parse").read_text().splitlines()):
         pieces = t.tokenizer.id_to_piece(t.tokenizer.encode([tgt])[0])

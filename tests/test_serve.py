@@ -263,7 +263,7 @@ def test_a_long_request_is_done_in_chunks_between_which_others_are_served(transl
 
 
 def test_attention_is_capped_and_computed_off_the_event_loop(translator, monkeypatch):
-    from aiayn.apps import serve
+    from aiayn.serve import app as serve
 
     threads = []
     real = serve.attention_data

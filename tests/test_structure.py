@@ -3,6 +3,7 @@ its folders in at most ten layers with no room importing upwards, no function ov
 module over 400."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,30 @@ def test_unknown_arguments_are_refused_in_one_place(argv, capsys):
     assert main([*argv, "--bogus.flag", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"aiayn {argv[0]}: error: unrecognized arguments: --bogus.flag 1"]
+
+
+def lazy_imports(source: str) -> list[str]:
+    """The package's own modules that a function imports (a relative import inside a def)."""
+    return sorted({f"{'.' * n.level}{n.module or ''}" for f in ast.walk(ast.parse(source))
+                   if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for n in ast.walk(f) if isinstance(n, ast.ImportFrom) and n.level})
+
+
+def test_library_code_imports_at_the_top():
+    """Only the command line imports lazily (so that `aiayn --help` answers without torch); the
+    library imports its own modules at the top, where the layer test sees them."""
+    assert lazy_imports("def f():\n    from .x import y\n") == [".x"] and lazy_imports("from .x import y\n") == []
+    found = {name: lazy_imports(path.read_text()) for name, path in modules().items()
+             if not name.startswith("aiayn.cli")}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_paper_map_names_every_module():
+    """docs/paper-map.md is drawn from the tree: every module has its row, and no row names a gone one."""
+    doc = (PACKAGE.parent / "docs" / "paper-map.md").read_text()
+    rows = set(re.findall(r"^\| `([\w/.]+\.(?:py|html))`", doc, re.M))
+    files = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+             if p.name not in ("__init__.py", "__main__.py") and p.parent.name not in ("cli", "evidence")}
+    files.add("serve/page.html")
+    assert files - rows == set(), "modules without a row"
+    assert {r for r in rows if not r.startswith("evidence/")} - files == set(), "rows naming no module"

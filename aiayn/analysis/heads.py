@@ -25,6 +25,7 @@ from ..data.batches import TokenData, collate, make_batches
 from ..data.tokenizer import BOS, EOS, UNK
 from ..device import autocast
 from ..models.attention import MultiHeadAttention
+from ..parsing.deps import PUNCT_TAGS, dependencies
 from ..training.loss import label_smoothed_loss
 
 SUBLAYERS = ("encoder_self", "decoder_self", "cross")
@@ -267,7 +268,6 @@ def syntactic_agreement(model: nn.Module, tokenizer, trees: list, max_subwords: 
     per (layer, head), the share of dependents whose most-attended other word is their syntactic
     head; beside it the best fixed-offset guess (always the word k positions away) on the same arcs.
     Punctuation dependents are not scored; words are encoded one by one, so spans are exact."""
-    from ..parsing.deps import PUNCT_TAGS, dependencies
 
     model.eval()
     hits, total, offsets = None, 0, {}

@@ -22,7 +22,12 @@ import sacrebleu  # noqa: E402
 import torch  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
-from ..checkpoint import load_checkpoint  # noqa: E402
+from ..checkpoint import (
+    load_checkpoint,  # noqa: E402
+    model_tensors,
+    read_weights,
+    save_weights,
+)
 from ..data.batches import TokenData  # noqa: E402
 from ..data.prepare import check_vocabulary, load_manifest, read_text  # noqa: E402
 from ..data.tokenizer import EOS, Tokenizer  # noqa: E402
@@ -30,6 +35,7 @@ from ..decode.translator import Translator, attention_data  # noqa: E402
 from ..device import TRAIN_PRECISIONS, resolve_precision  # noqa: E402
 from ..files import atomic_write, new_folder  # noqa: E402
 from ..parsing.model import build_any  # noqa: E402
+from ..parsing.trees import SPLITS, clean, read_treebank
 from .heads import (  # noqa: E402
     SUBLAYERS,
     ablation_importance,
@@ -87,7 +93,6 @@ def dev_trees(treebank: Path, limit: int) -> list:
     """The first `limit` cleaned trees of the treebank's development files (parse.SPLITS["valid"])."""
     import re
 
-    from ..parsing.trees import SPLITS, clean, read_treebank
 
     lo, hi = SPLITS["valid"]
     trees = [c for name, ts in read_treebank(treebank).items()
@@ -237,7 +242,6 @@ def _pruning_figure(result: dict, path: Path) -> None:
 def _save_pruned(result: dict, path: Path) -> None:
     """The checkpoint without the heads that go at <= 0.5 BLEU (importance order), W^O columns zeroed;
     its metadata kept (a parser's task label and tagger)."""
-    from ..checkpoint import model_tensors, read_weights, save_weights
 
     model, cfg, tokenizer, step = load_checkpoint(Path(result["checkpoint"]), build=build_any)
     prune(model, [tuple(h) for h in result["pruned_heads"]])

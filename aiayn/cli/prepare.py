@@ -6,12 +6,10 @@ import argparse
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 
 from ..config import Config
-from ..data.prepare import PREPARED, DataError
-from ..files import add_to_marker
+from ..data.text import DataError
 from ..presets import PRESETS
 from .common import (
     UserError,
@@ -23,75 +21,20 @@ log = logging.getLogger("aiayn")
 
 def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
     """§6.3: the treebank's splits as words -> linearized trees, prepared like a corpus."""
-    from ..data.prepare import check_prepared_output, prepare
-    from ..parsing.trees import TreeError, is_bracket, write_splits
+    from ..parsing.prepare import prepare_treebank
 
     if not args.treebank:
         raise UserError("prepare --task parse needs --treebank PATH (a folder of .mrg files or treebank.zip)")
-    if args.subtrees < 0:
-        raise UserError(f"prepare --subtrees must be 0 (off) or a number of words, got {args.subtrees}")
-    out = check_prepared_output(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".trees", dir=out.parent) as tmp:
-        try:
-            files = write_splits(Path(args.treebank), Path(tmp), args.linearization, args.subtrees)
-        except TreeError as e:
-            raise UserError(str(e)) from None
-        symbols = {"▁" + x for line in files["train"][1].read_text().split("\n") for x in line.split() if is_bracket(x)}
-        tags = args.tags or cfg.model.tag_input  # the preset's model reads tags: prepare them
-        built: list[tuple] = []  # the taggers are trained only when the folder is built, not when reused
-        manifest = prepare(files, out, "words", "parse", cfg.data.vocab_size, cfg.data.max_len,
-                           cfg.data.strict or args.strict, cfg.train.seed, tuple(symbols),
-                           dedup=False, max_ratio=0.0, carry=Path(tmp),  # trees outgrow their sentences
-                           task={"task": "parse", "linearization": args.linearization,
-                                 **({"subtrees": str(args.subtrees)} if args.subtrees else {}),
-                                 **({"tags": "perceptron-jackknife"} if tags else {})},
-                           on_build=(lambda: built.append(_train_tagger(Path(tmp)))) if tags else None)
-    if tags and (built or not all((out / f"{s}.src.tag.npy").exists() for s in ("train", "valid"))):
-        from ..data.tokenizer import Tokenizer
-        from ..parsing.tagger import write_tag_arrays
-
-        write_tag_arrays(out, *(built[0] if built else _read_tagging(out)),
-                         Tokenizer.load(str(out / "spm.model")).pieces_list())
-        add_to_marker(out, PREPARED, [f"{s}.src.tag.npy" for s in ("train", "valid")])
+    manifest = prepare_treebank(Path(args.treebank), Path(args.out), cfg, args.linearization, args.subtrees,
+                                args.tags or cfg.model.tag_input, args.strict)  # the preset's model reads tags
     print(json.dumps(manifest["splits"], indent=1))
-
-
-def _train_tagger(folder: Path) -> tuple:
-    """A part-of-speech tagger from the training trees' gold tags (tagger.py), written to `tagger.json`, and
-    the training sentences' jackknifed tags (words -> tags, also in raw/train.tags)."""
-    from ..parsing.tagger import Tagger, TaggerError, jackknife
-    from ..parsing.trees import read_trees
-
-    sents = [[(w, t) for t, w in tree.tagged()] for tree in read_trees((folder / "train.gold.mrg").read_text())]
-    log.info("training a part-of-speech tagger on %d trees, and %d more for jackknifed training tags", len(sents), 10)
-    try:
-        tagger = Tagger.train(sents)
-        tags = jackknife(sents)
-    except TaggerError as e:
-        raise UserError(str(e)) from None
-    (folder / "tagger.json").write_text(tagger.to_json())
-    (folder / "raw" / "train.tags").write_text("".join(" ".join(t) + "\n" for t in tags))
-    return tagger, {" ".join(w for w, _ in s): t for s, t in zip(sents, tags)}
-
-
-def _read_tagging(folder: Path) -> tuple:
-    """The tagger and jackknifed training tags that _train_tagger wrote into a prepared folder."""
-    from ..parsing.tagger import Tagger
-    from ..parsing.trees import read_trees
-
-    words = [" ".join(t.words()) for t in read_trees((folder / "train.gold.mrg").read_text())]
-    from ..data.prepare import read_lines
-
-    tags = read_lines(folder / "raw" / "train.tags")
-    tagger = Tagger.from_json((folder / "tagger.json").read_text(), str(folder / "tagger.json"))
-    return tagger, {w: t.split() for w, t in zip(words, tags)}
 
 
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
     """Validate parallel text, learn the joint BPE vocabulary (§5.1), cache every split."""
     from ..data.corpora import CORPORA, cache_dir, check_mirror, fetch_multi30k, fetch_wmt14, verify_multi30k
-    from ..data.prepare import check_prepared_output, find_file, prepare
+    from ..data.prepare import check_prepared_output, prepare
+    from ..data.text import find_file
 
     cfg = build_config(args, extra)
     if args.task == "parse":  # §6.3: words -> linearized trees, from a treebank

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .prepare import DataError
+from .text import DataError
 from .tokenizer import BOS, EOS, PAD
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..files import digest
-from .prepare import DataError
+from .text import DataError
 
 log = logging.getLogger("aiayn")
 

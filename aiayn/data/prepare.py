@@ -7,7 +7,6 @@ flat int32 arrays + offsets with a manifest, which batches.py reads.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import itertools
 import json
@@ -15,85 +14,20 @@ import logging
 import os
 import shutil
 import tempfile
-import unicodedata
 from array import array
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import AiaynError
 from ..files import atomic_write, check_output_folder, digest, lock_data, new_folder, owned
+from .text import DataError, iter_pairs, read_lines
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("aiayn")
 FORMAT_VERSION = 1
-
-class DataError(AiaynError):
-    """Bad input data; the message names the file and line."""
-
-
-# -- reading and validating ----------------------------------------------------------------
-def find_file(prefix: str | Path, lang: str) -> Path:
-    """`{prefix}.{lang}` or `{prefix}.{lang}.gz`."""
-    for cand in (Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")):
-        if cand.is_file():
-            return cand
-    raise DataError(f"no file {prefix}.{lang} or {prefix}.{lang}.gz")
-
-
-def iter_lines(path: Path) -> Iterator[str]:
-    """Lines of a UTF-8 text file (plain or .gz), NFC-normalized, without line ends; read as a
-    stream, so a file of any size holds one line in memory."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    n = 0
-    try:
-        with opener(path, "rb") as f:
-            for n, line in enumerate(f, 1):  # noqa: B007 (n names the line of an error)
-                try:
-                    text = line.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{path}:{n}: invalid UTF-8 at byte {e.start}: {line[:60]!r}") from None
-                yield unicodedata.normalize("NFC", text.rstrip("\n").rstrip("\r"))
-    except (OSError, EOFError) as e:
-        raise DataError(f"{path}: cannot read{f' after line {n}' if n else ''}: {e}") from None
-
-
-def read_lines(path: Path) -> list[str]:
-    """Every line of a file (see iter_lines), split at "\n" only (str.splitlines also splits at U+2028,
-    U+0085 and form feeds, which a sentence may hold)."""
-    return list(iter_lines(path))
-
-
-def iter_pairs(src: Path, tgt: Path, strict: bool = False, counts: dict | None = None) -> Iterator[tuple[str, str]]:
-    """Aligned, stripped source/target lines as a stream. Pairs with an empty side are dropped
-    and counted in counts["dropped_empty"] (with `strict`, an error naming the file and line);
-    files of different lengths are an error naming both counts."""
-    counts = {} if counts is None else counts
-    counts.setdefault("dropped_empty", 0)
-    s_it, t_it = iter_lines(src), iter_lines(tgt)
-    for n, (s, t) in enumerate(itertools.zip_longest(s_it, t_it), 1):
-        if s is None or t is None:
-            rest = 1 + sum(1 for _ in (t_it if s is None else s_it))
-            s_n, t_n = (n - 1, n - 1 + rest) if s is None else (n - 1 + rest, n - 1)
-            raise DataError(f"misaligned corpus: {src} has {s_n} lines but {tgt} has {t_n}")
-        s, t = s.strip(), t.strip()
-        if not s or not t:
-            if strict:
-                raise DataError(f"{src if not s else tgt}:{n}: empty line (its pair would be dropped; "
-                                "--strict forbids it)")
-            counts["dropped_empty"] += 1
-            continue
-        yield s, t
-
-
-def read_parallel(src: Path, tgt: Path, strict: bool = False) -> tuple[list[str], list[str], int]:
-    """Every pair of two aligned files (see iter_pairs) and the number dropped as empty."""
-    counts: dict = {}
-    pairs = list(iter_pairs(src, tgt, strict, counts))
-    return [s for s, _ in pairs], [t for _, t in pairs], counts["dropped_empty"]
-
 
 # -- the prepared cache --------------------------------------------------------------------
 _CHUNK = 20_000  # pairs encoded at a time: memory stays flat whatever the corpus size
@@ -247,11 +181,21 @@ def _old_manifest(path: Path) -> dict | None:
         return None
 
 
+@dataclass
+class Task:
+    """What a prepared folder is for beyond translation, from the stage that knows (§6.3's parsing:
+    parsing/prepare.py). The default is plain translation."""
+
+    settings: dict[str, str] = field(default_factory=dict)  # into the manifest; checkpoints carry them
+    symbols: tuple[str, ...] = ()  # pieces the vocabulary keeps whole (a tree's brackets)
+    carry: Path | None = None  # a folder whose contents are copied into the cache (raw words, gold trees)
+    on_build: Callable[[], None] | None = None  # called once before they are, only when the cache is built
+
+
 def prepare(
     splits: dict[str, tuple[str | Path, str | Path]], out: str | Path, src_lang: str, tgt_lang: str,
     vocab_size: int = 37000, max_len: int = 256, strict: bool = False, seed: int = 1,
-    symbols: tuple[str, ...] = (), dedup: bool = True, max_ratio: float = 3.0, carry: Path | None = None,
-    task: dict[str, str] | None = None, on_build: Callable[[], None] | None = None,
+    dedup: bool = True, max_ratio: float = 3.0, task: Task | None = None,
 ) -> dict:
     """Validate, learn the joint vocabulary on train, and cache every split, in bounded memory.
 
@@ -262,12 +206,13 @@ def prepare(
     for training, pairs with a length ratio above `max_ratio` (0: off). Every drop is counted.
     The cache is built in a hidden sibling of `out` and swapped in whole at the end: a failure
     leaves the old cache as it was, a trainer that memory-maps it keeps reading the old files, and
-    a folder in use by a trainer or holding files prepare did not write is refused. `carry`: a
-    folder whose contents are copied into the cache (the parse task's raw text and gold trees);
-    `on_build`: called once before they are, only when the cache is built (the parse task's tagger).
+    a folder in use by a trainer or holding files prepare did not write is refused. `task`: what
+    the folder is for beyond translation (§6.3's parsing gives one: parsing/prepare.py).
     Returns the manifest; if one with the same inputs and settings exists in `out`, it is reused.
     """
     splits = {name: (Path(s), Path(t)) for name, (s, t) in splits.items()}
+    task = task or Task()
+    symbols, carry = task.symbols, task.carry
     out = check_prepared_output(out)
     for need in ("train", "valid"):
         if need not in splits:
@@ -276,7 +221,7 @@ def prepare(
                 "max_len": max_len, "strict": strict, "seed": seed, "dedup": dedup, "max_ratio": max_ratio}
     if symbols:  # (absent otherwise, so earlier manifests still match)
         settings["symbols"] = sorted(symbols)
-    settings.update(task or {})  # e.g. {"task": "parse", "linearization": "words"}; checkpoints carry it
+    settings.update(task.settings)  # e.g. {"task": "parse", "linearization": "words"}; checkpoints carry it
 
     def recorded(p: Path) -> str:  # a carried file is recorded where it will be
         return str(out / p.relative_to(carry)) if carry and p.is_relative_to(carry) else str(p)
@@ -295,8 +240,8 @@ def prepare(
                 new_folder(out, PREPARED) as new:
             stats, tok = _build(splits, Path(tmp), new, src_lang, tgt_lang, vocab_size, max_len, strict, seed,
                                 symbols, dedup, max_ratio)
-            if on_build is not None:
-                on_build()
+            if task.on_build is not None:
+                task.on_build()
             if carry is not None:
                 shutil.copytree(carry, new, dirs_exist_ok=True)
             manifest = {"settings": settings, "inputs": inputs, "vocab_size": len(tok), "splits": stats,

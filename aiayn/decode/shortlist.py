@@ -22,7 +22,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save
 from torch import Tensor
 
-from ..data.tokenizer import EOS
+from ..data.prepare import load_manifest
+from ..data.tokenizer import EOS, Tokenizer
 from ..errors import AiaynError
 from ..files import atomic_write
 from .search import Hypothesis
@@ -118,8 +119,6 @@ def cooccurrence(src: list[np.ndarray], tgt: list[np.ndarray], V: int
 def build(data_dir: Path, per_source: int = 100, frequent: int = 200, max_pairs: int = 1_000_000) -> Shortlist:
     """The shortlist of prepared data's training pairs (`aiayn prepare`'s folder), in its vocabulary;
     from at most `max_pairs` of them, evenly spread (0: all)."""
-    from ..data.prepare import load_manifest
-    from ..data.tokenizer import Tokenizer
 
     data_dir = Path(data_dir)
     load_manifest(data_dir)

@@ -20,7 +20,7 @@ from ..data.tokenizer import BOS, EOS, PAD, Tokenizer
 from ..device import PRECISIONS, huge_pages, pick_device, resolve_precision
 from ..models.attention import without_dead_heads
 from ..models.build import build_model
-from ..models.linear import kernel_cache
+from ..models.linear import Int8Linear, kernel_cache
 from .ensemble import Ensemble, load_models
 from .fused import FusedDecoder, fusable
 from .search import Hypothesis, beam_search, greedy_search
@@ -51,7 +51,6 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     tied output layer gets its own int8 copy of the embedding matrix, the embeddings keep theirs."""
     import copy
 
-    from ..models.linear import Int8Linear
 
     model = copy.deepcopy(model)
     for parent in list(model.modules()):

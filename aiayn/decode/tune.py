@@ -16,7 +16,9 @@ import sacrebleu
 
 from ..checkpoint import CheckpointError, read_weights, save_weights
 from ..config import DecodeConfig, from_dict
-from ..data.prepare import DataError, check_vocabulary, load_manifest, read_text
+from ..data.prepare import check_vocabulary, load_manifest, read_text
+from ..data.text import DataError
+from .translator import Translator
 
 log = logging.getLogger("aiayn")
 BEAMS = (2, 4, 6)
@@ -51,7 +53,6 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
          out: str | Path | None = None, device: str | None = None) -> tuple[Point, list[Point], Path]:
     """Grid-search beam × α on the validation set; write `out` (default: CHECKPOINT.tuned.safetensors)
     with the chosen settings. Returns (chosen, every point, the written file)."""
-    from .translator import Translator
 
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():

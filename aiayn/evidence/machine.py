@@ -7,6 +7,9 @@ import os
 import platform
 from typing import Any
 
+from ..device import cpu_class
+from ..training.runs import git_commit
+
 
 def machine() -> dict[str, Any]:
     """What made the numbers: processor (with its family and model, which change between machines of one
@@ -14,7 +17,6 @@ def machine() -> dict[str, Any]:
     versions."""
     import torch  # here, not at the top: `aiayn reproduce --help` should not wait for it
 
-    from ..device import cpu_class
 
     info = cpu_class()
     cpu = info.pop("cpu", None) or platform.processor() or platform.machine()
@@ -27,6 +29,5 @@ def machine() -> dict[str, Any]:
 def _code_commit() -> str | None:
     """The commit of the code this process runs: read once, when the suite starts (a result
     written an hour later must not name whatever the working tree holds by then)."""
-    from ..training.runs import _git_commit
 
-    return _git_commit()
+    return git_commit()

@@ -12,6 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import preset
+from .stats import seed_test
+
 # The update budget of every suite: from where the multi30k reference's validation NLL improves by
 # less than 2 % over every further 10 % of updates (`converged_at`), measured on its own curve by
 # `aiayn reproduce --suite budget --steps 6000` (commit e489e51, 2026-11-23, validation every 250
@@ -115,7 +118,6 @@ def second_seed_distance(row: float | list[float], reference: list[float], low: 
     of the reference's 95 % prediction interval (near the line, where a second seed can decide) gets
     a second seed. Returns how far it lies from the line (|ratio − 1|, nearest first), None when the
     rule does not apply."""
-    from .stats import seed_test
 
     if not isinstance(row, (int, float)) and len(row) != 1:
         return None
@@ -184,7 +186,6 @@ def stability_rows(scales: tuple[float, ...] = (1.0, 0.5, 0.25), base: dict[str,
                    lr_scale: float | None = None) -> list[Row]:
     """N=6 at the suite's rate (train.lr_scale `lr_scale`, the multi30k preset's), then at lower
     ones: the first that trains sets the depth rows' rate."""
-    from ..config import preset
 
     lr_scale = preset("multi30k").train.lr_scale if lr_scale is None else lr_scale
     return [Row(f"stability-N6-x{s:g}", f"N=6 at lr ×{s:g}", {**(base or {}), "model.N": 6,

@@ -16,10 +16,10 @@ from typing import Any
 from ..files import atomic_write
 from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedule, _plot_table1
 from .plan import converged_at
-from .stats import p_text
+from .stats import p_text, seed_test
 from .summary import summary_section
 from .table1 import path_length, quadratic_fit, sequential_steps
-from .verdicts import data_words, schedule_words, table3_section
+from .verdicts import data_words, schedule_words, table3_section, with_repeats
 
 
 def is_report(folder: Path) -> bool:
@@ -95,8 +95,6 @@ def _at_compute(r: dict, ref: dict, cost: dict[str, float] | None = None) -> str
 def _seed_lines(rs: list[dict]) -> list[str]:
     """Models run with several seeds: mean ± sd of validation NLL and BLEU, and the difference from
     the Transformer's seeds (pooled two-sample t test, stats.seed_test)."""
-    from .stats import seed_test
-    from .verdicts import with_repeats
 
     groups = {g[0]["row"]: g for g in with_repeats(rs)}
     base = groups.get("transformer", [])

@@ -18,11 +18,19 @@ import torch
 
 from ..checkpoint import list_checkpoints, load_checkpoint, write_averaged
 from ..config import Config, ConfigError, apply_overrides, load_yaml, preset
+from ..data.batches import TokenData
+from ..data.prepare import load_manifest, read_text, vocabulary_size
+from ..data.text import read_lines
+from ..decode.translator import Translator
 from ..files import atomic_write
 from ..parsing.model import build_any
+from ..training.runs import Run
+from ..training.session import train
+from ..training.step import validate
 from .machine import _code_commit, machine
 from .plan import Row
 from .stats import paired_bootstrap
+from .table1 import flops_per_token
 
 log = logging.getLogger("aiayn")
 
@@ -37,7 +45,6 @@ def row_config(row: Row, common: dict[str, Any]) -> Config:
 def trained_config(row: Row, common: dict[str, Any], data_dir: Path) -> Config:
     """The row's config as training resolves it: the vocabulary size is the prepared data's (a result
     states the same config whether its run was resumed or not)."""
-    from ..data.prepare import vocabulary_size
 
     cfg = row_config(row, common)
     cfg.model.vocab_size = vocabulary_size(Path(data_dir))
@@ -60,10 +67,6 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "cpu") -> dict[str, Any]:
     """§6.1: average the last checkpoints (at most 5), then validation perplexity and beam-4 BLEU on
     the validation set and every prepared test set (sentences > 0: only the first ones)."""
-    from ..data.batches import TokenData
-    from ..data.prepare import load_manifest, read_text
-    from ..decode.translator import Translator
-    from ..training.step import validate
 
     run_dir, data_dir = Path(run_dir), Path(data_dir)
     ckpts = list_checkpoints(run_dir)
@@ -76,7 +79,6 @@ def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "c
     cfg.train.precision = "fp32"  # the same numbers whatever the processor
     out: dict[str, Any] = {"averaged": len(chosen), "step": step}
     out.update(validate(model, TokenData(data_dir, "valid"), cfg, torch.device(device)))
-    from .table1 import flops_per_token
 
     out["flops_per_token"] = flops_per_token(model, TokenData(data_dir, "valid"), cfg)
     settings = load_manifest(data_dir)["settings"]
@@ -142,7 +144,6 @@ def _finished_twin(row: Row, common: dict[str, Any], data_dir: Path, results: Pa
     valid_src = Path(data_dir) / f"valid.{want['data']['src']}.txt"
     if not valid_src.exists():  # nothing scored on validation: nothing to compare, train
         return None
-    from ..data.prepare import read_lines
 
     valid = len(read_lines(valid_src))
     scored = min(sentences, valid) if sentences else valid
@@ -187,8 +188,6 @@ def _copy_result(result_path: Path, copy: Path) -> None:
 
 def _train_and_evaluate(row: Row, suite: str, common: dict[str, Any], data_dir: Path, run_dir: Path,
                         sentences: int, device: str | None) -> dict[str, Any]:
-    from ..training.runs import Run
-    from ..training.session import train
 
     cfg = trained_config(row, common, data_dir)
     start = time.time()
@@ -221,7 +220,6 @@ def _train_and_evaluate(row: Row, suite: str, common: dict[str, Any], data_dir: 
 
 def _data_words(data_dir: Path) -> dict[str, Any]:
     """What a row trained on: the prepared folder's name, its languages and training pairs."""
-    from ..data.prepare import load_manifest
 
     m = load_manifest(Path(data_dir))
     return {"dir": Path(data_dir).name, "src": m["settings"]["src"], "tgt": m["settings"]["tgt"],
@@ -249,7 +247,6 @@ def _check_commit(suite_results: Path, run_dir: Path, allow_mixed: bool) -> None
 def pair_with_references(suite: str, results: Path, data_dir: Path, baseline_of) -> None:
     """sacreBLEU's paired bootstrap of every row's validation hypotheses against its baseline
     (`baseline_of(result)`: a row name, e.g. the seed-matched reference), once both are there."""
-    from ..data.prepare import read_lines, read_text
 
     folder = Path(results) / suite
     refs = read_text(Path(data_dir), "valid", "tgt")
@@ -289,7 +286,6 @@ def _minutes_at(step: int, train_rows: list[dict]) -> float:
 
 
 def _count_params(model_cfg, data_dir: Path) -> int:
-    from ..data.prepare import vocabulary_size
 
     model_cfg.vocab_size = vocabulary_size(data_dir)
     with torch.device("meta"):

@@ -40,7 +40,10 @@ from .plan import (
     tune_rows,
     unstable,
 )
+from .report import load_results, render
 from .rows import pair_with_references, row_config, run_row, seed_matched
+from .table1 import measure_table1
+from .throughput import measure_throughput
 
 log = logging.getLogger("aiayn")
 
@@ -50,7 +53,6 @@ def planned(report_dir: Path, arch_seeds: int = 3) -> dict[str, int]:
     include the stability runs made so far, and the depth group's own reference when N=6 diverged;
     arch's its later seeds of the Transformer and of each other family's best. A quick report's
     rows (toy-sized, TINY) are the quick suite's."""
-    from .report import load_results
 
     results = load_results(Path(report_dir) / "results")
     quick = any(TINY.items() <= r.get("overrides", {}).items() for rs in results.values() for r in rs)
@@ -112,7 +114,6 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
               allow_mixed: bool = False, extra_seeds: int = 8) -> Path:
     """Run a suite (skipping finished rows, resuming interrupted ones) and render the report;
     extra_seeds: at most this many second-seed runs of Table 3's rows near the line."""
-    from .report import render
 
     if suite not in SUITES:
         raise ConfigError(f"unknown suite {suite!r}; choose from: {', '.join(SUITES)}")
@@ -168,7 +169,6 @@ def second_seeds(rows: list[Row], results: Path) -> list[Row]:
     """Table 3's seed rule on the finished rows: a seed-2 run of every row run once whose NLL change
     lies between 1 and 2.5 half-widths of its family's reference interval (plan.second_seed_distance),
     rows nearest the line first; finished ones stay in, so that a resumed suite picks the same ones."""
-    from .report import load_results
 
     rs = {r["row"]: r for r in load_results(results.parent).get("table3", [])}
     out = []
@@ -186,7 +186,6 @@ def second_seeds(rows: list[Row], results: Path) -> list[Row]:
 def arch_seeds(rows: list[Row], results: Path, seeds: int = 3) -> list[Row]:
     """Seeds 2..`seeds` of the Transformer and of the best finished model (lowest validation NLL) of
     each other family: recurrent and convolutional."""
-    from .report import load_results
 
     rs = {r["row"]: r for r in load_results(results.parent).get("arch", [])}
     best = [r for r in rows if r.group == "transformer"]
@@ -199,7 +198,6 @@ def arch_seeds(rows: list[Row], results: Path, seeds: int = 3) -> list[Row]:
 def _arch(suite: str, rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], only: list[str] | None,
           render_report, updates: int = 10, rounds: int = 3, seeds: int = 3) -> None:
     """The rows by updates, their clean throughput apart, and the paired tests against the Transformer."""
-    from .throughput import measure_throughput
 
     _run_rows(suite, rows, common, ctx, only, render_report)
     if suite == "arch" and (not only or ARCH_SEEDS in only):
@@ -233,7 +231,6 @@ def _quick(ctx: dict[str, Any], only: list[str] | None, render_report) -> None:
 
 
 def _table1(results: Path, quick: bool, device: str | None) -> None:
-    from .table1 import measure_table1
 
     out = measure_table1(ns=(16, 32, 64) if quick else (16, 32, 64, 128, 256, 512, 1024, 2048),
                          d=32 if quick else 512, repeats=1 if quick else 5, device=device)

@@ -21,7 +21,9 @@ import torch
 from torch import Tensor, nn
 
 from ..config import Config
+from ..data.batches import collate, make_batches
 from ..models.attention import MultiHeadAttention, attention
+from .machine import machine
 
 PAPER = {  # Table 1: complexity per layer / sequential operations / maximum path length
     "self-attention": "O(n²·d) / O(1) / O(1)",
@@ -157,7 +159,6 @@ def measure_table1(ns: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
                    ) -> dict:
     """Time, memory, sequential steps and path length per layer and n; log-log slopes (the report
     adds the quadratic fit, `quadratic_fit`)."""
-    from .machine import machine
 
     dev = torch.device(device or "cpu")
     torch.manual_seed(seed)
@@ -204,7 +205,6 @@ def flops_per_token(model: torch.nn.Module, data, cfg: Config, batches: int = 4)
     on the first batches of the validation split."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..data.batches import collate, make_batches
 
     total_flops, tokens = 0, 0
     device = next(model.parameters()).device

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..training.optim import noam_lr
 from .figures import _plot_curves, _valid_bleu
 from .plan import BLEU_MARGIN, NLL_MARGIN, diverged, unstable
 from .stats import SeedTest, Verdict, holm, judge, p_text, prediction_halfwidth, seed_test
@@ -166,7 +167,6 @@ def reference_words(refs: list[dict]) -> str:
 
 def schedule_words(r: dict) -> str:
     """The schedule a result trained with, from its recorded config (never from today's presets)."""
-    from ..training.optim import noam_lr
 
     t = (r.get("config") or {}).get("train")
     if not t:

@@ -17,8 +17,8 @@ def build_model(cfg: ModelConfig, pieces: list[str] | None = None) -> nn.Module:
     A config with §6.3's parser inputs is refused: parsing/model.py builds those (`build_any`).
     `pieces`, the vocabulary, is for builders that need it (the parser's)."""
     if cfg.parser_inputs:
-        raise ConfigError(f"model.{cfg.parser_inputs[0]} is an input of §6.3's parser: build or load it with "
-                          "aiayn.parsing (`aiayn parse`, aiayn.Parser.load)")
+        raise ConfigError(f"model.{cfg.parser_inputs[0]} is an input of §6.3's parser: parse with `aiayn parse` "
+                          "or aiayn.Parser.load (or build with aiayn.build_model)")
     if cfg.arch == "rnn":
         return RecurrentModel(cfg)
     if cfg.arch == "conv":

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..data.tokenizer import PAD
 from ..errors import AiaynError
+from ..files import atomic_write
 
 # The Penn Treebank's 45 tags. Id 0 is no tag (padding, end of sentence); any other label is OTHER.
 TAGSET = ("#", "$", "''", ",", "-LRB-", "-RRB-", ".", ":", "CC", "CD", "DT", "EX", "FW", "IN", "JJ", "JJR",
@@ -133,7 +134,6 @@ class SourceTagger:
 def write_tag_arrays(data_dir: Path, tagger: Tagger, known: dict[str, list[str]], pieces: list[str]) -> None:
     """`{split}.src.tag.npy` beside each prepared split's `src.tok.npy`: tag ids per subword, from
     `known` (words -> tags: the jackknifed training tags) where it holds the sentence, else `tagger`."""
-    from ..files import atomic_write
 
     for split in ("train", "valid"):
         tok = np.load(data_dir / f"{split}.src.tok.npy", mmap_mode="r")

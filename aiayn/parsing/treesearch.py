@@ -170,6 +170,7 @@ class Parser:
         for m, tagger in zip(members, taggers):
             if tagger is not None:  # a model.tag_input parser tags its words with the tagger it carries
                 attach_tagger(m, tagger, t.tokenizer)
+        t.model = t.model  # what search runs (a converted copy, say) is made again, with the taggers
         tagger = next((x for x in taggers if x is not None), None)
         return cls(t, tasks[0].get("linearization") == "words", free, tagger)
 

@@ -3,6 +3,7 @@ directory (config, provenance, metrics, checkpoints) and the random streams a re
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -10,7 +11,7 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from ..config import Config
 from ..device import cpu_label, huge_pages, native_bf16, pick_device
 from ..files import atomic_write
 from ..models.linear import kernel_cache, onednn_available, onednn_trains
+from ..version import __version__
 
 log = logging.getLogger("aiayn")
 progress_log = logging.getLogger("aiayn.progress")  # periodic loss lines: train.log only (tqdm shows them)
@@ -172,6 +174,38 @@ class LossWindow:
             self.start, self.step = self.start - float(seconds), int(saved["step"])
 
 
+@dataclass
+class Progress:
+    """Where a run stands (§5): updates, the data position, time, the best validation scores and
+    when it last validated and saved. Saved in each training state as the mapping it always was."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # batches of this epoch already used
+    elapsed: float = 0.0  # seconds of training
+    best_bleu: float = -1.0
+    best_loss: float = 1e9
+    stale: int = 0  # validations without improvement (train.patience)
+    batching: dict = field(default_factory=dict)  # what fixes the order of the batches (Trainer.batching)
+    validated_at: int | None = None  # the step of the last validation
+    saved_at: int | None = None  # the step of the last checkpoint
+
+    def to_dict(self) -> dict:
+        """The mapping a training state holds (the steps never reached left out, as before)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, saved: dict, batching: dict) -> Progress:
+        """A saved mapping (any aiayn's: older ones counted `cursor` updates, not batches), with this
+        run's `batching`; the saved batching is Trainer._check_batching's to compare."""
+        d = dict(saved)
+        was = d.get("batching", {})
+        if "batch" not in d:  # written before the position counted batches
+            d["batch"] = d.pop("cursor", 0) * was.get("world", 1) * was.get("update_freq", 1)
+        known = {f.name for f in dataclasses.fields(cls)} - {"batching"}
+        return cls(**{k: v for k, v in d.items() if k in known}, batching=batching)
+
+
 def check_state(saved: object, path: Path) -> None:
     """A training state holds the optimizer, the progress (step, epoch) and the random streams."""
     if not isinstance(saved, dict):
@@ -218,7 +252,7 @@ def main_thread() -> bool:
 
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     """The commit of the aiayn source tree, with "+dirty" for uncommitted changes; None outside git."""
     import subprocess
 
@@ -240,7 +274,6 @@ def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed
     import platform
     import sys
 
-    from ..version import __version__
 
     try:
         record = json.loads(path.read_text()) if resumed and path.exists() else {}
@@ -254,7 +287,7 @@ def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed
     record["data_dir"] = str(data_dir.resolve())
     record.setdefault("sessions", []).append({
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "resumed": resumed, "command": sys.argv,
-        "aiayn": __version__, "git": _git_commit(), "torch": torch.__version__,
+        "aiayn": __version__, "git": git_commit(), "torch": torch.__version__,
         "python": platform.python_version(), "device": str(env.device),
         "cpu": cpu_label() if env.device.type == "cpu" else None,
         "precision": cfg.train.precision, "precision_why": precision_why,

@@ -12,7 +12,7 @@ from ..checkpoint import (
     CheckpointError,
     list_checkpoints,
 )
-from ..config import Config, load_yaml
+from ..config import Config, apply_overrides, load_yaml
 from ..data.prepare import vocabulary_size
 from ..device import TRAIN_PRECISIONS, cpu_label, inductor_cache, resolve_precision
 from ..files import hold_data, lock_run
@@ -73,7 +73,6 @@ def _resumed(run: Run, data_dir: Path | None, overrides: dict | None) -> tuple[C
     newest training state (None before the first checkpoint)."""
     if not (run.path / "config.yaml").is_file() or not (run.path / "run.json").is_file():
         raise CheckpointError(f"{run.path}: not an aiayn run directory (no config.yaml and run.json)")
-    from ..config import apply_overrides
 
     cfg = load_yaml(run.path / "config.yaml")
     if "tokens_per_update" not in (yaml.safe_load((run.path / "config.yaml").read_text()).get("train") or {}):
@@ -126,8 +125,8 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
         if resume_from is not None:
             trainer.restore(resume_from, force_batching)
             if env.is_main:  # only once the checkpoint proved good: a refused resume changes nothing
-                old = "saved_at" not in trainer.state  # a checkpoint that does not say whether it was validated
-                run.forget_metrics_after(trainer.state["step"], validated=old or trainer.made("validated_at"))
+                old = trainer.progress.saved_at is None  # a checkpoint that does not say whether it was validated
+                run.forget_metrics_after(trainer.progress.step, validated=old or trainer.made("validated_at"))
                 run.save_config(cfg)
                 write_provenance(run.path / "run.json", Path(data_dir), cfg, env, True, trainer.per_update, why)
         _log_setup(trainer, cfg, env, why)

@@ -42,6 +42,7 @@ from .optim import make_optimizer, noam_lr
 from .runs import (
     Dist,
     LossWindow,
+    Progress,
     Run,
     check_state,
     main_thread,
@@ -64,7 +65,7 @@ class Trainer:
     """§5's loop for one run, in parts that read on their own: set-up (`__init__`, `restore`), one
     update (`update`), validation (`validate`), saving (`save`) and the stop decision (`agree`).
 
-    Progress (`state`) is the data position — epoch and batches consumed in it, so a different
+    Progress (`progress`, runs.Progress) is the data position — epoch and batches consumed in it, so a different
     world size or update_freq continues at exactly the same batch — the step, the elapsed time
     and the best validation scores. Stop and save decisions that depend on a clock or a signal
     are taken collectively, so DDP ranks always leave the loop at the same update.
@@ -82,8 +83,7 @@ class Trainer:
         self.train_data, self.valid_data = TokenData(data_dir, "train", tags), TokenData(data_dir, "valid", tags)
         self._batches: tuple[int, list[np.ndarray]] | None = None
         self.per_update = self._batches_per_update()
-        self.state: dict = {"step": 0, "epoch": 0, "batch": 0, "elapsed": 0.0, "best_bleu": -1.0,
-                            "best_loss": 1e9, "stale": 0, "batching": self.batching()}
+        self.progress = Progress(batching=self.batching())
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
         self.model = build_any(cfg.model, self.tokenizer.pieces_list()).to(env.device)
         seed_rank(cfg.train.seed, env.rank)  # a dropout stream per rank
@@ -141,39 +141,36 @@ class Trainer:
             self.optimizer.load_state_dict(saved["optimizer"])
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
             raise CheckpointError(f"{state_path}: the optimizer state does not fit this model ({e})") from None
-        progress = dict(saved["progress"])
-        was = progress.get("batching", {})
-        if "batch" not in progress:  # written before the position counted batches
-            progress["batch"] = progress.pop("cursor", 0) * was.get("world", 1) * was.get("update_freq", 1)
-        self.state.update({k: v for k, v in progress.items() if k != "batching"})
+        self.progress = Progress.from_dict(saved["progress"], self.batching())
+        was = saved["progress"].get("batching", {})
         self._check_batching(was, state_path, force_batching)
         rngs = saved["rng"] if isinstance(saved["rng"], list) else [saved["rng"]]
         if self.env.rank < len(rngs):
             set_rng_state(rngs[self.env.rank], self.env.device)
         else:  # more ranks than when the checkpoint was written: a fresh stream for this rank
-            torch.manual_seed(rank_seed(self.cfg.train.seed + self.state["step"], self.env.rank))
+            torch.manual_seed(rank_seed(self.cfg.train.seed + self.progress.step, self.env.rank))
         if len(rngs) != self.env.world:
             log.warning("the checkpoint holds the random streams of %d rank(s), this run has %d: "
                         "dropout masks will differ from an uninterrupted run", len(rngs), self.env.world)
-        self.window.restore(saved.get("window"), self.env.rank, self.env.world, self.state["step"])
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", weights_path.name, self.state["step"],
-                 self.state["epoch"], self.state["batch"])
+        self.window.restore(saved.get("window"), self.env.rank, self.env.world, self.progress.step)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", weights_path.name, self.progress.step,
+                 self.progress.epoch, self.progress.batch)
 
     def _check_batching(self, was: dict, state_path: Path, force: bool) -> None:
         now = self.batching()
         changed = [f"{what} was {was[k]} and is now {now[k]}" for k, what in _DATA_ORDER.items()
                    if k in was and was[k] != now[k]]
-        if changed and self.state["batch"] > 0:
+        if changed and self.progress.batch > 0:
             if not force:
                 raise CheckpointError(
                     f"cannot resume from {state_path}: {'; '.join(changed)}. The saved position (batch "
-                    f"{self.state['batch']} of epoch {self.state['epoch']}) has no exact place in the new "
+                    f"{self.progress.batch} of epoch {self.progress.epoch}) has no exact place in the new "
                     "batches. Resume with the old value, or pass --force-batching to continue from the start "
                     "of the next epoch with the new batching")
             log.warning("%s; --force-batching: continuing from the start of epoch %d",
-                        "; ".join(changed), self.state["epoch"] + 1)
-            self.state["epoch"] += 1
-            self.state["batch"] = 0
+                        "; ".join(changed), self.progress.epoch + 1)
+            self.progress.epoch += 1
+            self.progress.batch = 0
         g_was = was.get("per_update", was.get("world", 1) * was.get("update_freq", 1))
         if was and g_was != now["per_update"]:
             log.warning("batches per update were %d and are now %d: the data position is the same, each update "
@@ -181,35 +178,35 @@ class Trainer:
 
     # -- one update --------------------------------------------------------------------------
     def epoch_batches(self) -> list[np.ndarray]:
-        epoch = self.state["epoch"]
+        epoch = self.progress.epoch
         if self._batches is None or self._batches[0] != epoch:
             self._batches = (epoch, epoch_batches(self.train_data, self.cfg, epoch))
         return self._batches[1]
 
     def update(self) -> None:
         """One optimizer update on the epoch's next `per_update` batches, shared by the ranks (Eq. 3 lr)."""
-        t_cfg, env, state = self.cfg.train, self.env, self.state
+        t_cfg, env, state = self.cfg.train, self.env, self.progress
         batches = self.epoch_batches()
-        group = batches[state["batch"]:state["batch"] + self.per_update]
+        group = batches[state.batch:state.batch + self.per_update]
         total = int(sum(self.train_data.tgt_lens[b].sum() for b in group))
         mine = [(collate(self.train_data, b), w) for b, w in shard(group, env.rank, env.world)]
-        lr = noam_lr(state["step"] + 1, self.cfg.model.d_model, t_cfg.warmup_steps, t_cfg.lr_scale,
+        lr = noam_lr(state.step + 1, self.cfg.model.d_model, t_cfg.warmup_steps, t_cfg.lr_scale,
                      t_cfg.peak_lr)
         loss, nll = train_step(self.fwd_model, self.optimizer, mine, total, self.cfg, lr, env.world, env.device)
-        state["step"] += 1
-        state["batch"] += len(group)
+        state.step += 1
+        state.batch += len(group)
         self.window.add(loss, nll, total)
-        if state["step"] % t_cfg.log_every == 0:  # collective under DDP: every rank's losses are summed
+        if state.step % t_cfg.log_every == 0:  # collective under DDP: every rank's losses are summed
             self._log_training(lr)
-        if state["batch"] >= len(batches):
-            state["epoch"] += 1
-            state["batch"] = 0
-            log.info("epoch %d done at step %d", state["epoch"], state["step"])
+        if state.batch >= len(batches):
+            state.epoch += 1
+            state.batch = 0
+            log.info("epoch %d done at step %d", state.epoch, state.step)
 
     def _log_training(self, lr: float) -> None:
         """Loss and perplexity per target token of the updates since the last log (all ranks)."""
         (loss, nll, tokens, seconds), last_step = self.window.sums(), self.window.step
-        self.window = LossWindow(self.state["step"])
+        self.window = LossWindow(self.progress.step)
         if self.env.world > 1:
             t = torch.tensor([loss, nll], dtype=torch.float64,
                              device=self.env.device if self.env.device.type == "cuda" else "cpu")
@@ -218,10 +215,10 @@ class Trainer:
         if not self.env.is_main:
             return
         tok = max(tokens, 1)
-        rec = {"step": self.state["step"], "epoch": self.state["epoch"], "lr": lr, "loss": loss / tok,
+        rec = {"step": self.progress.step, "epoch": self.progress.epoch, "lr": lr, "loss": loss / tok,
                "nll": nll / tok, "ppl": math.exp(min(nll / tok, 50)), "tgt_tok_s": tokens / seconds,
-               "elapsed_s": self.state["elapsed"],
-               "tgt_tokens_per_update": tokens / max(1, self.state["step"] - last_step)}
+               "elapsed_s": self.progress.elapsed,
+               "tgt_tokens_per_update": tokens / max(1, self.progress.step - last_step)}
         self.run.metrics(rec)
         progress_log.info("step %d epoch %d loss %.4f ppl %.2f lr %.3g %.0f target tok/s %.0f target tokens/update",
                           rec["step"], rec["epoch"], rec["loss"], rec["ppl"], lr, rec["tgt_tok_s"],
@@ -238,32 +235,32 @@ class Trainer:
     def validate(self) -> bool:
         """Validation loss/perplexity (and greedy BLEU); True when it is the best so far. Collective:
         every rank validates its share and holds the same result; rank 0 records it."""
-        state, began = self.state, time.perf_counter()
+        state, began = self.progress, time.perf_counter()
         metrics = validate(self.model, self.valid_data, self.cfg, self.env.device, self.env)
         if self.v_src:
             metrics["valid_bleu"] = valid_bleu(self.model, self.tokenizer, self.v_src, self.v_ref, self.cfg,
                                                self.env.device, self.env)
-            better = metrics["valid_bleu"] > state["best_bleu"]
+            better = metrics["valid_bleu"] > state.best_bleu
         else:
-            better = metrics["valid_loss"] < state["best_loss"]
-        state["best_bleu"] = max(state["best_bleu"], metrics.get("valid_bleu", -1))
-        state["best_loss"] = min(state["best_loss"], metrics["valid_loss"])
-        state["stale"] = 0 if better else state.get("stale", 0) + 1  # validations without improvement
-        state["validated_at"] = state["step"]
+            better = metrics["valid_loss"] < state.best_loss
+        state.best_bleu = max(state.best_bleu, metrics.get("valid_bleu", -1))
+        state.best_loss = min(state.best_loss, metrics["valid_loss"])
+        state.stale = 0 if better else state.stale + 1  # validations without improvement
+        state.validated_at = state.step
         self.window.pause(time.perf_counter() - began)
         if not self.env.is_main:
             return better
-        self.run.metrics({"step": state["step"], "epoch": state["epoch"], **metrics})
-        log.info("validation step %d: %s", state["step"], " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        self.run.metrics({"step": state.step, "epoch": state.epoch, **metrics})
+        log.info("validation step %d: %s", state.step, " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
         if self.tb:
             for key, v in metrics.items():
-                self.tb.add_scalar(key, v, state["step"])
+                self.tb.add_scalar(key, v, state.step)
         return better
 
     # -- saving ------------------------------------------------------------------------------
     def save(self, best: bool = False) -> None:
         """Collective: every rank hands its RNG state to rank 0, which writes the checkpoint."""
-        self.state["saved_at"] = self.state["step"]
+        self.progress.saved_at = self.progress.step
         mine = (rng_state(self.env.device), self.window.sums())
         if self.env.world > 1:
             ranks: list | None = [None] * self.env.world if self.env.is_main else None
@@ -274,16 +271,16 @@ class Trainer:
             return
         rngs = [r[0] for r in ranks]
         window = {"step": self.window.step, "ranks": [r[1] for r in ranks]}
-        state, run = self.state, self.run
-        name = f"step-{state['step']:08d}"
+        state, run = self.progress, self.run
+        name = f"step-{state.step:08d}"
         tensors = model_tensors(self.model)
-        save_weights(run.ckpt_dir / f"{name}.safetensors", tensors, self.cfg, self.tokenizer, state["step"],
+        save_weights(run.ckpt_dir / f"{name}.safetensors", tensors, self.cfg, self.tokenizer, state.step,
                      self.task)
         save_state(run.ckpt_dir / f"{name}.state.pt",
-                   {"optimizer": self.optimizer.state_dict(), "progress": dict(state), "rng": rngs,
+                   {"optimizer": self.optimizer.state_dict(), "progress": state.to_dict(), "rng": rngs,
                     "window": window})
         if best:
-            save_weights(run.ckpt_dir / "best.safetensors", tensors, self.cfg, self.tokenizer, state["step"],
+            save_weights(run.ckpt_dir / "best.safetensors", tensors, self.cfg, self.tokenizer, state.step,
                          self.task)
         for old in list_checkpoints(run.path)[:-self.cfg.train.keep_last]:
             old.unlink(missing_ok=True)
@@ -294,8 +291,8 @@ class Trainer:
         """best.safetensors alone (rank 0; weights are the same on every rank)."""
         if self.env.is_main:
             save_weights(self.run.ckpt_dir / "best.safetensors", model_tensors(self.model), self.cfg,
-                         self.tokenizer, self.state["step"], self.task)
-            log.info("saved best.safetensors (step %d)", self.state["step"])
+                         self.tokenizer, self.progress.step, self.task)
+            log.info("saved best.safetensors (step %d)", self.progress.step)
 
     # -- the stop decision -------------------------------------------------------------------
     def agree(self, save_wish: bool, early_stop: bool = False) -> tuple[bool, bool, bool]:
@@ -311,23 +308,23 @@ class Trainer:
                              dtype=torch.float64, device=self.env.device if self.env.device.type == "cuda" else "cpu")
             dist.all_reduce(t)
             elapsed, save_wish, signalled, early_stop = float(t[0]), bool(t[1] > 0), float(t[2]), bool(t[3] > 0)
-        self.state["elapsed"] = elapsed
+        self.progress.elapsed = elapsed
         stop = signalled > 0
         return save_wish or stop or early_stop, stop, early_stop
 
     def made(self, what: str) -> bool:
         """Whether this step's validation ("validated_at") or checkpoint ("saved_at") is made."""
-        return self.state.get(what) == self.state["step"]
+        return getattr(self.progress, what) == self.progress.step
 
     def stopped_early(self) -> bool:
         p = self.cfg.train.patience
-        return bool(p and self.state.get("stale", 0) >= p)
+        return bool(p and self.progress.stale >= p)
 
     def finished(self) -> bool:
-        t_cfg, state = self.cfg.train, self.state
+        t_cfg, state = self.cfg.train, self.progress
         limit_s = t_cfg.max_minutes * 60
-        return bool(state["step"] >= t_cfg.max_steps or (t_cfg.max_epochs and state["epoch"] >= t_cfg.max_epochs)
-                    or (limit_s and state["elapsed"] >= limit_s) or self.stopped_early())
+        return bool(state.step >= t_cfg.max_steps or (t_cfg.max_epochs and state.epoch >= t_cfg.max_epochs)
+                    or (limit_s and state.elapsed >= limit_s) or self.stopped_early())
 
     def _on_signal(self, signum, frame) -> None:
         if self.signal is not None and signum == signal.SIGINT:
@@ -343,11 +340,11 @@ class Trainer:
     def loop(self) -> dict:
         """Update until a limit is reached; on SIGTERM/SIGINT, checkpoint at the update boundary
         (a state that resumes exactly) and raise KeyboardInterrupt."""
-        t_cfg, state, env = self.cfg.train, self.state, self.env
+        t_cfg, state, env = self.cfg.train, self.progress, self.env
         limit_s = t_cfg.max_minutes * 60
         self.bar = tqdm(total=int(limit_s) if limit_s else t_cfg.max_steps, unit="s" if limit_s else "step",
                         disable=not env.is_main, dynamic_ncols=True)
-        self.start = time.perf_counter() - state["elapsed"]
+        self.start = time.perf_counter() - state.elapsed
         self.tb = self.run.tensorboard() if env.is_main else None
         last_save = time.perf_counter()
         handlers = {}
@@ -357,14 +354,14 @@ class Trainer:
             while not self.finished():
                 self.update()
                 better = False
-                if t_cfg.valid_every and state["step"] % t_cfg.valid_every == 0:  # collective
+                if t_cfg.valid_every and state.step % t_cfg.valid_every == 0:  # collective
                     better = self.validate()
                 now = time.perf_counter()
                 # Interval checkpoints (§6.1) keep their spacing: a better validation score writes
                 # best.safetensors only, never a step checkpoint that would push one out of the rotation.
-                wish = bool(t_cfg.save_every and state["step"] % t_cfg.save_every == 0) or bool(
+                wish = bool(t_cfg.save_every and state.step % t_cfg.save_every == 0) or bool(
                     t_cfg.save_every_minutes and now - last_save >= t_cfg.save_every_minutes * 60)
-                early = bool(self.made("validated_at") and t_cfg.patience and state["stale"] >= t_cfg.patience)
+                early = bool(self.made("validated_at") and t_cfg.patience and state.stale >= t_cfg.patience)
                 save, stop, early = self.agree(wish, early)
                 if save:
                     self.save(best=better)
@@ -372,13 +369,13 @@ class Trainer:
                 elif better:
                     self.save_best()
                 if stop:
-                    log.warning("stopped by a signal at step %d; checkpoint written", state["step"])
+                    log.warning("stopped by a signal at step %d; checkpoint written", state.step)
                     raise KeyboardInterrupt
                 if early:
                     log.info("early stopping at step %d: %d validations without improvement (train.patience)",
-                             state["step"], state["stale"])
+                             state.step, state.stale)
                     break
-                self.bar.n = int(state["elapsed"]) if limit_s else state["step"]
+                self.bar.n = int(state.elapsed) if limit_s else state.step
             # the last step's validation and checkpoint, unless made already: by this process, or by the one
             # that wrote the checkpoint a finished run resumes from (such a resume then changes nothing)
             better = self.validate() if not self.made("validated_at") and not self.stopped_early() else False
@@ -386,8 +383,8 @@ class Trainer:
                 self.save(best=better)
             elif better:
                 self.save_best()
-            log.info("finished at step %d, epoch %d, %.1f minutes", state["step"], state["epoch"],
-                     state["elapsed"] / 60)
+            log.info("finished at step %d, epoch %d, %.1f minutes", state.step, state.epoch,
+                     state.elapsed / 60)
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)
@@ -396,4 +393,4 @@ class Trainer:
                 self.tb.close()
         if env.world > 1:
             dist.barrier()
-        return state
+        return state.to_dict()
