@@ -44,7 +44,7 @@ def never_ending_model(data: Path, path: Path, size: dict) -> Path:
         setattr(cfg.model, k, v)
     torch.manual_seed(0)
     model = Transformer(cfg.model)
-    with torch.no_grad():  # EOS's logit is -d_model whatever the input (see tests/test_serve_load.py)
+    with torch.no_grad():  # EOS's logit is -d_model whatever the input (see tests/serve/test_serve_load.py)
         model.decoder[-1].res_ffn.norm.bias.fill_(1.0)
         model.out_proj.weight[EOS].fill_(-1.0)
     save_weights(path, model_tensors(model), cfg, tok, 0)

@@ -1,4 +1,5 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,7 @@ def check_baseline_toolkit(ckpt, toy_prepared, tmp_path, capsys, maps: tuple[str
     ref = (toy_prepared / "valid.de.txt").read_text().splitlines()
     out = tmp_path / "hyp.txt"
     # fp32: the recurrent model's bf16 batches are not yet equal to one by one (rounding in the
-    # padded, packed encoder); the Transformer's are (tests/test_inference.py)
+    # padded, packed encoder); the Transformer's are (tests/decode/test_inference.py)
     assert main(["translate", "--checkpoint", str(ckpt), "--input", str(toy_prepared / "valid.en.txt"),
                  "--output", str(out), "--ref", str(toy_prepared / "valid.de.txt"), "--precision", "fp32"]) == 0
     hyps = out.read_text().splitlines()
@@ -190,3 +191,25 @@ def check_grouped_cache(m, vocab: int = 23) -> None:
     grouped.reorder(torch.tensor([3, 4, 5]), torch.tensor([1]))  # sentence 0 finished
     single.reorder(torch.tensor([3, 4, 5]), torch.tensor([3, 4, 5]))
     assert torch.allclose(m.decode_step(toks[0][3:], grouped), m.decode_step(toks[0][3:], single), atol=1e-6)
+
+
+# -- shared by the tests that run aiayn in another process -----------------------------------------
+STEPS = 40
+TINY = ["--model.d_model", "32", "--model.d_ff", "64", "--model.h", "4", "--model.N", "2", "--model.p_drop", "0.1",
+        "--model.max_positions", "128", "--data.max_tokens", "400", "--train.warmup_steps", "20",
+        "--train.lr_scale", "0.5", "--train.valid_every", "0", "--train.valid_bleu_sentences", "0",
+        "--train.save_every_minutes", "0", "--train.save_every", "5", "--train.log_every", "4",
+        "--train.threads", "1", "--train.tokens_per_update", "0", "--train.max_steps", str(STEPS)]
+
+
+def aiayn(*args: str) -> list[str]:
+    return [sys.executable, "-m", "aiayn", *args]
+
+
+def tiny_treebank(folder: Path) -> Path:
+    trees = ["( (S (NP-SBJ (DT The) (NN dog)) (VP (VBZ runs)) (. .)) )",
+             "( (S (NP-SBJ (DT A) (NN cat)) (VP (VBZ sits) (PP (IN on) (NP (DT the) (NN mat)))) (. .)) )",
+             "( (S (NP-SBJ (NNP Bob)) (VP (VBD saw) (NP (DT a) (NN dog))) (. .)) )"]
+    for name, reps in (("wsj_0001.mrg", 30), ("wsj_0002.mrg", 30), ("wsj_0165.mrg", 1), ("wsj_0190.mrg", 1)):
+        (folder / name).write_text("\n".join(trees * reps) + "\n")
+    return folder

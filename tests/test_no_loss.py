@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_resume import TINY, aiayn
+from conftest import TINY, aiayn
 
 from aiayn.config import Config
 from aiayn.data import prepare as data_module

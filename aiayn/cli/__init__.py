@@ -10,7 +10,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from ..errors import AiaynError
-from . import apps, decoding, evidence, prepare, training
+from . import analysis, decoding, evidence, prepare, serving, training
 
 log = logging.getLogger("aiayn")
 
@@ -18,10 +18,9 @@ log = logging.getLogger("aiayn")
 VERBS = {
     "params": training.add_params, "prepare": prepare.add_prepare, "train": training.add_train,
     "average": training.add_average, "translate": decoding.add_translate, "tune": decoding.add_tune,
-    "shortlist": prepare.add_shortlist,
-    "score": decoding.add_score, "parse": decoding.add_parse, "plot": apps.add_plot, "heads": apps.add_heads,
-    "serve": apps.add_serve,
-    "export": apps.add_export, "config": training.add_config, "reproduce": evidence.add_reproduce,
+    "shortlist": prepare.add_shortlist, "score": decoding.add_score, "parse": decoding.add_parse,
+    "plot": analysis.add_plot, "heads": analysis.add_heads, "serve": serving.add_serve, "export": serving.add_export,
+    "config": training.add_config, "reproduce": evidence.add_reproduce,
 }
 
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import requires_vnni
+from test_fusedstep import sources, toy
 
 from aiayn.decode.fused import FusedDecoder
 from aiayn.decode.search import beam_search, greedy_search
 from aiayn.decode.shortlist import Shortlist, ShortlistDecoder, ShortlistError, _pairs, build, vocabulary_id
 from aiayn.decode.translator import cast_bf16, quantize_int8
 from aiayn.device import int8_products
-from tests.test_fusedstep import sources, toy
 
 
 @pytest.mark.parametrize("max_pairs,stride", [(0, 1), (200, 2), (150, 3)])

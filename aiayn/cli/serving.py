@@ -1,4 +1,4 @@
-"""`aiayn plot`, `serve`, `export`: the ways out of a trained model."""
+"""`aiayn serve`, `export`: a trained model over HTTP, or as Marian / CTranslate2 files."""
 
 from __future__ import annotations
 
@@ -8,73 +8,13 @@ import math
 import os
 from pathlib import Path
 
-from ..files import check_output_file, check_output_folder
+from ..files import check_output_folder
 from .common import (
     UserError,
     refuse_parser,
 )
 
 log = logging.getLogger("aiayn")
-
-
-def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
-    """Attention maps (Figures 3-5) or training curves."""
-    from ..analysis.plot import plot_attention, plot_curves
-    from ..decode.translator import attention_data
-
-    if args.what == "curves":
-        if not args.run_dir:
-            raise UserError("plot curves needs a RUN_DIR")
-        check_output_file(args.output)
-        try:
-            out = plot_curves(Path(args.run_dir), Path(args.output))
-        except (FileNotFoundError, ValueError) as e:
-            raise UserError(str(e)) from None
-        print(f"wrote {out}")
-        return
-    if not args.checkpoint or args.src is None:
-        raise UserError("plot attention needs --checkpoint FILE and --src SENTENCE")
-    if not args.src.strip():
-        raise UserError("--src is empty")
-    from ..analysis.plot import ATTENTION_MAPS
-    from ..checkpoint import load_checkpoint
-    from ..parsing.model import build_any
-
-    check_output_folder(args.output, ATTENTION_MAPS)  # before the model is loaded and run
-    model, cfg, tokenizer, _ = load_checkpoint(Path(args.checkpoint), build=build_any)
-    data = attention_data(model, tokenizer, args.src, args.tgt, cfg.decode)
-    files = plot_attention(data, Path(args.output))
-    print(f"target: {data.translation}")
-    print(f"wrote {len(files)} files to {args.output}")
-
-
-def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
-    """What the attention heads do: importance, roles, pruning (validation split only)."""
-    from ..analysis.heads_report import HEADS, measure, write
-
-    for name in ("sentences", "bleu_sentences"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    check_output_folder(args.output, HEADS)  # before minutes of measuring
-    if not Path(args.checkpoint).is_file():
-        raise UserError(f"--checkpoint {args.checkpoint}: no such file")
-    try:
-        result = measure(Path(args.checkpoint), Path(args.data), args.sentences, args.bleu_sentences, args.seed,
-                         Path(args.treebank) if args.treebank else None)
-    except (ValueError, OSError) as e:
-        raise UserError(str(e)) from None
-    out = write(result, Path(args.output))
-    r = result["removable_at_0.5_bleu"]
-    print(f"full model: valid NLL {result['valid_nll']:.4f}, BLEU {result['pruning']['importance'][0]['bleu']:.2f} "
-          f"({result['bleu_sentences']} sentences); heads removable at <= 0.5 BLEU: {r['importance']} by importance, "
-          f"{r['random']} at random; rank correlation of ablation and gradient importance "
-          f"{result['spearman_ablation_gradient']:.2f}")
-    if result["syntactic"]:
-        s = result["syntactic"]
-        best = max(max(row) for row in s["accuracy"])
-        print(f"syntactic role: the best encoder head finds the head word of {best:.1%} of {s['arcs']} dependents; "
-              f"the best fixed offset ({s['baseline_offset']:+d}) {s['baseline_accuracy']:.1%}")
-    print(f"wrote {out}")
 
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
@@ -121,33 +61,6 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
             print(f"wrote {out} (load with ctranslate2.Translator; subwords with {out}/source.spm)")
     except ExportError as e:
         raise UserError(str(e)) from None
-
-
-def add_plot(sub) -> None:
-    """`aiayn plot` and its flags."""
-    p = sub.add_parser("plot", help="attention maps or training curves")
-    p.add_argument("what", choices=["attention", "curves"])
-    p.add_argument("run_dir", nargs="?", help="run folder (curves; or --run-dir)")
-    p.add_argument("--run-dir", "--run", dest="run_dir_flag", help="run folder (curves)")
-    p.add_argument("--checkpoint", help="model file (attention)")
-    p.add_argument("--src", help="source sentence (attention)")
-    p.add_argument("--tgt", help="force this target (teacher forcing); default: the model's translation")
-    p.add_argument("-o", "--output", required=True, help="folder (attention) or .png file (curves)")
-    p.set_defaults(func=cmd_plot)
-
-
-def add_heads(sub) -> None:
-    """`aiayn heads` and its flags."""
-    p = sub.add_parser("heads", help="what the attention heads do: importance, roles, pruning (validation)")
-    p.add_argument("--checkpoint", required=True, help="model file (.safetensors)")
-    p.add_argument("--data", required=True, help="prepared data folder (its validation split is used)")
-    p.add_argument("--sentences", type=int, default=200, help="validation sentences for the role statistics")
-    p.add_argument("--bleu-sentences", type=int, default=100, help="validation sentences for BLEU while pruning")
-    p.add_argument("--seed", type=int, default=1, help="the random pruning order (the control)")
-    p.add_argument("--treebank", help="Penn Treebank .mrg folder or NLTK's treebank.zip: the encoder's syntactic "
-                                      "role against dependency arcs of its development trees (English sources)")
-    p.add_argument("-o", "--output", required=True, help="folder for heads.json and pictures")
-    p.set_defaults(func=cmd_heads)
 
 
 def add_serve(sub) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_treebank
 from safetensors.torch import save_file
 
 from aiayn.checkpoint import CheckpointError, read_weights
@@ -32,7 +33,7 @@ from aiayn.parsing.trees import (
 )
 from aiayn.parsing.treesearch import Parser, TreeSearch
 
-SAMPLE = Path(__file__).resolve().parents[2] / "shared/data/ptb-sample/treebank.zip"
+SAMPLE = Path(__file__).resolve().parents[3] / "shared/data/ptb-sample/treebank.zip"
 
 
 def one(text):
@@ -143,15 +144,6 @@ def test_right_branching_baseline():
 
 
 # -- end to end ------------------------------------------------------------------------------------
-def tiny_treebank(folder: Path) -> Path:
-    trees = ["( (S (NP-SBJ (DT The) (NN dog)) (VP (VBZ runs)) (. .)) )",
-             "( (S (NP-SBJ (DT A) (NN cat)) (VP (VBZ sits) (PP (IN on) (NP (DT the) (NN mat)))) (. .)) )",
-             "( (S (NP-SBJ (NNP Bob)) (VP (VBD saw) (NP (DT a) (NN dog))) (. .)) )"]
-    for name, reps in (("wsj_0001.mrg", 30), ("wsj_0002.mrg", 30), ("wsj_0165.mrg", 1), ("wsj_0190.mrg", 1)):
-        (folder / name).write_text("\n".join(trees * reps) + "\n")
-    return folder
-
-
 def aiayn(*args):
     return subprocess.run([sys.executable, "-m", "aiayn", *map(str, args)], capture_output=True, text=True,
                           timeout=300)
@@ -431,7 +423,7 @@ def test_ptb_script_trains_members_side_by_side_and_parses_with_their_ensemble(t
     once, each averaged, both splits parsed by their ensemble into trees over exactly the words, then scored."""
     import os
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     (tmp_path / "tb").mkdir()
     env = {**{k: v for k, v in os.environ.items() if k != "MEMBERS"}, "TREEBANK": str(tiny_treebank(tmp_path / "tb")),
            "RUN": str(tmp_path / "run"), "DATA": str(tmp_path / "data")}

@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_treebank
 from safetensors.torch import save_file
-from test_parse import aiayn, tiny_treebank
+from test_parse import aiayn
 
 from aiayn.checkpoint import CheckpointError, load_checkpoint, read_weights
 from aiayn.config import ConfigError, ModelConfig

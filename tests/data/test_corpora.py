@@ -152,7 +152,7 @@ def test_wmt14_script_refuses_a_cpu_and_runs_end_to_end_when_allowed(archives, t
     import os
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "AIAYN_ALLOW_CPU"}
     env.update(AIAYN_CACHE=str(tmp_path / "cache"), AIAYN_WMT14=str(archives), AIAYN_TRUST_LOCAL="1",
                DATA=str(tmp_path / "data"), RUN=str(tmp_path / "run"), PATH=f"{tmp_path}:{env['PATH']}")

@@ -19,22 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import tiny_config
+from conftest import STEPS, TINY, aiayn, tiny_config, tiny_treebank
 
 from aiayn.checkpoint import list_checkpoints, read_weights
 from aiayn.data.batches import TokenData
 from aiayn.training.step import epoch_batches
-
-STEPS = 40
-TINY = ["--model.d_model", "32", "--model.d_ff", "64", "--model.h", "4", "--model.N", "2", "--model.p_drop", "0.1",
-        "--model.max_positions", "128", "--data.max_tokens", "400", "--train.warmup_steps", "20",
-        "--train.lr_scale", "0.5", "--train.valid_every", "0", "--train.valid_bleu_sentences", "0",
-        "--train.save_every_minutes", "0", "--train.save_every", "5", "--train.log_every", "4",
-        "--train.threads", "1", "--train.tokens_per_update", "0", "--train.max_steps", str(STEPS)]
-
-
-def aiayn(*args: str) -> list[str]:
-    return [sys.executable, "-m", "aiayn", *args]
 
 
 def start_training(prep: Path, run: Path, extra: tuple[str, ...] = ()) -> list[str]:
@@ -269,7 +258,7 @@ def test_torchrun_ranks_have_their_own_dropout_and_resume_exactly(toy_prepared, 
 def test_soak_short_form(toy_prepared, tmp_path):
     """bench/soak_resume.py --short: 3 SIGKILLs (one mid-write), 0 corrupt checkpoints, same final tensors
     and the same training log."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "soak_resume.py"
+    script = Path(__file__).resolve().parents[2] / "bench" / "soak_resume.py"
     res = subprocess.run([sys.executable, str(script), "--short", "--data", str(toy_prepared), "--work",
                           str(tmp_path / "soak")], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -362,8 +351,6 @@ def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(
 def test_a_pointer_parser_resumes_bit_identically_after_sigkill(tmp_path):
     """§6.3's parser (words as leaves, model.pointer_input, depth_input and tag_input): SIGKILL, resume in a new
     process, the same final tensors and the parse task and tagger in the metadata as an uninterrupted run."""
-    from test_parse import tiny_treebank
-
     (tmp_path / "tb").mkdir()
     prep = tmp_path / "prep"
     subprocess.run(aiayn("prepare", "--task", "parse", "--treebank", str(tiny_treebank(tmp_path / "tb")), "-o",
@@ -381,7 +368,7 @@ def test_a_pointer_parser_resumes_bit_identically_after_sigkill(tmp_path):
     assert extra == {"task": "parse", "linearization": "words"}
 
 
-OLD_PARSER_RUN = Path(__file__).parent / "fixtures" / "parser-run-d7d636a"
+OLD_PARSER_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "parser-run-d7d636a"
 OLD_PARSER_FLAGS = ("--preset", "parse", "--model.d_model", "16", "--model.d_ff", "32", "--model.h", "2",
                     "--model.N", "1", "--model.p_drop", "0.1", "--model.max_positions", "128",
                     "--data.max_tokens", "400",
@@ -395,8 +382,6 @@ def test_a_parser_run_written_before_parser_model_resumes_bit_identically(tmp_pa
     """A run folder of commit d7d636a, when the parser's inputs lived in model.py (tests/fixtures): today's
     code loads its checkpoint as a ParserTransformer and resumes it, and the end equals a run started today
     from scratch, bit for bit: the parameters keep their names, order and initialization, Adam its state."""
-    from test_parse import tiny_treebank
-
     from aiayn.checkpoint import load_checkpoint
     from aiayn.parsing.model import ParserTransformer, build_any
 

@@ -153,5 +153,5 @@ def test_the_readme_trains_the_conv_preset_from_the_command_line(toy_prepared, t
                  "--train.valid_bleu_sentences", "0", "--data.max_tokens", "400"]) == 0
     model, cfg, _, step = load_checkpoint(list_checkpoints(run)[-1])
     assert isinstance(model, ConvS2S) and step == 3 and cfg.train.clip_norm == 0.1
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert "--preset multi30k-conv" in readme

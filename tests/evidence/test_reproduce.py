@@ -170,7 +170,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
 
 def test_the_committed_report_renders_byte_for_byte(tmp_path):
     """docs/reproduction/REPORT.md is what --render-only makes of the committed results (issue #27)."""
-    docs = Path(__file__).resolve().parents[1] / "docs" / "reproduction"
+    docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction"
     shutil.copytree(docs / "results", tmp_path / "results")
     p = reproduce("--suite", "table3", "--render-only", "--report", tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -403,7 +403,7 @@ def test_recurrent_encoder_flops_formula_matches_a_counted_cell_loop():
 
 
 def test_reproduce_command_is_in_the_readme():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert "aiayn reproduce --suite quick" in readme and "docs/reproduction/REPORT.md" in readme
 
 
@@ -484,7 +484,7 @@ def test_the_progress_line_counts_the_arch_seeds_and_names_suites_not_run(tmp_pa
     assert planned(tmp_path)["arch"] == 5 + 3 * 2
     results = tmp_path / "results" / "arch"
     results.mkdir(parents=True)
-    src = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "results" / "arch"
+    src = Path(__file__).resolve().parents[2] / "docs" / "reproduction" / "results" / "arch"
     files = sorted(src.glob("*.json"))[:2]
     for f in files:
         shutil.copy(f, results / f.name)
@@ -560,7 +560,7 @@ def test_the_arch_section_names_a_reused_run(tmp_path):
     """A row counted from another suite's identical run says so under the table."""
     from aiayn.evidence.report import arch_section
 
-    src = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "results" / "arch"
+    src = Path(__file__).resolve().parents[2] / "docs" / "reproduction" / "results" / "arch"
     rs = [json.loads((src / f"{n}.json").read_text()) for n in ("transformer", "transformer-s2")]
     plain = "\n".join(arch_section(rs, None, tmp_path))
     rs[1]["reused"] = "table3/ref-s2"
