@@ -283,6 +283,7 @@ def test_catalog_is_large_enough():
     assert len(CLI_CASES) >= 20 and len({c[0] for c in CLI_CASES}) == len(CLI_CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,argv,fragments", CLI_CASES, ids=[c[0] for c in CLI_CASES])
 def test_cli_bad_input(cli_results, name, argv, fragments):
     res, before, after = cli_results[name]

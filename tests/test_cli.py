@@ -25,6 +25,7 @@ def trained(toy_corpus, tmp_path_factory):
     return work, prep
 
 
+@pytest.mark.slow
 def test_translate_and_score_agree_with_sacrebleu(trained, capsys):
     work, prep = trained
     hyp, ref = work / "hyp.txt", prep / "test.de.txt"
@@ -41,6 +42,7 @@ def test_translate_and_score_agree_with_sacrebleu(trained, capsys):
     assert expected > 20  # the toy task is word-for-word: the model must have learned it
 
 
+@pytest.mark.slow
 def test_translate_stdin_nbest_and_greedy(trained, tmp_path):
     work, _ = trained
     cmd = [sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(work / "avg.safetensors")]
@@ -70,6 +72,7 @@ def test_translate_with_several_checkpoints_decodes_their_ensemble(trained, tmp_
     assert main(["translate", "--checkpoint", avg, str(tmp_path / "none.safetensors"), "-i", src]) == 2
 
 
+@pytest.mark.slow
 def test_output_into_a_closed_pipe_is_not_a_traceback(trained):
     """`aiayn translate ... | head -1`: the reader leaves early; aiayn stops quietly (exit 141,
     as a shell reports SIGPIPE) instead of printing a BrokenPipeError traceback."""

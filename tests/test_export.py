@@ -35,6 +35,7 @@ def exported(toy_prepared, tmp_path_factory):
     return model, tok, hf, transformers.MarianTokenizer.from_pretrained(d / "hf"), ckpt
 
 
+@pytest.mark.slow
 def test_logits_equal_on_random_batches(exported):
     model, tok, hf, _, _ = exported
     g = torch.Generator().manual_seed(1)

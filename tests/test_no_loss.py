@@ -36,6 +36,7 @@ def splits(corpus: Path) -> dict:
     return {name: (corpus / f"{name}.en", corpus / f"{name}.de") for name in ("train", "valid", "test")}
 
 
+@pytest.mark.slow
 def test_a_second_trainer_and_a_prepare_are_refused_while_a_run_trains(toy_corpus, toy_prepared, tmp_path):
     """Trainer A holds its run and its data. B (`train --resume`) and `prepare` into A's data are
     refused with A's PID and change nothing; A is then SIGKILLed before its first checkpoint, and the

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 PYTHON_DOC = README.parent / "docs" / "python.md"
 TINY = ["--model.d_model", "32", "--model.d_ff", "64", "--model.N", "1", "--train.max_steps", "30",
@@ -30,6 +32,7 @@ def workspace(toy_corpus, tmp_path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_own_data_commands_run_as_written(toy_corpus, tmp_path):
     cwd = workspace(toy_corpus, tmp_path)
     commands = block("readme-own-data").replace("\\\n", " ").splitlines()
@@ -46,6 +49,7 @@ def test_own_data_commands_run_as_written(toy_corpus, tmp_path):
     assert "BLEU" in p.stdout
 
 
+@pytest.mark.slow
 def test_python_block_runs_as_written(toy_corpus, tmp_path):
     cwd = workspace(toy_corpus, tmp_path)
     code = block("readme-python", PYTHON_DOC).replace("vocab_size=8000", "vocab_size=60")

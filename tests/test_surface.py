@@ -115,6 +115,7 @@ def test_train_help_lists_every_key():
 
 
 # -- one flag vocabulary --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_flags_are_spelled_the_same_in_every_verb(ckpt, toy_corpus, toy_prepared, tmp_path):
     p = aiayn_cli("--version")
     assert p.returncode == 0 and p.stdout.startswith(f"aiayn {aiayn.__version__}")
@@ -143,6 +144,7 @@ def test_translate_errors_name_the_flag(ckpt, args, message):
 
 
 # -- runs record how they were made --------------------------------------------------------------------
+@pytest.mark.slow
 def test_run_json_and_train_log_record_the_run(toy_prepared, tmp_path):
     run = tmp_path / "run"
     p = aiayn_cli("train", "--data", toy_prepared, "--run-dir", run, "--model.d_model", "32", "--model.d_ff", "64",

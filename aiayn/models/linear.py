@@ -61,7 +61,6 @@ def onednn_trains() -> bool:
     MKL's; on an AVX2 CPU (device.cpu_flags, so ONEDNN_MAX_CPU_ISA=AVX2 too) no faster end to end, and
     the weight gradient's transposed operands cost oneDNN copies: 230 MB more at the peak of a
     `multi30k` step there (bench/README.md), so training takes F.linear. Decoding keeps oneDNN."""
-
     return "avx512f" in cpu_flags()
 
 

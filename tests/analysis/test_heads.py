@@ -242,6 +242,7 @@ def test_word_attention_and_dependency_hits_by_hand():
     assert n == 1 and hits.tolist() == [1.0]  # word 0's best other word is word 1 (ties to the first)
 
 
+@pytest.mark.slow
 def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys, monkeypatch, caplog):
     import json
     import logging

@@ -148,6 +148,7 @@ def test_missing_archive_member_or_language_gets_a_clear_error(archives, tmp_pat
         fetch_wmt14("en", "fr", tmp_path / "cache", archives)
 
 
+@pytest.mark.slow
 def test_wmt14_script_refuses_a_cpu_and_runs_end_to_end_when_allowed(archives, tmp_path):
     import os
     import subprocess

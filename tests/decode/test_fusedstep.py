@@ -131,6 +131,7 @@ def _graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("int8", [False, pytest.param(True, marks=requires_vnni)])
 def test_compiled_step_agrees_with_eager_and_searches_the_same_batch_or_alone(int8):
     """torch.compile of the fused step (one layer, to keep compiling short): logits equal the
@@ -184,6 +185,7 @@ def test_compiled_decoding_is_off_by_default_and_selectable():
     assert on.search_model.compiled and on.search_model._step is not on.search_model._tensor_step
 
 
+@pytest.mark.slow
 @requires_vnni
 def test_the_compiled_step_has_the_batch_sizes_as_symbols_and_the_weights_sizes_fixed(monkeypatch):
     """Dynamic shapes are for what varies (rows, sources, lengths, positions). A weight whose sizes

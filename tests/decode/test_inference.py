@@ -115,6 +115,7 @@ def sources(data):
     return (data / "test.en.txt").read_text().splitlines() + (data / "valid.en.txt").read_text().splitlines()
 
 
+@pytest.mark.slow
 @requires_vnni
 def test_int8_agrees_with_fp32(trained):
     """Per-channel int8 weights and per-row int8 activations (linear.Int8Linear): an identical

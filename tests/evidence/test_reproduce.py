@@ -42,6 +42,7 @@ def _results(report: Path) -> dict[str, dict]:
     return {f"{f.parent.name}/{f.stem}": json.loads(f.read_text()) for f in (report / "results").glob("*/*.json")}
 
 
+@pytest.mark.slow
 def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_prepared, tmp_path):
     work, report = tmp_path / "work", tmp_path / "report"
     start = time.perf_counter()
@@ -168,6 +169,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     assert not (work / "table3" / "A-h1").exists()
 
 
+@pytest.mark.slow
 def test_the_committed_report_renders_byte_for_byte(tmp_path):
     """docs/reproduction/REPORT.md is what --render-only makes of the committed results (issue #27)."""
     docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction"
@@ -177,6 +179,7 @@ def test_the_committed_report_renders_byte_for_byte(tmp_path):
     assert (tmp_path / "REPORT.md").read_text() == (docs / "REPORT.md").read_text()
 
 
+@pytest.mark.slow
 def test_bad_suite_requests_get_one_line_errors(toy_prepared, tmp_path):
     p = reproduce("--suite", "table3", "--rows", "A-h3", "--data", toy_prepared, "--work", tmp_path)
     assert p.returncode == 2 and "unknown row(s) A-h3 in suite table3" in p.stderr and "Traceback" not in p.stderr

@@ -77,11 +77,9 @@ def test_falls_back_to_f_linear_exactly(monkeypatch):
 def test_training_takes_onednn_only_with_avx512(monkeypatch):
     """On an AVX2 CPU (or under ONEDNN_MAX_CPU_ISA=AVX2) training's products take F.linear (no faster
     there, 230 MB less at the peak); decoding's stay on oneDNN, which is faster there."""
-    from aiayn import device
-
     layer, x = Linear(16, 24), torch.randn(6, 16)
     for flags, trains in (({"avx2", "fma"}, False), ({"avx2", "avx512f", "avx512bw"}, True)):
-        monkeypatch.setattr(device, "cpu_flags", lambda flags=flags: set(flags))
+        monkeypatch.setattr(linear, "cpu_flags", lambda flags=flags: set(flags))
         linear.onednn_trains.cache_clear()
         assert linear.onednn_trains() is trains
         assert ("OneDNN" in type(layer(x).grad_fn).__name__) is trains

@@ -158,6 +158,7 @@ def trained_rnn(toy_prepared, tmp_path_factory):
     return run, list_checkpoints(run)[-1]
 
 
+@pytest.mark.slow
 def test_recurrent_model_trains_and_translates_with_the_toolkit(trained_rnn, toy_prepared, tmp_path, capsys):
     model, cfg, _, _ = load_checkpoint(trained_rnn[1])
     assert isinstance(model, RecurrentModel) and cfg.model.rnn_attention == "dot"

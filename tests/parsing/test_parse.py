@@ -149,6 +149,7 @@ def aiayn(*args):
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_prepare_train_parse_score_end_to_end(tmp_path):
     (tmp_path / "tb").mkdir()
     tb = tiny_treebank(tmp_path / "tb")
@@ -294,6 +295,7 @@ def _reachable(search: TreeSearch, src: list[int], limit: int) -> set[tuple[str,
     return done
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("words,src,leaves,limit", [
     (True, ["\u2581a", "c", "\u2581b"], ["\u2581a", "c", "\u2581b"], 7),  # a word of two pieces, then one of one
     (False, ["\u2581a", "c", "\u2581b"], ["\u2581XX", "\u2581XX"], 7),  # the paper's XX: one leaf per word
@@ -418,6 +420,7 @@ def test_constituents_by_hand_and_the_augmented_training_split(tmp_path):
     assert (tmp_path / "aug/train.gold.mrg").read_text() == (tmp_path / "plain/train.gold.mrg").read_text()
 
 
+@pytest.mark.slow
 def test_ptb_script_trains_members_side_by_side_and_parses_with_their_ensemble(tmp_path):
     """scripts/ptb.sh as the README runs it (MEMBERS unset: two) on a tiny treebank: two seeds trained at
     once, each averaged, both splits parsed by their ensemble into trees over exactly the words, then scored."""

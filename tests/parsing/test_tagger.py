@@ -95,6 +95,7 @@ def test_tags_reach_the_encoder_and_the_tagger_is_a_second_path_to_them():
         build_model(cfg)  # the translation models' builder knows no parser
 
 
+@pytest.mark.slow
 def test_prepare_with_tags_train_and_parse_end_to_end(tmp_path):
     """prepare --tags writes a tagger and jackknifed tags aligned with every source subword; a model with
     model.tag_input trains on them and its checkpoint parses with the tagger it carries."""

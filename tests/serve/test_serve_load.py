@@ -131,6 +131,7 @@ async def load(url: str, port: int) -> tuple[list[int], list[float]]:
     return list(statuses), health
 
 
+@pytest.mark.slow
 def test_server_under_load_with_clients_that_hang_up(server):
     url, port = server
     statuses, health = asyncio.run(load(url, port))
@@ -172,6 +173,7 @@ def _peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
+@pytest.mark.slow
 def test_the_costliest_request_does_not_starve_a_short_one(toy_prepared, tmp_path):
     """A hostile request (64 x 1,000 characters of real words, beam 16) is refused by the subword cap; the
     costliest request the limits accept runs in chunks, so a short request sent after it is answered
@@ -220,6 +222,7 @@ def test_the_costliest_request_does_not_starve_a_short_one(toy_prepared, tmp_pat
         stop(proc)
 
 
+@pytest.mark.slow
 def test_a_flood_of_slow_bodies_leaves_health_answering(random_model):
     """300 clients send half a body and wait, against a server limited to 256 open files: the ones
     over the request limit get 503 at once, the rest 408 after the read timeout; /health answers
@@ -274,6 +277,7 @@ def test_health_answers_above_the_connection_limit_and_other_paths_do_not(random
     assert busy.status_code == 503 and "Exceeded concurrency limit" in err, (busy.status_code, err[-2000:])
 
 
+@pytest.mark.slow
 def test_silent_and_slow_header_connections_are_closed_at_their_deadline(random_model):
     """uvicorn starts no timer when a connection opens and any byte stops its keep-alive timer: 330
     such sockets once held every /translate at 503 for as long as they stayed. Here each must complete

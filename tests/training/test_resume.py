@@ -77,6 +77,7 @@ def kill_after_step_15(cmd: list[str], run: Path) -> None:
     proc.wait()
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_in_a_new_process_is_bit_identical(toy_prepared, tmp_path, straight, straight_run):
     run = tmp_path / "run"
     kill_after_step_15(start_training(toy_prepared, run), run)
@@ -88,6 +89,7 @@ def test_sigkill_then_resume_in_a_new_process_is_bit_identical(toy_prepared, tmp
     assert training_log(run) == training_log(straight_run)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("valid_every", ["0", "8"])
 def test_resuming_a_finished_run_changes_nothing(toy_prepared, tmp_path, straight_run, valid_every):
     """The last validation came after the last checkpoint (valid_every 0: made at the end) or before it
@@ -130,6 +132,7 @@ SIGTERM_AFTER_STEP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_at_the_update_boundary(toy_prepared, tmp_path, straight, straight_run):
     run = tmp_path / "run"
     cmd = start_training(toy_prepared, run)
@@ -143,6 +146,7 @@ def test_sigterm_checkpoints_at_the_update_boundary(toy_prepared, tmp_path, stra
     assert training_log(run) == training_log(straight_run)
 
 
+@pytest.mark.slow
 def test_resume_with_another_update_freq_continues_at_the_same_batch(toy_prepared, tmp_path):
     run = tmp_path / "run"
     subprocess.run(start_training(toy_prepared, run, ("--train.max_steps", "3")), check=True, capture_output=True,
@@ -156,6 +160,7 @@ def test_resume_with_another_update_freq_continues_at_the_same_batch(toy_prepare
     assert list_checkpoints(run)[-1].name == f"step-{3 + (n - 2) // 2:08d}.safetensors"
 
 
+@pytest.mark.slow
 def test_resume_with_other_max_tokens_is_refused_or_forced(toy_prepared, tmp_path):
     run = tmp_path / "run"
     subprocess.run(start_training(toy_prepared, run, ("--train.max_steps", "3")), check=True, capture_output=True,
@@ -171,6 +176,7 @@ def test_resume_with_other_max_tokens_is_refused_or_forced(toy_prepared, tmp_pat
     assert "continuing from the start of epoch 1" in res.stderr
 
 
+@pytest.mark.slow
 def test_resume_on_data_of_another_vocabulary_is_refused(toy_corpus, toy_prepared, tmp_path):
     """Same number of pairs and of pieces, other pieces: the run's embeddings would read other words."""
     from aiayn.data.prepare import prepare
@@ -219,6 +225,7 @@ def _clock_worker(rank: int, world: int, port: int, prep: str, run: str, out: st
                                                          "left_group": left}))
 
 
+@pytest.mark.slow
 def test_ddp_ranks_with_disagreeing_clocks_stop_together(toy_prepared, tmp_path):
     args = (2, free_port(), str(toy_prepared), str(tmp_path / "run"), str(tmp_path))
     ctx = mp.start_processes(_clock_worker, args=args, nprocs=2, join=False, start_method="spawn")
@@ -236,6 +243,7 @@ def test_ddp_ranks_with_disagreeing_clocks_stop_together(toy_prepared, tmp_path)
     assert r0["elapsed"] >= 0.03 * 60 and r0["step"] > 5
 
 
+@pytest.mark.slow
 def test_torchrun_ranks_have_their_own_dropout_and_resume_exactly(toy_prepared, tmp_path):
     def torchrun(*args: str) -> None:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
@@ -255,6 +263,7 @@ def test_torchrun_ranks_have_their_own_dropout_and_resume_exactly(toy_prepared, 
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_soak_short_form(toy_prepared, tmp_path):
     """bench/soak_resume.py --short: 3 SIGKILLs (one mid-write), 0 corrupt checkpoints, same final tensors
     and the same training log."""
@@ -269,6 +278,7 @@ def test_soak_short_form(toy_prepared, tmp_path):
     assert summary["training_log_identical"] is True and summary["log_records"] >= 300 // 7
 
 
+@pytest.mark.slow
 def test_tokens_per_update_gives_the_same_update_on_one_and_two_ranks(toy_prepared, tmp_path):
     """§5.1: the update's size follows train.tokens_per_update, not the number of ranks: one
     process and two torchrun ranks make the same updates (no dropout, so no RNG in the way)."""
@@ -304,6 +314,7 @@ def test_tokens_per_update_gives_the_same_update_on_one_and_two_ranks(toy_prepar
     assert gap < 0.05 * other_gap
 
 
+@pytest.mark.slow
 def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(toy_corpus, tmp_path):
     """2 gloo ranks, collectives limited to 3 s, a validation that takes one process about 10 s:
     the ranks share it (every world-th batch and sentence), so none waits past the limit (rank 0
@@ -348,6 +359,7 @@ def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(
     assert shared["valid_bleu"] == pytest.approx(alone["valid_bleu"], abs=1e-9)
 
 
+@pytest.mark.slow
 def test_a_pointer_parser_resumes_bit_identically_after_sigkill(tmp_path):
     """§6.3's parser (words as leaves, model.pointer_input, depth_input and tag_input): SIGKILL, resume in a new
     process, the same final tensors and the parse task and tagger in the metadata as an uninterrupted run."""
@@ -378,6 +390,7 @@ OLD_PARSER_FLAGS = ("--preset", "parse", "--model.d_model", "16", "--model.d_ff"
                     "--train.max_minutes", "0", "--model.depth_input", "true")
 
 
+@pytest.mark.slow
 def test_a_parser_run_written_before_parser_model_resumes_bit_identically(tmp_path):
     """A run folder of commit d7d636a, when the parser's inputs lived in model.py (tests/fixtures): today's
     code loads its checkpoint as a ParserTransformer and resumes it, and the end equals a run started today

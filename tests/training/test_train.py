@@ -214,6 +214,7 @@ def test_two_rank_ddp_update_equals_one_rank_on_both_shards(toy_prepared, tmp_pa
     assert changed > 10  # the update really moved the weights
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_train_and_resume(toy_prepared, tmp_path):
     import subprocess
     import sys
