@@ -28,6 +28,15 @@ class SeedTest:
     n: int  # reference seeds
     m: int = 1  # the row's seeds
 
+    @property
+    def df(self) -> int:
+        return self.n + self.m - 2
+
+    @property
+    def scale(self) -> float:
+        """The standard error of delta (s_p·√(1/m + 1/n))."""
+        return self.pi95 / t_quantile(0.975, self.df)
+
 
 def p_text(p: float) -> str:
     """A p-value at three decimals, "< 0.001" below that (never "0.000")."""
@@ -73,19 +82,39 @@ def seed_test(x: float | Sequence[float], reference: Sequence[float]) -> SeedTes
 
 
 def seeds_to_settle(delta: float, reference: Sequence[float], margin: float | None = None, alpha: float = 0.05,
-                    cap: int = 20) -> int | None:
+                    cap: int = 20, power: float = 0.5) -> int | None:
     """Fewest seeds of a row that would settle it were its true effect `delta` and its seeds spread as
-    the reference's: seed_test's p below alpha, or, for a no-change claim (`margin`, |delta| < margin),
-    the 90 % interval inside ±margin. None beyond `cap` seeds."""
+    the reference's, with probability `power` (0.5: the expected outcome): seed_test's p below alpha,
+    or, by equivalence (`margin`, |delta| < margin), the 1 − 2·alpha interval inside ±margin. None
+    beyond `cap` seeds."""
     n, s = len(reference), statistics.stdev(reference)
     for m in range(1, cap + 1):
         df, scale = n + m - 2, s * math.sqrt(1 / m + 1 / n)
+        extra = t_quantile(power, df) * scale
         if margin is not None and abs(delta) < margin:
-            if abs(delta) + t_quantile(0.95, df) * scale < margin:
+            if abs(delta) + t_quantile(1 - alpha, df) * scale + extra < margin:
                 return m
-        elif abs(delta) > t_quantile(1 - alpha / 2, df) * scale:
+        elif abs(delta) > t_quantile(1 - alpha / 2, df) * scale + extra:
             return m
     return None
+
+
+def min_detectable(test: SeedTest, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest |delta| the test's seeds find significant (two-sided, `alpha`) with `power`."""
+    return (t_quantile(1 - alpha / 2, test.df) + t_quantile(power, test.df)) * test.scale
+
+
+def margin_ps(test: SeedTest, margin: float) -> tuple[float, float]:
+    """(p of equivalence within ±margin: TOST, the larger one-sided p; p of a difference beyond the
+    margin: the minimum-effect test, two-sided, so below 0.05 when the 95 % interval excludes ±margin)."""
+    from scipy import stats
+
+    d, s = test.delta, test.scale
+    if s == 0:
+        return (0.0 if abs(d) < margin else 1.0), (0.0 if abs(d) > margin else 1.0)
+    equiv = max(float(stats.t.sf((d + margin) / s, test.df)), float(stats.t.cdf((d - margin) / s, test.df)))
+    outside = min(1.0, 2 * float(stats.t.sf((abs(d) - margin) / s, test.df)))
+    return equiv, outside
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -135,34 +164,41 @@ def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], refs: Seque
 
 @dataclass(frozen=True)
 class Verdict:
-    """How one row's change compares with the paper's, for one metric."""
+    """How one row's change compares with what the paper claims, for one metric."""
 
-    word: str  # same direction / opposite / no change (equivalent) / inconclusive / changed, paper: none
-    reproduced: bool | None  # None: inconclusive
+    word: str  # agrees / contradicts / inconclusive, and why
+    reproduced: bool | None  # True agrees, False contradicts, None inconclusive
 
 
-def judge(paper_delta: float, paper_margin: float, test: SeedTest | None, p_adjusted: float | None,
-          margin: float, higher_is_better: bool, alpha: float = 0.05) -> Verdict:
-    """The verdict rule, symmetric in what the paper claims.
+@dataclass(frozen=True)
+class Tests:
+    """One row's Holm-adjusted p-values for one metric: a difference (two-sided), equivalence within
+    the margin (TOST) and a difference beyond it (minimum effect)."""
 
-    The paper claims a change when |paper_delta| ≥ paper_margin; then ours must be significant
-    (Holm-adjusted p < alpha) in the same direction. It claims no change otherwise; then ours
-    reproduces it only when the 90 % interval lies inside ±margin (equivalence)."""
-    if test is None or p_adjusted is None:
-        return Verdict("no seed interval (fewer than 2 reference seeds)", None)
+    diff: float
+    equiv: float
+    outside: float
+
+
+def judge(claim: str, delta: float, p: Tests, higher_is_better: bool, alpha: float = 0.05) -> Verdict:
+    """The verdict rule, symmetric: each claim can be agreed with, contradicted, or left open.
+
+    A change claim ("better"/"worse") agrees when ours differs significantly in its direction, and is
+    contradicted when ours differs significantly the other way or is equivalent within the margin
+    (the claimed change is not there). A no-change claim agrees when ours is equivalent within the
+    margin, and is contradicted when ours differs by more than the margin (not merely from zero)."""
     good = 1 if higher_is_better else -1
-    ours_sign = (1 if test.delta > 0 else -1) if p_adjusted < alpha else 0
-    if abs(paper_delta) < paper_margin:
-        if equivalent(test.ci90, margin):
-            return Verdict("no change (equivalent), as the paper", True)
-        if ours_sign:
-            return Verdict(f"{'better' if ours_sign * good > 0 else 'worse'} (significant); paper: no change", False)
-        return Verdict("inconclusive (paper: no change)", None)
-    paper_sign = 1 if paper_delta > 0 else -1
-    paper_word = "better" if paper_sign * good > 0 else "worse"
-    if ours_sign == 0:
-        return Verdict(f"inconclusive (paper: {paper_word})", None)
-    if ours_sign == paper_sign:
-        return Verdict(f"same direction, significant ({paper_word})", True)
-    return Verdict(f"opposite, significant (ours {'better' if ours_sign * good > 0 else 'worse'}; "
-                   f"paper: {paper_word})", False)
+    ours = ("better" if delta * good > 0 else "worse") if p.diff < alpha else None
+    if claim == "no change":
+        if p.equiv < alpha:
+            return Verdict("agrees: equivalent within the margin", True)
+        if p.outside < alpha:
+            return Verdict(f"contradicts: {'better' if delta * good > 0 else 'worse'} beyond the margin", False)
+        return Verdict("inconclusive (claim: no change)", None)
+    if ours == claim:
+        return Verdict(f"agrees: {ours}, significant", True)
+    if ours is not None:
+        return Verdict(f"contradicts: {ours}, significant (claim: {claim})", False)
+    if p.equiv < alpha:
+        return Verdict(f"contradicts: equivalent within the margin (claim: {claim})", False)
+    return Verdict(f"inconclusive (claim: {claim})", None)

@@ -5,70 +5,87 @@ from __future__ import annotations
 
 import statistics
 
+from .claims import SAME, judged
 from .plan import NLL_MARGIN
+from .power import POWER, judged_count
 from .stats import p_text, seed_test, seeds_to_settle
-from .verdicts import RowVerdict, analyse, families, paper_deltas, with_repeats
+from .verdicts import RowVerdict, analyse_all, families, with_repeats
 
 
 def _judged(rs: list[dict]) -> list[tuple[RowVerdict, list[float]]]:
-    """Every Table 3 row's verdict (main and depth families) with its reference's NLL values."""
-    out = []
-    for f in ("main", "depth"):
-        refs, rows = families(rs)[f]
-        if len(refs) >= 2 and rows:
-            ref_nll = [r["valid_nll"] for r in refs]
-            out += [(v, ref_nll) for v in analyse(refs, rows)]
-    return out
+    """Every Table 3 row's verdict (main and depth families, judged together) with its reference's NLL."""
+    fam = families(rs)
+    return [(v, [r["valid_nll"] for r in fam[f][0]]) for f, vs in analyse_all(rs).items() for v in vs]
 
 
 def _settle(v: RowVerdict, ref_nll: list[float], alpha: float) -> tuple[str, int | None]:
-    """How many more seeds would settle an inconclusive row at the NLL change it showed."""
-    no_change = abs(paper_deltas(v.r["paper"])[0]) < NLL_MARGIN
-    m = seeds_to_settle(v.nll.delta, ref_nll, NLL_MARGIN if no_change else None, alpha)
+    """How many more seeds would settle an inconclusive row, with 80 % power, at the NLL change it showed."""
+    no_change = judged(v.claim, "nll") == SAME
+    m = seeds_to_settle(v.nll.delta, ref_nll, NLL_MARGIN if no_change else None, alpha, power=POWER)
     if m is None:
         return f"{v.r['row']} more than 20 with {len(ref_nll)} reference seeds (ΔNLL {v.nll.delta:+.4f})", None
     return f"{v.r['row']} {max(m - v.nll.m, 0)}", max(m - v.nll.m, 0)
 
 
 def _against(v: RowVerdict) -> str:
-    """A contradicted row in words: our significant direction and the paper's claim."""
-    d = paper_deltas(v.r["paper"])[0]
-    paper = "no change" if abs(d) < NLL_MARGIN else ("better" if d < 0 else "worse")
-    return f"{v.r['row']} (ours {'better' if v.nll.delta < 0 else 'worse'}, paper {paper})"
+    """A contradicted row in words: what ours showed and what the paper claimed."""
+    claim = judged(v.claim, "nll")
+    ours = ("within the margin" if claim != SAME and v.p_nll.diff >= 0.05 else
+            ("better" if v.nll.delta < 0 else "worse"))
+    return f"{v.r['row']} (ours {ours}, paper {claim})"
 
 
 def _are(n: int) -> str:
     return "is" if n == 1 else "are"
 
 
+def _n(n: int, verb: str) -> str:
+    """"1 agrees", "2 agree"."""
+    return f"{n} {verb}s" if n == 1 else f"{n} {verb}"
+
+
+def _unjudged(judged_rows: list[tuple[RowVerdict, list[float]]]) -> str:
+    parts = {"paper": [], "extension": [], "observation": []}
+    for v, _ in judged_rows:
+        if v.claim is not None and not v.v_nll and not v.failed:
+            parts[v.claim.kind].append(v.r["row"])
+    words = [(parts["paper"], "the paper's Δ within the margins and its text silent"),
+             (parts["extension"], "ours, no Table 3 row"), (parts["observation"], "observations")]
+    listed = [f"{', '.join(rows)} ({why})" for rows, why in words if rows]
+    return f" Not judged: {'; '.join(listed)}." if listed else ""
+
+
 def table3_words(rs: list[dict]) -> str:
     """Table 3's claims by validation NLL (the primary statistic), named, and the budget of the open ones."""
-    judged = _judged(rs)
-    vs = [v for v, _ in judged if v.v_nll]
+    judged_rows = _judged(rs)
+    vs = [v for v, _ in judged_rows if v.v_nll]
     if not vs:
         return ""
-    held = [v.r["row"] for v in vs if v.v_nll.reproduced is True]
+    agree = [v.r["row"] for v in vs if v.v_nll.reproduced is True]
     against = [_against(v) for v in vs if v.v_nll.reproduced is False]
-    open_ = [(v, ref) for v, ref in judged if v.v_nll and v.v_nll.reproduced is None]
-    bleu = [v.v_bleu for v in vs if v.v_bleu]
+    open_ = [(v, ref) for v, ref in judged_rows if v.v_nll and v.v_nll.reproduced is None]
+    bleu = [v.v_bleu for v, _ in judged_rows if v.v_bleu]
     n_open, b_open = len(open_), sum(b.reproduced is None for b in bleu)
-    text = (f"Of the paper's Table 3 claims judged so far by validation NLL (the primary statistic), "
-            f"**{len(held)} of {len(vs)} held** ({', '.join(held) or 'none'}), **{len(against)} did not** "
-            f"({', '.join(against) or 'none'}) and **{n_open} {_are(n_open)} inconclusive** "
-            f"({', '.join(v.r['row'] for v, _ in open_) or 'none'}). By BLEU, which must also pass the paired "
-            f"bootstrap, {sum(b.reproduced is True for b in bleu)} held, {sum(b.reproduced is False for b in bleu)} "
-            f"did not and {b_open} {_are(b_open)} inconclusive.")
-    failed = [v.r["row"] for v, _ in judged if v.failed]
+    text = (f"At {vs[0].r['updates']:,} updates on Multi30k, of the paper's {len(vs)} Table 3 claims on validation "
+            f"NLL (the primary statistic; claims and their sources below), **{_n(len(agree), 'agree')}** "
+            f"({', '.join(agree) or 'none'}), **{_n(len(against), 'contradict')}** "
+            f"({', '.join(against) or 'none'}) and "
+            f"**{n_open} {_are(n_open)} inconclusive** ({', '.join(v.r['row'] for v, _ in open_) or 'none'}). Of "
+            f"its {len(bleu)} BLEU claims (the difference must also pass the paired bootstrap) "
+            f"{_n(sum(b.reproduced is True for b in bleu), 'agree')}, "
+            f"{_n(sum(b.reproduced is False for b in bleu), 'contradict')} and {b_open} {_are(b_open)} inconclusive.")
+    text += _unjudged(judged_rows)
+    failed = [v.r["row"] for v, _ in judged_rows if v.failed]
     if failed:
         text += f" Diverged, so not judged: {', '.join(failed)}."
     if open_:
-        tested = sum(v.p_nll is not None for v, _ in judged)
-        settles = [_settle(v, ref, 0.05 / tested) for v, ref in open_]
-        runs = sum(k for _, k in settles if k)
-        text += (" More seeds of each inconclusive row that would settle it, were its change the one it showed "
-                 f"and its seeds spread as the reference's (5 % over the {tested} tested rows by Bonferroni, which "
-                 "bounds Holm's correction; a no-change claim by equivalence): "
-                 + "; ".join(w for w, _ in settles) + f"; in all {runs} runs of {open_[0][0].r['updates']:,} updates.")
+        k = max(judged_count([v for v, _ in judged_rows]), 1)
+        settles = [_settle(v, ref, 0.05 / k) for v, ref in open_]
+        runs = sum(n for _, n in settles if n)
+        text += (" More seeds of each inconclusive row that would settle it with 80 % power, were its change the one "
+                 f"it showed and its seeds spread as the reference's (α 0.05/{k}, Holm's first step; a no-change "
+                 "claim by equivalence): " + "; ".join(w for w, _ in settles)
+                 + f"; in all {runs} runs of {open_[0][0].r['updates']:,} updates.")
     return text
 
 

@@ -14,20 +14,33 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..training.optim import noam_lr
+from .claims import SAME, Claim, claim_of, judged
 from .figures import _plot_curves, _valid_bleu
 from .plan import BLEU_MARGIN, NLL_MARGIN, diverged, unstable
-from .stats import SeedTest, Verdict, holm, judge, p_text, prediction_halfwidth, seed_test
+from .power import claims_table, power_table
+from .stats import (
+    SeedTest,
+    Tests,
+    Verdict,
+    holm,
+    judge,
+    margin_ps,
+    p_text,
+    prediction_halfwidth,
+    seed_test,
+)
 
 
 @dataclass
 class RowVerdict:
-    """One row's tests and verdicts (NLL and BLEU) against its family's reference."""
+    """One row's tests and verdicts (NLL and BLEU) against its family's reference, under its claim."""
 
     r: dict
     nll: SeedTest | None
     bleu: SeedTest | None
-    p_nll: float | None = None  # Holm-adjusted
-    p_bleu: float | None = None
+    claim: Claim | None = None
+    p_nll: Tests | None = None  # Holm-adjusted, over the judged rows of every family
+    p_bleu: Tests | None = None
     v_nll: Verdict | None = None
     v_bleu: Verdict | None = None
     failed: str | None = None
@@ -51,32 +64,80 @@ def paper_deltas(p: dict) -> tuple[float, float]:
     return math.log(p["ppl"]) - math.log(p["ref_ppl"]), p["bleu"] - p["ref_bleu"]
 
 
-def analyse(refs: list[dict], rows: list[dict]) -> list[RowVerdict]:
-    """Seed tests of every row, Holm's correction over the non-diverged rows, then the verdicts."""
+def seed_tests(refs: list[dict], rows: list[dict]) -> list[RowVerdict]:
+    """Every row's seed tests against one family's reference, before any correction or verdict."""
     ref_nll, ref_bleu = [r["valid_nll"] for r in refs], [_valid_bleu(r) for r in refs]
-    out = [RowVerdict(rs[0], seed_test([r["valid_nll"] for r in rs], ref_nll),
-                      seed_test([_valid_bleu(r) for r in rs], ref_bleu),
-                      failed=next((f for f in map(diverged, rs) if f), None), runs=rs) for rs in with_repeats(rows)]
-    tested = [v for v in out if not v.failed and v.nll is not None]
-    for v, p in zip(tested, holm([v.nll.p for v in tested])):
-        v.p_nll = p
-    bleu_p = [max(v.bleu.p, _paired_p(v.runs)) for v in tested]
-    for v, p in zip(tested, holm(bleu_p)):
-        v.p_bleu = p
-    for v in out:
-        p = v.r.get("paper")
-        if v.failed or not p:
-            continue
-        d_nll, d_bleu = paper_deltas(p)
-        v.v_nll = judge(d_nll, NLL_MARGIN, v.nll, v.p_nll, NLL_MARGIN, higher_is_better=False)
-        v.v_bleu = judge(d_bleu, BLEU_MARGIN, v.bleu, v.p_bleu, BLEU_MARGIN, higher_is_better=True)
+    return [RowVerdict(rs[0], seed_test([r["valid_nll"] for r in rs], ref_nll),
+                       seed_test([_valid_bleu(r) for r in rs], ref_bleu), claim_of(rs[0]["row"]),
+                       failed=next((f for f in map(diverged, rs) if f), None), runs=rs) for rs in with_repeats(rows)]
+
+
+def judge_all(verdicts: list[RowVerdict]) -> list[RowVerdict]:
+    """Holm's correction over the judged rows (of every family given), per test, then the verdicts. A
+    change claim uses the difference and the equivalence test, a no-change claim the equivalence and the
+    minimum-effect test; BLEU's difference also needs every seed's paired bootstrap (the larger p)."""
+    for metric, margin, higher in (("nll", NLL_MARGIN, False), ("bleu", BLEU_MARGIN, True)):
+        rows = [v for v in verdicts if not v.failed and getattr(v, metric) and judged(v.claim, metric)]
+        same = [judged(v.claim, metric) == SAME for v in rows]
+        diff = [getattr(v, metric).p if metric == "nll" else max(v.bleu.p, _paired_p(v.runs)) for v in rows]
+        equiv, outside = zip(*[margin_ps(getattr(v, metric), margin) for v in rows]) if rows else ((), ())
+        adj_diff = _holm_where([not s for s in same], diff)
+        adj_equiv, adj_out = holm(list(equiv)), _holm_where(same, list(outside))
+        for v, d, e, o in zip(rows, adj_diff, adj_equiv, adj_out):
+            tests = Tests(d, e, o)
+            setattr(v, f"p_{metric}", tests)
+            setattr(v, f"v_{metric}", judge(judged(v.claim, metric), getattr(v, metric).delta, tests, higher))
+    return verdicts
+
+
+def _holm_where(use: list[bool], ps: list[float]) -> list[float]:
+    """Holm over the p-values a test is used for; 1.0 (never significant) where it is not."""
+    adjusted = iter(holm([p for u, p in zip(use, ps) if u]))
+    return [next(adjusted) if u else 1.0 for u in use]
+
+
+def analyse(refs: list[dict], rows: list[dict]) -> list[RowVerdict]:
+    """One family's rows tested and judged (the report judges every family's rows together: analyse_all)."""
+    return judge_all(seed_tests(refs, rows))
+
+
+def analyse_all(rs: list[dict]) -> dict[str, list[RowVerdict]]:
+    """Table 3's families (main, depth), each against its own reference, judged as one family of tests."""
+    fam = families(rs)
+    out = {f: seed_tests(fam[f][0], sorted(fam[f][1], key=lambda r: (r["group"], r["row"])))
+           for f in ("main", "depth") if len(fam[f][0]) >= 2}
+    judge_all([v for vs in out.values() for v in vs])
     return out
 
 
-def _cell_test(t: SeedTest | None, p: float | None, fmt: str) -> str:
+def _cell_test(v: RowVerdict, metric: str, fmt: str) -> str:
+    """Δ ± its 95 % interval, and the difference test's p: Holm-adjusted where a change claim is judged
+    on it, else as it is ("unadjusted")."""
+    t, p = getattr(v, metric), getattr(v, f"p_{metric}")
     if t is None:
         return "–"
-    return f"{t.delta:{fmt}} ± {t.pi95:{fmt[1:]}}" + (f" (p {p_text(p)})" if p is not None else "")
+    change = p is not None and judged(v.claim, metric) != SAME
+    return f"{t.delta:{fmt}} ± {t.pi95:{fmt[1:]}}" + (f" (Holm p {p_text(p.diff)})" if change else
+                                                        f" (p {p_text(t.p)}, unadjusted)")
+
+
+def not_judged(v: RowVerdict, metric: str) -> str:
+    """Why a row has no verdict on `metric`."""
+    c = v.claim
+    if v.failed:
+        return "diverged: no verdict"
+    if c is None:
+        return "no claim"
+    if c.kind == "extension":
+        return "not judged: ours (no Table 3 row)"
+    if c.kind == "observation":
+        return "not judged: an observation"
+    return "not judged: no claim (Δ within the margin, the text silent)"
+
+
+def _verdict_cell(v: RowVerdict, metric: str) -> str:
+    verdict = getattr(v, f"v_{metric}")
+    return verdict.word if verdict else not_judged(v, metric)
 
 
 def _row_line(v: RowVerdict) -> str:
@@ -89,27 +150,25 @@ def _row_line(v: RowVerdict) -> str:
         paper = f"{p['label']}: {d_nll:+.3f} / {d_bleu:+.1f}"
     pbs = [x["paired_bs"] for x in runs if "paired_bs" in x]
     pbs_cell = ", ".join(f"{b['delta']:+.2f} (p {p_text(b['p'])})" for b in pbs) or "–"
-    verdicts = (("diverged: no verdict",) * 2 if v.failed else
-                tuple(x.word if x else "–" for x in (v.v_nll, v.v_bleu)))
     name = r["row"] + (f" ({len(runs)} seeds, mean)" if len(runs) > 1 else "")
     nll = statistics.mean(x["valid_nll"] for x in runs)
     return (f"| {name} | {r['change']} | {r['params'] / 1e6:.2f}M | {nll:.4f} | "
-            f"{_cell_test(v.nll, v.p_nll, '+.4f')} | {bleu:.2f} ({bp:.2f}) | "
-            f"{_cell_test(v.bleu, v.p_bleu, '+.2f')} | {pbs_cell} | {paper} | {verdicts[0]} | {verdicts[1]} |")
+            f"{_cell_test(v, 'nll', '+.4f')} | {bleu:.2f} ({bp:.2f}) | "
+            f"{_cell_test(v, 'bleu', '+.2f')} | {pbs_cell} | {paper} | {_verdict_cell(v, 'nll')} | "
+            f"{_verdict_cell(v, 'bleu')} |")
 
 
-def family_table(refs: list[dict], rows: list[dict]) -> tuple[list[str], list[RowVerdict]]:
-    """The table of one family (rows sharing a reference and a schedule)."""
-    out = ["| row | change | params | valid NLL | ΔNLL ± 95 % PI (Holm p) | valid BLEU (BP) | "
-           "ΔBLEU ± 95 % PI (Holm p) | paired bootstrap ΔBLEU (p) | paper: ΔNLL / ΔBLEU | verdict NLL | "
-           "verdict BLEU |", "|---|---|--:|--:|--:|--:|--:|--:|---|---|---|"]
+def family_table(refs: list[dict], verdicts: list[RowVerdict], updates: int) -> list[str]:
+    """The table of one family (rows sharing a reference and a schedule), its verdicts given."""
+    at = f"at {updates:,} updates on Multi30k"
+    out = ["| row | change | params | valid NLL | ΔNLL ± 95 % PI (p) | valid BLEU (BP) | "
+           "ΔBLEU ± 95 % PI (p) | paired bootstrap ΔBLEU (p) | paper: ΔNLL / ΔBLEU | "
+           f"verdict NLL, {at} | verdict BLEU, {at} |", "|---|---|--:|--:|--:|--:|--:|--:|---|---|---|"]
     for r in sorted(refs, key=lambda r: r["seed"]):
         b = r["bleu"].get("valid", {})
         out.append(f"| {r['row']} | reference (seed {r['seed']}) | {r['params'] / 1e6:.2f}M | {r['valid_nll']:.4f} | "
                    f"| {b.get('bleu', float('nan')):.2f} ({b.get('bp', 0):.2f}) | | | base | | |")
-    verdicts = analyse(refs, sorted(rows, key=lambda r: (r["group"], r["row"])))
-    out += [_row_line(v) for v in verdicts]
-    return out, verdicts
+    return out + [_row_line(v) for v in verdicts]
 
 
 def _summary(verdicts: list[RowVerdict]) -> list[str]:
@@ -117,9 +176,9 @@ def _summary(verdicts: list[RowVerdict]) -> list[str]:
     for metric in ("nll", "bleu"):
         vs = [getattr(v, f"v_{metric}") for v in verdicts if getattr(v, f"v_{metric}")]
         if vs:
-            out.append(f"- {metric.upper()}: reproduced in {sum(v.reproduced is True for v in vs)} of {len(vs)} "
-                       f"rows, contradicted in {sum(v.reproduced is False for v in vs)}, inconclusive in "
-                       f"{sum(v.reproduced is None for v in vs)}.")
+            out.append(f"- {metric.upper()}: of {len(vs)} claims judged, {sum(v.reproduced is True for v in vs)} "
+                       f"agree, {sum(v.reproduced is False for v in vs)} contradict, "
+                       f"{sum(v.reproduced is None for v in vs)} inconclusive.")
     failed = [v for v in verdicts if v.failed]
     out += [f"- {v.r['row']} ({v.r['change']}) {v.failed}." for v in failed]
     unpaired = [v.r["row"] for v in verdicts if not v.failed and any("paired_bs" not in r for r in v.runs or [v.r])]
@@ -184,6 +243,26 @@ def families(rs: list[dict]) -> dict[str, tuple[list[dict], list[dict]]]:
             for f in ("main", "depth", "stability")}
 
 
+def _protocol_words(r0: dict) -> str:
+    """How Table 3's rows were trained, tested and judged (the section's first paragraph)."""
+    at = f"at {r0['updates']:,} updates on Multi30k"
+    return (f"Every row trains {r0['updates']:,} updates on {data_words(r0)} from the `{r0['preset']}` reference "
+            f"({schedule_words(r0)}), changing one thing as the paper's row does; the last 5 checkpoints are "
+            "averaged (§6.1) and decoded with beam 4, α 0.6. Verdicts use validation only; the primary statistic is "
+            "NLL per token (the paper's ΔPPL read as Δln PPL). A row is tested against the 95 % prediction interval "
+            "of one new reference run (t with n−1 degrees of freedom over the reference seeds). A row whose NLL change "
+            "lands between 1 and 2.5 interval half-widths gets a second seed, and a row of m seeds is tested by its "
+            "mean (pooled two-sample t, n+m−2 degrees of freedom). BLEU's difference additionally needs sacreBLEU's "
+            "paired bootstrap (1,000 resamples) against the seed-matched reference, for every seed. Each row is judged "
+            "against what the paper claims for it (below, with the sentence it rests on; a row whose Table 3 Δ is "
+            f"within ±{NLL_MARGIN} nats or ±{BLEU_MARGIN} BLEU and which the text passes over claims nothing and is "
+            "reported, not judged). A change claim agrees when ours differs significantly in its direction and is "
+            "contradicted when ours differs significantly the other way or is equivalent within the margin (TOST); a "
+            "no-change claim agrees when ours is equivalent within the margin and is contradicted when ours differs by "
+            "more than the margin (minimum-effect test). Each test is Holm-corrected over the rows it judges, both "
+            f"tables together. Every verdict holds {at}, not at the paper's scale. BP is the brevity penalty.")
+
+
 def table3_section(rs: list[dict], img: Path, machine_words) -> list[str]:
     """Table 3's section: the protocol, one table per family, the verdict counts, provenance."""
     fam = families(rs)
@@ -191,18 +270,7 @@ def table3_section(rs: list[dict], img: Path, machine_words) -> list[str]:
     if not refs:
         return ["## Table 3 at small scale", "", "No reference run has finished yet.", ""]
     r0 = refs[0]
-    out = ["## Table 3 at small scale", "",
-           f"Every row trains {r0['updates']:,} updates on {data_words(r0)} from the `{r0['preset']}` reference "
-           f"({schedule_words(r0)}), changing one thing as the paper's row does; the last 5 checkpoints are "
-           "averaged (§6.1) and decoded with beam 4, α 0.6. Verdicts use validation only; the primary statistic is "
-           "NLL per token (the paper's ΔPPL read as Δln PPL). A row is tested against the 95 % prediction interval "
-           "of one new reference run (t with n−1 degrees of freedom over the reference seeds). A row whose NLL change "
-           "lands between 1 and 2.5 interval half-widths gets a second seed, and a row of m seeds is tested by its "
-           "mean (pooled two-sample t, n+m−2 degrees of freedom). BLEU additionally needs sacreBLEU's paired "
-           "bootstrap (1,000 resamples) against the seed-matched reference, for every seed; p-values are "
-           f"Holm-corrected over the table's rows. A paper row with |ΔBLEU| < {BLEU_MARGIN} or |ΔNLL| < "
-           f"{NLL_MARGIN} claims no change, reproduced only when our 90 % interval lies inside ±{BLEU_MARGIN} BLEU "
-           f"or ±{NLL_MARGIN} nats. BP is the brevity penalty.", "",
+    out = ["## Table 3 at small scale", "", _protocol_words(r0), "",
            f"Made by `aiayn reproduce --suite table3 --steps {r0['common']['train.max_steps']}`.", ""]
     stab_refs, stab = fam["stability"]
     if stab:
@@ -210,27 +278,35 @@ def table3_section(rs: list[dict], img: Path, machine_words) -> list[str]:
                 + "; ".join(f"{r['row']}: {unstable(r) or 'trained'}"
                             for r in sorted(stab, key=lambda r: -r["config"]["train"]["lr_scale"]))
                 + ".", ""]
+    judged_rows = analyse_all(rs)
     verdicts: list[RowVerdict] = []
     for f, title in (("main", None), ("depth", "Depth rows at their own rate")):
         f_refs, f_rows = fam[f]
         if not (f_refs or f_rows):
             continue
         if title:
-            out += [f"### {title}", "", "N=6 did not train at the suite's rate, so the depth rows (N = 1, 2, 6) and a "
-                    f"reference of their own (N = 3) train at a lower one ({schedule_words((f_refs or f_rows)[0])}); "
-                    "they are compared only with that reference.", ""]
-        lines, vs = family_table(f_refs, f_rows)
-        out += lines + [""] + ([reference_words(f_refs), ""] if len(f_refs) > 1 else [])
-        if len(f_refs) < 2:
-            out += ["Fewer than two reference seeds: no interval, no verdict yet.", ""]
+            out += [f"### {title}", "", "N=6 did not train at the suite's rate, so the depth rows and a reference "
+                    f"of their own (N = 3) train at a lower one ({schedule_words((f_refs or f_rows)[0])}); they are "
+                    "compared only with that reference. The paper's step from N=6 to 8 is 1.33×: C-N4 is that step "
+                    f"here{'' if any(r['row'] == 'C-N4' for r in f_rows) else ' (not run yet)'}; C-N6 (2×) is an "
+                    "observation.", ""]
+        vs = judged_rows.get(f, [])
+        out += family_table(f_refs, vs, r0["updates"]) + [""] + (
+            [reference_words(f_refs), ""] if len(f_refs) > 1 else ["Fewer than two reference seeds: no interval, no "
+                                                                   "verdict yet.", ""])
         verdicts += vs
     summary = _summary(verdicts)
     out += summary + [""] if summary else []
-    better = [v.r["row"] for v in verdicts if v.p_nll is not None and v.p_nll < 0.05 and v.nll.delta < 0]
-    out += [("Rows with a significantly lower validation NLL than their reference (candidates for the preset): "
-             + ", ".join(better) + ".") if better else "No row has a significantly lower validation NLL than its "
-            "reference.", "", _commits(refs + fam["main"][1] + fam["depth"][0] + fam["depth"][1]),
+    better = [v.r["row"] for v in verdicts if v.nll and v.nll.delta < 0 and v.nll.p < 0.05]
+    out += [("Rows with a lower validation NLL than their reference, p < 0.05 unadjusted (candidates for the "
+             "preset): " + ", ".join(better) + ".") if better else "No row has a lower validation NLL than its "
+            "reference at p < 0.05.", "", _commits(refs + fam["main"][1] + fam["depth"][0] + fam["depth"][1]),
             f"Machine: {machine_words(rs)}.", ""]
+    refs_nll = {f: [r["valid_nll"] for r in fam[f][0]] for f in judged_rows}
+    out += ["### What the paper claims, row by row", ""] + claims_table(verdicts) + [""]
+    out += ["### What each row could show", "", "The power of each row's test (NLL): the smallest change its "
+            "seeds find at 80 % power, and the seeds that would settle it with that power.", ""]
+    out += power_table(verdicts, refs_nll) + [""]
     _plot_curves([r for r in rs if r.get("family") != "stability"], img / "table3_curves.png",
                  "Table 3 rows: validation perplexity", by_time=False)
     return out + ["![validation curves](img/table3_curves.png)", ""]

@@ -47,24 +47,56 @@ def test_equivalence_needs_the_whole_interval_inside_the_margin():
     assert not equivalent((-0.01, 0.025), 0.02)
 
 
-def _test(delta, p, ci):
-    from aiayn.evidence.stats import SeedTest
-
-    return SeedTest(delta, p, 1.0, ci, 5)
-
-
-@pytest.mark.parametrize("paper,delta,p_adj,ci,higher,expected,ok", [
-    (-0.9, -1.2, 0.01, (-1.5, -0.9), True, "same direction, significant (worse)", True),
-    (-0.9, +1.2, 0.01, (0.9, 1.5), True, "opposite, significant (ours better; paper: worse)", False),
-    (-0.9, -1.2, 0.20, (-2.5, 0.1), True, "inconclusive (paper: worse)", None),
-    (-0.1, 0.05, 0.80, (-0.2, 0.3), True, "no change (equivalent), as the paper", True),
-    (0.0, 0.05, 0.80, (-0.7, 0.8), True, "inconclusive (paper: no change)", None),
-    (0.0, -2.0, 0.001, (-2.4, -1.6), True, "worse (significant); paper: no change", False),
-    (0.37, 0.30, 0.001, (0.2, 0.4), False, "same direction, significant (worse)", True),  # NLL: up is worse
+@pytest.mark.parametrize("claim,delta,tests,higher,expected,ok", [
+    ("worse", -1.2, (0.01, 1.0, 1.0), True, "agrees: worse, significant", True),
+    ("worse", +1.2, (0.01, 1.0, 1.0), True, "contradicts: better, significant (claim: worse)", False),
+    ("worse", -1.2, (0.20, 1.0, 1.0), True, "inconclusive (claim: worse)", None),
+    ("worse", +0.05, (0.80, 0.01, 1.0), True, "contradicts: equivalent within the margin (claim: worse)", False),
+    ("no change", 0.05, (0.80, 0.01, 1.0), True, "agrees: equivalent within the margin", True),
+    ("no change", 0.05, (0.80, 0.30, 1.0), True, "inconclusive (claim: no change)", None),
+    ("no change", -0.3, (0.001, 0.30, 0.40), True, "inconclusive (claim: no change)", None),  # ≠ 0, not beyond
+    ("no change", -2.0, (0.001, 1.0, 0.01), True, "contradicts: worse beyond the margin", False),
+    ("worse", 0.30, (0.001, 1.0, 1.0), False, "agrees: worse, significant", True),  # NLL: up is worse
 ])
-def test_verdicts_are_symmetric_in_what_the_paper_claims(paper, delta, p_adj, ci, higher, expected, ok):
-    v = judge(paper, 0.5 if higher else 0.02, _test(delta, 0.0, ci), p_adj, 0.5 if higher else 0.02, higher)
+def test_verdicts_are_symmetric_in_what_the_paper_claims(claim, delta, tests, higher, expected, ok):
+    from aiayn.evidence.stats import Tests
+
+    v = judge(claim, delta, Tests(*tests), higher)
     assert (v.word, v.reproduced) == (expected, ok)
+
+
+def test_an_equivalent_row_contradicts_a_change_claim_and_agrees_with_no_change():
+    """Issue #61: the rule is symmetric in practice. One synthetic row, ten seeds equivalent within the
+    margin against five reference seeds: it must contradict "worse" and agree with "no change"; a row
+    clearly outside the margin must contradict "no change" (by the minimum-effect test, not ≠ 0)."""
+    from aiayn.evidence.stats import Tests, margin_ps
+
+    ref = [2.000, 2.004, 1.996, 2.002, 1.998]
+    row = seed_test([2.001 + 0.002 * ((-1) ** k) for k in range(10)], ref)
+    equiv, outside = margin_ps(row, 0.02)
+    assert equiv < 0.05 and outside > 0.05 and equivalent(row.ci90, 0.02)
+    assert judge("worse", row.delta, Tests(row.p, equiv, outside), False).reproduced is False
+    assert judge("no change", row.delta, Tests(row.p, equiv, outside), False).reproduced is True
+    far = seed_test([2.05 + 0.002 * ((-1) ** k) for k in range(4)], ref)
+    equiv, outside = margin_ps(far, 0.02)
+    assert outside < 0.05 and judge("no change", far.delta, Tests(far.p, equiv, outside), False).reproduced is False
+    near = seed_test(2.015, ref)  # significantly ≠ 0 perhaps, but not shown beyond the margin
+    assert margin_ps(near, 0.02)[1] > 0.05
+
+
+def test_margin_tests_agree_with_scipys_one_sided_t_tests():
+    from scipy import stats as scipy_stats
+
+    from aiayn.evidence.stats import margin_ps
+
+    ref, xs = [2.00, 2.02, 1.98, 2.01, 1.99], [2.03, 2.05]
+    t = seed_test(xs, ref)
+    equiv, outside = margin_ps(t, 0.02)
+    shifted_up = scipy_stats.ttest_ind([x - 0.02 for x in xs], ref, alternative="less").pvalue  # H0: Δ ≥ +margin
+    shifted_down = scipy_stats.ttest_ind([x + 0.02 for x in xs], ref, alternative="greater").pvalue  # H0: Δ ≤ −m
+    assert equiv == pytest.approx(max(shifted_up, shifted_down))
+    beyond = scipy_stats.ttest_ind([x - 0.02 for x in xs], ref, alternative="greater").pvalue
+    assert outside == pytest.approx(min(1.0, 2 * beyond))
 
 
 def test_paired_bootstrap_matches_sacrebleus_command_line(tmp_path):
@@ -107,3 +139,25 @@ def test_a_p_value_is_never_printed_as_zero():
     smallest p, 1/1001, is 0.001."""
     assert p_text(0.0002) == "< 0.001" and p_text(0.0) == "< 0.001"
     assert p_text(1 / 1001) == "0.001" and p_text(0.0163) == "0.016" and p_text(1.0) == "1.000"
+
+
+def test_every_table3_row_has_a_claim_that_follows_its_table_delta():
+    """claims.py against plan.py: every Table 3 row has a claim, and where the paper's Δ is beyond the
+    margin the claim goes its way (a claim against the table would need the text to overrule it)."""
+    import math
+
+    from aiayn.evidence.claims import CLAIMS, SAME
+    from aiayn.evidence.plan import BLEU_MARGIN, NLL_MARGIN, table3_rows
+
+    rows = [r for r in table3_rows() if r.group != "ref"]
+    assert sorted(r.name for r in rows) == sorted(CLAIMS)
+    for r in rows:
+        c = CLAIMS[r.name]
+        d_nll = math.log(r.paper.ppl) - math.log(r.paper.ref_ppl)
+        d_bleu = r.paper.bleu - r.paper.ref_bleu
+        for claim, d, margin, lower_is_better in ((c.nll, d_nll, NLL_MARGIN, True),
+                                                  (c.bleu, d_bleu, BLEU_MARGIN, False)):
+            if claim in (None, SAME) or abs(d) < margin:
+                continue
+            table = "better" if (d < 0) == lower_is_better else "worse"
+            assert claim == table, (r.name, claim, d)
