@@ -152,8 +152,9 @@ def _finished_twin(row: Row, common: dict[str, Any], data_dir: Path, results: Pa
             r = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if r.get("machine", {}).get("git") == commit and all(r.get(k) == v for k, v in want.items()) and \
-                r.get("bleu", {}).get("valid", {}).get("sentences") == scored:
+        machine = r.get("machine") if isinstance(r, dict) else None  # other results (heads, parse) have their own form
+        if isinstance(machine, dict) and machine.get("git") == commit and all(r.get(k) == v for k, v in want.items()) \
+                and r.get("bleu", {}).get("valid", {}).get("sentences") == scored:
             return path
     return None
 

@@ -593,3 +593,17 @@ def test_a_mixed_report_names_the_rows_of_each_commit():
     assert _commits(rs) == ("**Rows from 2 commits**, mixed with --allow-mixed-commits: "
                             f"{'a' * 40} (3 rows); {'b' * 40} (1 row: C-N1).")
     assert _commits(rs[:3]) == f"All rows from commit {'a' * 40}."
+
+
+def test_a_finished_twin_is_looked_for_only_among_rows_results(toy_prepared, tmp_path, monkeypatch):
+    """Results of other forms beside the rows' (a parse result names its machine in words, a damaged
+    file holds a list) are passed over, not a traceback, when a new row looks for a twin."""
+    from aiayn.evidence import rows
+    from aiayn.evidence.plan import TINY, Row
+
+    monkeypatch.setattr(rows, "_code_commit", lambda: "abc1234")
+    for suite, content in (("parse", {"machine": "AMD EPYC family 26"}), ("table3", ["not", "a", "mapping"])):
+        (tmp_path / suite).mkdir()
+        (tmp_path / suite / "x.json").write_text(json.dumps(content))
+    assert (toy_prepared / "valid.en.txt").exists()  # so the search reaches the results
+    assert rows._finished_twin(Row("ref-s1", "reference", TINY), protocol(10), toy_prepared, tmp_path, 0, "cpu") is None
