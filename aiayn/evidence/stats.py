@@ -129,11 +129,6 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adjusted
 
 
-def equivalent(interval: tuple[float, float], margin: float) -> bool:
-    """Two one-sided tests: the 90 % interval lies inside ±margin."""
-    return -margin < interval[0] and interval[1] < margin
-
-
 def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], refs: Sequence[str],
                      samples: int = 1000) -> dict[str, float]:
     """sacreBLEU's paired bootstrap (`--paired-bs`, Koehn 2004): the system's BLEU minus the

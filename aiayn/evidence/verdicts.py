@@ -96,11 +96,6 @@ def _holm_where(use: list[bool], ps: list[float]) -> list[float]:
     return [next(adjusted) if u else 1.0 for u in use]
 
 
-def analyse(refs: list[dict], rows: list[dict]) -> list[RowVerdict]:
-    """One family's rows tested and judged (the report judges every family's rows together: analyse_all)."""
-    return judge_all(seed_tests(refs, rows))
-
-
 def analyse_all(rs: list[dict]) -> dict[str, list[RowVerdict]]:
     """Table 3's families (main, depth), each against its own reference, judged as one family of tests."""
     fam = families(rs)

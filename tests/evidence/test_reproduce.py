@@ -27,7 +27,7 @@ from aiayn.evidence.table1 import (
     path_length,
     saved_bytes,
 )
-from aiayn.evidence.verdicts import analyse
+from aiayn.evidence.verdicts import judge_all, seed_tests
 from aiayn.models.attention import attention
 from aiayn.models.rnn import LSTMCell
 
@@ -266,7 +266,7 @@ def test_table3_verdicts_from_results_by_hand():
              "valid_ppl": 7.4} for i, v in enumerate(nll)]
     row = {"row": "C-N1", "valid_nll": 2.10, "bleu": {"valid": {"bleu": 25.0}}, "paper": paper, "curve": [],
            "valid_ppl": 8.2, "paired_bs": {"delta": -5.1, "p": 0.001}}
-    (v,) = analyse(refs, [row])
+    (v,) = judge_all(seed_tests(refs, [row]))
     scale = 0.015811 * (1 + 1 / 5) ** 0.5  # s·√(1 + 1/n)
     assert v.nll.pi95 == pytest.approx(2.776 * scale, rel=1e-3)  # t(0.975, 4) = 2.776
     assert v.nll.delta == pytest.approx(0.10) and v.p_nll.diff < 0.01  # t = 5.77 on 4 df
@@ -274,7 +274,7 @@ def test_table3_verdicts_from_results_by_hand():
     assert v.v_bleu.reproduced  # −5.2 BLEU, beyond the seed interval and the paired bootstrap's
     # the same row with a second seed: tested by its mean, the pooled two-sample t test (scipy's)
     row2 = {**row, "row": "C-N1-s2", "of": "C-N1", "seed": 2, "valid_nll": 2.04, "paired_bs": {"delta": -4, "p": 0.2}}
-    (v2,) = analyse(refs, [{**row, "seed": 1}, row2])
+    (v2,) = judge_all(seed_tests(refs, [{**row, "seed": 1}, row2]))
     assert v2.nll.delta == pytest.approx(0.07) and v2.nll.m == 2 and len(v2.runs) == 2
     assert v2.nll.p == pytest.approx(scipy_stats.ttest_ind([2.10, 2.04], nll).pvalue)
     assert v2.p_bleu.diff >= 0.2  # every seed's paired bootstrap must show it: the largest p counts

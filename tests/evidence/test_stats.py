@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.evidence.stats import equivalent, holm, judge, p_text, paired_bootstrap, prediction_halfwidth, seed_test
+from aiayn.evidence.stats import holm, judge, p_text, paired_bootstrap, prediction_halfwidth, seed_test
 
 
 def test_prediction_interval_by_hand():
@@ -43,8 +43,14 @@ def test_holm_by_hand():
 
 
 def test_equivalence_needs_the_whole_interval_inside_the_margin():
-    assert equivalent((-0.01, 0.015), 0.02)
-    assert not equivalent((-0.01, 0.025), 0.02)
+    """TOST at 5 % (margin_ps) against the 90 % interval seed_test gives: inside ±margin exactly when p < 0.05."""
+    from aiayn.evidence.stats import margin_ps
+
+    ref = [2.00, 2.02, 1.98, 2.01, 1.99]
+    for xs in ([2.001] * 3, [2.004, 2.006, 2.005, 2.003] * 3, [2.012], [2.0] * 12, [2.03, 2.02]):
+        t = seed_test(xs, ref)
+        inside = -0.02 < t.ci90[0] and t.ci90[1] < 0.02
+        assert (margin_ps(t, 0.02)[0] < 0.05) == inside, xs
 
 
 @pytest.mark.parametrize("claim,delta,tests,higher,expected,ok", [
@@ -74,7 +80,7 @@ def test_an_equivalent_row_contradicts_a_change_claim_and_agrees_with_no_change(
     ref = [2.000, 2.004, 1.996, 2.002, 1.998]
     row = seed_test([2.001 + 0.002 * ((-1) ** k) for k in range(10)], ref)
     equiv, outside = margin_ps(row, 0.02)
-    assert equiv < 0.05 and outside > 0.05 and equivalent(row.ci90, 0.02)
+    assert equiv < 0.05 and outside > 0.05 and -0.02 < row.ci90[0] and row.ci90[1] < 0.02
     assert judge("worse", row.delta, Tests(row.p, equiv, outside), False).reproduced is False
     assert judge("no change", row.delta, Tests(row.p, equiv, outside), False).reproduced is True
     far = seed_test([2.05 + 0.002 * ((-1) ** k) for k in range(4)], ref)
