@@ -2,12 +2,13 @@
 class and flags, the precision `auto` picks for training and decoding, and the kernels that follow.
 
 One rule for every verb: bf16 only where the processor computes it natively (a CUDA GPU with bf16,
-a CPU with AVX-512 BF16 or AMX), fp32 elsewhere; int8 (decoding, CPU) only with VNNI, the
-instructions whose 32-bit sums PyTorch's int8 product needs: without them oneDNN's product sums
-pairs in 16 bits and saturates (wrong results under ONEDNN_MAX_CPU_ISA=AVX2, bench/int8_isa.json)
-or falls to a slow path (0.04x CTranslate2 on an AVX2 EPYC, issue #58), so int8 is refused there
-and decoding runs in fp32. The flags are the processor's, less what the user has barred oneDNN
-from with ONEDNN_MAX_CPU_ISA (so that variable reproduces a smaller CPU's choices here).
+a CPU with AVX-512 BF16 or AMX), fp32 elsewhere; int8 (decoding, CPU, only when asked for) by the
+processor's int8 instructions (`int8_kernel`): with VNNI, 8-bit rows through `torch._int_mm`
+(32-bit sums); with AVX2 but no VNNI, whose instructions sum pairs in 16 bits (oneDNN's s8 x s8
+product saturates there: bench/int8_isa.json), 7-bit rows through fbgemm's reduce-range kernel,
+which cannot saturate; without AVX2, int8 is refused and decoding runs in fp32. The flags are the
+processor's, less what the user has barred oneDNN from with ONEDNN_MAX_CPU_ISA (so that variable
+reproduces a smaller CPU's choices here; FBGEMM_ENABLE_INSTRUCTIONS=AVX2 limits fbgemm's kernels).
 """
 
 from __future__ import annotations
@@ -69,6 +70,18 @@ def int8_products(flags: set[str] | None = None) -> list[str]:
     return sorted((cpu_flags() if flags is None else flags) & _VNNI)
 
 
+def int8_kernel(flags: set[str] | None = None) -> str | None:
+    """The int8 product this CPU (or `flags`) decodes with: "int_mm" (VNNI: 8-bit rows, 32-bit
+    sums), "fbgemm" (AVX2 without VNNI: 7-bit rows, so no 16-bit pair sum saturates), or None."""
+    flags = cpu_flags() if flags is None else flags
+    if flags & _VNNI:
+        return "int_mm"
+    if ("avx2" in flags and "fbgemm" in torch.backends.quantized.supported_engines
+            and hasattr(torch.ops.quantized, "linear_dynamic")):
+        return "fbgemm"
+    return None
+
+
 def cpu_class(text: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """What a figure measured on this CPU is labelled with: name, family, model, the vector class
     that decides aiayn's kernels ("AVX-512 BF16", "AVX-512", "AVX2", ...), and any ISA limit set."""
@@ -109,7 +122,7 @@ def resolve_precision(precision: str, device: torch.device, flags: set[str] | No
     """The precision that runs, and why. `auto` is bf16 where the processor computes bf16
     natively — a CUDA GPU with bf16 (Ampere or later), a CPU with AVX-512 BF16 or AMX — and fp32
     elsewhere; int8 (CPU only, decoding) is never chosen for the user, and where it is asked for
-    on a CPU without VNNI it falls back to fp32 (the reason says so). `flags`: a CPU's flags (tests)."""
+    on a CPU without AVX2 it falls back to fp32 (the reason says so). `flags`: a CPU's flags (tests)."""
     if precision not in choices:
         raise ValueError(f"precision must be one of {', '.join(choices)}, got {precision!r}")
     if precision == "int8" and device.type != "cpu":
@@ -122,10 +135,13 @@ def resolve_precision(precision: str, device: torch.device, flags: set[str] | No
         return "fp32", "auto: this GPU has no native bf16"
     flags = cpu_flags() if flags is None else flags
     if precision == "int8":
-        if int8_products(flags):
-            return "int8", "asked for"
-        return "fp32", ("int8 refused: this CPU has no VNNI (AVX-512 VNNI or AVX-VNNI), without which PyTorch's "
-                        "int8 product is inexact or slower than fp32; running fp32")
+        kernel = int8_kernel(flags)
+        if kernel == "int_mm":
+            return "int8", "asked for (VNNI: 8-bit rows, torch._int_mm)"
+        if kernel == "fbgemm":
+            return "int8", "asked for (AVX2 without VNNI: 7-bit rows, fbgemm's reduce-range kernel)"
+        return "fp32", ("int8 refused: this CPU has no AVX2, without which PyTorch's int8 products are "
+                        "slower than fp32; running fp32")
     if precision == "bf16":
         return "bf16", "asked for" + ("" if native_bf16(flags) else
                                       "; this CPU has no native bf16 (AVX-512 BF16 or AMX): emulated, slower than fp32")

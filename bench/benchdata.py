@@ -55,7 +55,7 @@ def meaningful(systems: list[str]) -> list[str]:
     """The default systems less those that would not run natively here: bf16 rows without native
     bf16 (emulated, slower than fp32), int8 rows without VNNI (aiayn refuses int8 there). Asked for
     by name (--systems), they still run."""
-    from aiayn.device import int8_products, native_bf16
+    from aiayn.device import int8_kernel, native_bf16
 
-    return [s for s in systems if ("bf16" not in s or native_bf16()) and ("int8" not in s or int8_products()
+    return [s for s in systems if ("bf16" not in s or native_bf16()) and ("int8" not in s or int8_kernel()
                                                                           or s.startswith("ct2"))]

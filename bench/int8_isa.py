@@ -5,10 +5,11 @@ AVX512_CORE_VNNI: what a smaller processor runs), in a fresh process each:
 - exactness of `torch._int_mm` (int8 x int8 -> int32, the product linear.Int8Linear uses with one
   activation scale per row) against int64 sums, on random and on extreme (127 x 127) operands;
 - speed of the decoding shapes (rows x d_model -> outputs of the `multi30k` model) for fp32 (oneDNN,
-  what aiayn's Linear runs), `_int_mm`, and PyTorch's dynamic quantized linear (fbgemm, one
-  activation scale per *tensor*, so a sentence's result depends on its batch: not eligible for
-  aiayn, shown for scale), median of 30 calls.
-The rule aiayn takes from it (device.resolve_precision): int8 only where VNNI is present.
+  what aiayn's Linear runs), `_int_mm` alone, and the two kernels of aiayn's Int8Linear whole
+  (row quantization and scaling included): "int_mm" and "fbgemm" (fbgemm's reduce-range dynamic
+  linear, 7-bit rows pinned to one range by an anchor row), median of 30 calls.
+fbgemm is limited with the level too (FBGEMM_ENABLE_INSTRUCTIONS: AVX2, AVX512 or AVX512_E1).
+The rule aiayn takes from it (device.int8_kernel): "int_mm" where VNNI is present, else "fbgemm".
 
     .venv/bin/python bench/int8_isa.py [--out bench/int8_isa.json]
 """
@@ -28,6 +29,7 @@ from pathlib import Path
 from benchdata import cpu_meta
 
 LEVELS = [None, "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI"]
+FBGEMM = {"AVX2": "AVX2", "AVX2_VNNI": "AVX2", "AVX512_CORE": "AVX512", "AVX512_CORE_VNNI": "AVX512_E1"}
 SHAPES = [(4, 256, 1024), (32, 256, 1024), (128, 1024, 256), (32, 256, 8000)]  # rows, in, out
 
 
@@ -44,6 +46,8 @@ def _time(fn, n: int = 30) -> float:
 
 def worker(threads: int) -> dict:
     import torch
+
+    from aiayn.models.linear import Int8Linear
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -62,13 +66,13 @@ def worker(threads: int) -> dict:
             x, w = torch.randn(m, k), torch.randn(n, k)
             xq = torch.randint(-127, 128, (m, k), dtype=torch.int8)
             wq = torch.randint(-127, 128, (k, n), dtype=torch.int8)
-            lin = torch.nn.Linear(k, n)
-            dyn = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear}, torch.qint8)
+            lin = torch.nn.Linear(k, n, bias=False)
+            aiayn = {kernel: Int8Linear(lin, kernel) for kernel in ("int_mm", "fbgemm")}
             speed.append({"rows": m, "in": k, "out": n,
                           "fp32_ms": _time(lambda x=x, w=w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none",
                                                                                                 [], "")),
                           "int_mm_ms": _time(lambda a=xq, b=wq: torch._int_mm(a, b)),
-                          "fbgemm_dynamic_ms": _time(lambda x=x, dyn=dyn: dyn(x))})
+                          **{f"aiayn_{kernel}_ms": _time(lambda x=x, q=q: q(x)) for kernel, q in aiayn.items()}})
     return {"int_mm_max_error": errors, "exact": not any(errors.values()), "speed": speed,
             "aten_capability": torch.backends.cpu.get_cpu_capability()}
 
@@ -85,18 +89,19 @@ def main() -> None:
     print(f"CPU: {cpu_meta()['label']}")
     rows = []
     for level in LEVELS:
-        env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
+        env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS")}
         if level:
             env["ONEDNN_MAX_CPU_ISA"] = level
+            env["FBGEMM_ENABLE_INSTRUCTIONS"] = FBGEMM[level]
         out = subprocess.run([sys.executable, __file__, "--worker", "--threads", str(args.threads)], env=env,
                              capture_output=True, text=True, check=True)
         r = {"onednn_max_cpu_isa": level or "(this CPU)", **json.loads(out.stdout.strip().splitlines()[-1])}
         rows.append(r)
         print(f"\n{r['onednn_max_cpu_isa']}: _int_mm exact {r['exact']} (max error {r['int_mm_max_error']})")
-        print(f"  {'rows x in -> out':<20}{'fp32':>8}{'_int_mm':>9}{'fbgemm':>8}  (ms)")
+        print(f"  {'rows x in -> out':<20}{'fp32':>8}{'_int_mm':>9}{'aiayn int_mm':>13}{'aiayn fbgemm':>13}  (ms)")
         for s in r["speed"]:
             print(f"  {s['rows']:>4} x {s['in']:>4} -> {s['out']:<6}{s['fp32_ms']:>8.3f}{s['int_mm_ms']:>9.3f}"
-                  f"{s['fbgemm_dynamic_ms']:>8.3f}")
+                  f"{s['aiayn_int_mm_ms']:>13.3f}{s['aiayn_fbgemm_ms']:>13.3f}")
     import torch
 
     meta = {"cpu": cpu_meta(), "torch": torch.__version__, "threads": args.threads, "date": time.strftime("%Y-%m-%d")}

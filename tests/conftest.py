@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.device import int8_products
+from aiayn.device import int8_kernel, int8_products
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 # inductor's on-disk cache does not key on oneDNN's ISA limit: kernels compiled without
@@ -16,10 +16,14 @@ if os.environ.get("ONEDNN_MAX_CPU_ISA") and "TORCHINDUCTOR_CACHE_DIR" not in os.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
         tempfile.gettempdir(), f"torchinductor-aiayn-tests-{os.environ['ONEDNN_MAX_CPU_ISA'].lower()}")
 
-# int8 decoding needs VNNI (device.py): elsewhere aiayn refuses it, and PyTorch's int8 product is
-# inexact (under ONEDNN_MAX_CPU_ISA=AVX2) or slow, so the tests of the int8 kernels are skipped there.
-requires_vnni = pytest.mark.skipif(not int8_products(), reason="int8 products need VNNI (AVX-512 VNNI or AVX-VNNI), "
-                                   "which this CPU lacks (or ONEDNN_MAX_CPU_ISA bars): aiayn refuses int8 here")
+# int8 decoding needs AVX2 (device.int8_kernel: VNNI's torch._int_mm, else fbgemm's 7-bit rows);
+# without it aiayn refuses int8, so the int8 tests are skipped. torch._int_mm itself needs VNNI: without
+# it oneDNN's product saturates (under ONEDNN_MAX_CPU_ISA=AVX2), so its own tests need VNNI.
+requires_int8 = pytest.mark.skipif(not int8_kernel(), reason="int8 decoding needs AVX2, which this CPU lacks: "
+                                   "aiayn refuses int8 here")
+requires_vnni = pytest.mark.skipif(not int8_products(), reason="torch._int_mm needs VNNI (AVX-512 VNNI or "
+                                   "AVX-VNNI), which this CPU lacks (or ONEDNN_MAX_CPU_ISA bars): aiayn takes fbgemm's "
+                                   "kernel here")
 
 # Multi30k lives beside the repository (../shared/data/multi30k); AIAYN_DATA overrides it.
 DATA_DIR = Path(os.environ.get("AIAYN_DATA", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))

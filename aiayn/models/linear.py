@@ -20,13 +20,16 @@ process's first oneDNN product.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
+import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..device import cpu_flags
+from ..device import cpu_flags, int8_kernel
 
 _CACHE_VAR = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 _USER_CACHE = _CACHE_VAR in os.environ  # the user's choice always wins
@@ -118,22 +121,59 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
-class Int8Linear(nn.Module):
-    """y ≈ x Wᵀ + b with int8 weights (one scale per output channel) and int8 activations with
-    one scale per row, computed when the row arrives (dynamic quantization), through PyTorch's
-    integer product `torch._int_mm` (int8 × int8 → exact int32 sums, oneDNN's VNNI kernels on
-    x86). A row's result depends on that row only, so a sentence translates the same in any
-    batch — which PyTorch's `quantize_dynamic` (one activation scale per tensor) does not give.
-    Symmetric scales: w_q = round(W / s_w), s_w = max|W_row| / 127; the same for each input row."""
+_FBGEMM_LAYERS: weakref.WeakValueDictionary[int, Int8Linear] = weakref.WeakValueDictionary()
+_HANDLES = itertools.count()
 
-    def __init__(self, linear: nn.Linear):
+
+@torch.library.custom_op("aiayn::fbgemm_int8_linear", mutates_args=(), schema="(Tensor x, int layer) -> Tensor")
+def _fbgemm_op(x: Tensor, layer: int) -> Tensor:
+    """An fbgemm Int8Linear as one opaque operation for torch.compile (its packed weights are no
+    tensor, and dynamo would split the graph at each product)."""
+    return _FBGEMM_LAYERS[layer].forward(x)
+
+
+@_fbgemm_op.register_fake
+def _(x: Tensor, layer: int) -> Tensor:
+    return x.new_empty(*x.shape[:-1], _FBGEMM_LAYERS[layer].out_features)
+
+
+class Int8Linear(nn.Module):
+    """y ≈ x Wᵀ + b (§3.2.2, §3.3, §3.4) with int8 weights (one scale per output channel) and integer
+    activations with one scale per row, computed when the row arrives (dynamic quantization). A
+    row's result depends on that row only, so a sentence translates the same in any batch — which
+    PyTorch's `quantize_dynamic` (one activation scale per tensor) does not give. The product is
+    exact integer arithmetic by one of two kernels (`kernel`, default device.int8_kernel()):
+    - "int_mm" (VNNI): rows x_q = round(x / s), s = max|x| / 127, `torch._int_mm` (32-bit sums);
+    - "fbgemm" (AVX2 without VNNI, whose 16-bit pair sums would saturate 8-bit operands): rows
+      scaled to max|x| = 1 plus one anchor row [1, -64/63, 0, ...] fix fbgemm's per-tensor
+      activation range to [-64/63, 1] in every batch, so its reduce-range (7-bit) quantization is
+      x_q = round(63 x / max|x|) + 64 for each row; the result is scaled back by max|x|.
+    Weights: w_q = round(W / s_w), s_w = max|W_row| / 127, the same for both kernels."""
+
+    def __init__(self, linear: nn.Linear, kernel: str | None = None):
         super().__init__()
         w = linear.weight.detach().float()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.kernel = kernel or int8_kernel() or "int_mm"
         scale = w.abs().amax(1).clamp_min(1e-12) / 127
         self.register_buffer("w_scale", scale)  # (out,)
         self.register_buffer("w_q", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).t().contiguous())
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+        self._pack()
+
+    def _pack(self) -> None:
+        """fbgemm's packed weights (not a buffer: rebuilt from w_q and w_scale), and the anchor row."""
+        if self.kernel != "fbgemm":
+            return
+        zero = torch.zeros(self.out_features, dtype=torch.long)
+        with warnings.catch_warnings():  # quantized tensors are deprecated (torch 2.13); int8_kernel checks the op
+            warnings.simplefilter("ignore", UserWarning)
+            w = torch._make_per_channel_quantized_tensor(self.w_q.t().contiguous(), self.w_scale.double(), zero, 0)
+        self._packed = torch.ops.quantized.linear_prepack(w, None)
+        self._handle = next(_HANDLES)
+        _FBGEMM_LAYERS[self._handle] = self
+        self._anchor = torch.zeros(2 if self.in_features == 1 else 1, self.in_features)
+        self._anchor.view(-1)[:2] = torch.tensor([1.0, -64 / 63])
 
     @staticmethod
     def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -141,19 +181,36 @@ class Int8Linear(nn.Module):
         s = x.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
         return (x / s).round_().clamp_(-127, 127).to(torch.int8), s
 
+    def _products(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """x (m, k) -> (y, s, s_w): x Wᵀ = y · s (· s_w), y (m, out) the kernel's result, s (m, 1)
+        the rows' scales, s_w the channels' (None: the kernel applied them)."""
+        if self.kernel == "int_mm":
+            x_q, s = self.quantize_rows(x)
+            return torch._int_mm(x_q, self.w_q), s, self.w_scale  # exact integer sums
+        m = x.size(0)
+        s = x.abs().amax(1, keepdim=True).clamp_min_(1e-30)
+        rows = x.new_empty(m + self._anchor.size(0), self.in_features)
+        torch.div(x, s, out=rows[:m])
+        rows[m:] = self._anchor
+        return torch.ops.quantized.linear_dynamic(rows, self._packed, True)[:m], s, None
+
     def forward(self, x: Tensor) -> Tensor:
+        if self.kernel == "fbgemm" and _compiling():
+            return _fbgemm_op(x, self._handle)
         shape = x.shape
-        x_q, s = self.quantize_rows(x.reshape(-1, self.in_features).float())
-        y = torch._int_mm(x_q, self.w_q)  # (m, out) exact integer sums
+        y, s, s_w = self._products(x.reshape(-1, self.in_features).float())
+        if s_w is None and not _compiling():  # fbgemm's fresh fp32 result, scaled in place (one pass)
+            out = y.mul_(s) if self.bias is None else torch.addcmul(self.bias, y, s, out=y)
+            return out.view(*shape[:-1], self.out_features)
         if _compiling():  # inductor fuses the epilogue; a Python loop over rows would fix their number
-            out = y * s * self.w_scale
+            out = y * s * s_w
             return (out if self.bias is None else out + self.bias).view(*shape[:-1], self.out_features)
         out = torch.empty(y.shape, device=y.device)
         # Back to floats by blocks of rows that stay in cache (the output layer's (m, 8000) result
         # is memory-bound: 2.4 vs 3.2 ms for 1,000 rows in one pass on a 2-core CPU).
         step = max(1, (1 << 18) // self.out_features)
         for i in range(0, y.size(0), step):
-            o = torch.mul(y[i:i + step], s[i:i + step], out=out[i:i + step]).mul_(self.w_scale)
+            o = torch.mul(y[i:i + step], s[i:i + step], out=out[i:i + step]).mul_(s_w)
             if self.bias is not None:
                 o.add_(self.bias)
         return out.view(*shape[:-1], self.out_features)
@@ -162,11 +219,13 @@ class Int8Linear(nn.Module):
         """The same layer restricted to output channels `rows`, with the same numbers."""
         sub = Int8Linear.__new__(Int8Linear)
         nn.Module.__init__(sub)
-        sub.in_features, sub.out_features = self.in_features, rows.numel()
+        sub.in_features, sub.out_features, sub.kernel = self.in_features, rows.numel(), self.kernel
         sub.register_buffer("w_scale", self.w_scale.index_select(0, rows))
         sub.register_buffer("w_q", self.w_q.index_select(1, rows).contiguous())
         sub.register_buffer("bias", None if self.bias is None else self.bias.index_select(0, rows))
+        sub._pack()
         return sub
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights and rows"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"int8 weights and rows ({self.kernel})")

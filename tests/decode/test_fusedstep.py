@@ -4,7 +4,7 @@ the same hypotheses from search; batch equals one by one."""
 
 import pytest
 import torch
-from conftest import requires_vnni
+from conftest import requires_int8, requires_vnni
 
 from aiayn.config import preset
 from aiayn.decode.fused import FusedDecoder, fusable
@@ -114,7 +114,7 @@ def test_only_plain_transformers_are_fused():
         FusedDecoder(toy(pointer_input=True))
 
 
-@requires_vnni
+@requires_int8
 def test_fused_step_equals_the_int8_modules_bit_for_bit():
     """int8: the fused Q|K|V product quantized as one (per-channel weight scales, per-row
     activation scales) gives what the three Int8Linear products of translate.quantize_int8 give."""
@@ -132,14 +132,20 @@ def _graphs() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("int8", [False, pytest.param(True, marks=requires_vnni)])
-def test_compiled_step_agrees_with_eager_and_searches_the_same_batch_or_alone(int8):
+@pytest.mark.parametrize("int8", [False, pytest.param(True, marks=requires_int8),
+                                  pytest.param("fbgemm", marks=requires_int8)])
+def test_compiled_step_agrees_with_eager_and_searches_the_same_batch_or_alone(int8, monkeypatch):
     """torch.compile of the fused step (one layer, to keep compiling short): logits equal the
     eager step's to rounding through reorders, a dropped sentence and cache growth; beam search
     finds the eager search's hypotheses, and (int8) a sentence alone (other graphs: batch of one) the
     same as in the batch. int8 goes through Translator: after its compile_now(), nothing the test
-    decodes compiles again (warm-up lengths that collided with the beam once did)."""
+    decodes compiles again (warm-up lengths that collided with the beam once did). "fbgemm": the
+    AVX2 kernel forced (one opaque operation in the graph)."""
     from aiayn.decode.translator import Translator, quantize_int8
+    from aiayn.models import linear
+
+    if int8 == "fbgemm":
+        monkeypatch.setattr(linear, "int8_kernel", lambda: "fbgemm")
 
     model, start = toy(N=1), _graphs()
     kw = {"int8": True, "encoder": quantize_int8(model)} if int8 else {}
@@ -190,7 +196,8 @@ def test_compiled_decoding_is_off_by_default_and_selectable():
 def test_the_compiled_step_has_the_batch_sizes_as_symbols_and_the_weights_sizes_fixed(monkeypatch):
     """Dynamic shapes are for what varies (rows, sources, lengths, positions). A weight whose sizes
     entered the graph as symbols made the generated code generic: single-sentence int8 decoding
-    took 50 ms instead of 25 (p50, 1 thread) until the weights were marked static."""
+    took 50 ms instead of 25 (p50, 1 thread) until the weights were marked static. (torch._int_mm's
+    weights are graph inputs; fbgemm's packed weights stay inside one opaque operation.)"""
     from aiayn.decode.translator import quantize_int8
 
     seen: list[tuple[str, tuple]] = []

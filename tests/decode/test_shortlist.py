@@ -8,14 +8,14 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from conftest import requires_vnni
+from conftest import requires_int8
 from test_fusedstep import sources, toy
 
 from aiayn.decode.fused import FusedDecoder
 from aiayn.decode.search import beam_search, greedy_search
 from aiayn.decode.shortlist import Shortlist, ShortlistDecoder, ShortlistError, _pairs, build, vocabulary_id
 from aiayn.decode.translator import cast_bf16, quantize_int8
-from aiayn.device import int8_products
+from aiayn.device import int8_kernel
 
 
 @pytest.mark.parametrize("max_pairs,stride", [(0, 1), (200, 2), (150, 3)])
@@ -64,7 +64,7 @@ def _key(hyps):
 def _decoders():
     model = toy()
     out = {"fp32": FusedDecoder(model), "bf16": FusedDecoder(cast_bf16(toy()), torch.bfloat16)}
-    if int8_products():  # int8 needs VNNI (conftest.requires_vnni)
+    if int8_kernel():  # int8 needs AVX2 (conftest.requires_int8)
         out["int8"] = FusedDecoder(model, int8=True, encoder=quantize_int8(model))
     return out
 
@@ -125,7 +125,7 @@ def test_file_round_trip_and_its_errors(tmp_path):
 
 
 @pytest.mark.slow
-@requires_vnni
+@requires_int8
 def test_compiled_shortlisted_search_finds_the_eager_ones_hypotheses_in_a_batch_or_alone():
     """int8 compiled (`translate --precision int8 --compile --shortlist`, the fastest in
     bench/README.md): the compiled step without its output layer, then the shortlist's columns."""

@@ -5,7 +5,7 @@ integer arithmetic and the rounding bound."""
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import requires_vnni
+from conftest import requires_int8, requires_vnni
 
 from aiayn.models import linear
 from aiayn.models.linear import Int8Linear, Linear
@@ -146,21 +146,25 @@ def test_backward_of_an_expanded_gradient_is_right_and_not_slow():
     assert best(lambda: lin(x)) < 10 * best(lambda: F.linear(x, lin.weight, lin.bias)) + 0.002
 
 
+KERNELS = [pytest.param("int_mm", marks=requires_vnni), pytest.param("fbgemm", marks=requires_int8)]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("n_in,n_out,bias", [(16, 48, True), (37, 5, False), (256, 1, False)])
-@requires_vnni
-def test_int8_linear_is_exact_integer_arithmetic_within_the_rounding_bound(n_in, n_out, bias):
+def test_int8_linear_is_exact_integer_arithmetic_within_the_rounding_bound(n_in, n_out, bias, kernel):
     """Int8Linear against (1) its definition computed another way — symmetric per-row/per-channel
-    scales, rounded by hand, summed in int64 — and (2) fp32 `F.linear` within the bound that
-    rounding allows: |xw - x̂ŵ| <= Σ_j (|x_j|·s_w/2 + |w_j|·s_x/2 + s_x·s_w/4)."""
+    scales (rows: max|x| / 127 for int_mm, max|x| / 63 for fbgemm's 7 bits), rounded by hand, summed
+    in int64 — and (2) fp32 `F.linear` within the bound that rounding allows:
+    |xw - x̂ŵ| <= Σ_j (|x_j|·s_w/2 + |w_j|·s_x/2 + s_x·s_w/4)."""
     torch.manual_seed(1)
     layer = torch.nn.Linear(n_in, n_out, bias=bias)
     x = torch.randn(2, 9, n_in) * torch.logspace(-2, 1, 9)[:, None]  # rows of very different sizes
-    q = Int8Linear(layer)
+    q = Int8Linear(layer, kernel)
     y = q(x)
     w = layer.weight.detach()
     s_w = w.abs().amax(1) / 127
     x2 = x.reshape(-1, n_in)
-    s_x = x2.abs().amax(1) / 127
+    s_x = x2.abs().amax(1) / (127 if kernel == "int_mm" else 63)
     xq, wq = torch.round(x2 / s_x[:, None]).long(), torch.round(w / s_w[:, None]).long()
     exact = (xq @ wq.t()).double() * s_x[:, None].double() * s_w[None, :].double()
     if bias:
@@ -173,16 +177,25 @@ def test_int8_linear_is_exact_integer_arithmetic_within_the_rounding_bound(n_in,
     assert err.max() > 0  # it really ran in int8
 
 
-@requires_vnni
-def test_int8_linear_rows_do_not_depend_on_their_batch():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_int8_linear_rows_do_not_depend_on_their_batch(kernel):
+    """fbgemm quantizes a tensor with one scale: the anchor row must make it the same in any batch."""
     torch.manual_seed(2)
-    q = Int8Linear(torch.nn.Linear(32, 24))
+    q = Int8Linear(torch.nn.Linear(32, 24), kernel)
     x = torch.randn(6, 32)
     x[0] *= 100  # one large row must not change the others' scales
     together = q(x)
     for i in range(6):
         assert torch.equal(together[i], q(x[i:i + 1])[0])
 
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_an_int8_layer_restricted_to_some_outputs_gives_those_outputs(kernel):
+    """`select` (the shortlist's output layer): the same numbers as the whole layer's columns."""
+    torch.manual_seed(3)
+    q = Int8Linear(torch.nn.Linear(32, 40), kernel)
+    x, rows = torch.randn(5, 32), torch.tensor([39, 0, 7, 8])
+    assert torch.equal(q.select(rows)(x), q(x)[:, rows])
 
 
 def test_the_log_names_the_kernels_a_run_takes(monkeypatch):
