@@ -20,7 +20,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .config import Config, ConfigError, ModelConfig, from_dict
-from .data.tokenizer import Tokenizer
+from .data.tokenizer import Tokenizer, read_tokenizer
 from .errors import AiaynError
 from .files import atomic_write
 from .models.build import build_model
@@ -124,7 +124,7 @@ def read_meta(meta: dict[str, str], path: Path | str) -> tuple[Config, Tokenizer
     except (ConfigError, TypeError, ValueError, RecursionError) as e:
         raise CheckpointError(f"{path}: damaged metadata (config: {str(e)[:300]})") from None
     try:
-        tokenizer = Tokenizer(base64.b64decode(meta["spm_model"], validate=True))
+        tokenizer = read_tokenizer(base64.b64decode(meta["spm_model"], validate=True))
     except KeyError:
         raise CheckpointError(f"{path}: damaged metadata (no spm_model)") from None
     except Exception as e:  # binascii.Error, SentencePiece's RuntimeError, TokenizerError

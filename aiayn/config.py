@@ -93,6 +93,9 @@ class ModelConfig:
     conv_kernel: int = 3  # arch conv: kernel width k (odd)
     conv_channels: int = 0  # arch conv: hidden size of the convolutions; 0 = d_model
     rnn_attention: str = "additive"  # score: additive (Bahdanau's; Luong's "concat") | dot | general (Luong et al.)
+    activation: str = "relu"  # §3.3 ReLU; swish | gelu: pretrained Marian models' (aiayn import hf)
+    out_bias: bool = False  # §3.4 no bias before the softmax; Marian's final_logits_bias
+    scale_embedding: bool = True  # §3.4 embeddings times sqrt(d_model); Marian's scale_embedding false
 
     @property
     def parser_inputs(self) -> list[str]:
@@ -115,7 +118,8 @@ class ModelConfig:
         _check_numbers("model", self)
         for name, allowed in (("arch", ("transformer", "rnn", "conv")), ("rnn_cell", ("lstm", "gru")),
                               ("rnn_variant", ("luong", "bahdanau")),
-                              ("rnn_attention", ("additive", "dot", "general"))):
+                              ("rnn_attention", ("additive", "dot", "general")),
+                              ("activation", ("relu", "swish", "gelu"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.rnn_variant == "bahdanau" and self.rnn_attention != "additive":

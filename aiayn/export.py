@@ -55,7 +55,8 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     sd["model.encoder.embed_tokens.weight"] = emb
     sd["model.decoder.embed_tokens.weight"] = model.tgt_embed.weight.detach()[:, perm]
     sd["lm_head.weight"] = model.out_proj.weight.detach()[:, perm]
-    sd["final_logits_bias"] = torch.zeros(1, cfg.vocab_size)
+    bias = model.out_proj.bias
+    sd["final_logits_bias"] = torch.zeros(1, cfg.vocab_size) if bias is None else bias.detach()[None]
 
     def attn(prefix: str, m) -> None:
         for ours, theirs in (("w_q", "q_proj"), ("w_k", "k_proj"), ("w_v", "v_proj")):
@@ -103,7 +104,8 @@ def marian_config(model: Transformer, beam: int, max_length: int):
         vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.vocab_size, d_model=cfg.d_model,
         encoder_layers=cfg.N, decoder_layers=cfg.n_dec, encoder_attention_heads=cfg.h,
         decoder_attention_heads=cfg.h, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
-        activation_function="relu", max_position_embeddings=cfg.max_positions, scale_embedding=True,
+        activation_function=cfg.activation, max_position_embeddings=cfg.max_positions,
+        scale_embedding=cfg.scale_embedding,
         dropout=cfg.p_drop, attention_dropout=cfg.attn_drop, activation_dropout=0.0,
         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS,
         forced_eos_token_id=EOS, share_encoder_decoder_embeddings=cfg.share_embeddings,

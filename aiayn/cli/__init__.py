@@ -20,6 +20,7 @@ VERBS = {
     "average": training.add_average, "translate": decoding.add_translate, "tune": decoding.add_tune,
     "shortlist": prepare.add_shortlist, "score": decoding.add_score, "parse": decoding.add_parse,
     "plot": analysis.add_plot, "heads": analysis.add_heads, "serve": serving.add_serve, "export": serving.add_export,
+    "import": serving.add_import,
     "config": training.add_config, "reproduce": evidence.add_reproduce,
 }
 

@@ -1,4 +1,5 @@
-"""`aiayn serve`, `export`: a trained model over HTTP, or as Marian / CTranslate2 files."""
+"""`aiayn serve`, `export`, `import`: a trained model over HTTP, as Marian / CTranslate2 files, or
+a pretrained Marian model as an aiayn checkpoint."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import os
 from pathlib import Path
 
-from ..files import check_output_folder
+from ..files import check_output_file, check_output_folder
 from .common import (
     UserError,
     refuse_parser,
@@ -113,3 +114,44 @@ def add_export(sub) -> None:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(func=cmd_export)
+
+
+def cmd_import(args: argparse.Namespace, extra: list[str]) -> None:
+    """A MarianMTModel folder (OPUS-MT) -> one aiayn checkpoint (docs/pretrained.md)."""
+    from ..checkpoint import read_task
+    from ..pretrained import PretrainedError, write_imported
+
+    out = check_output_file(args.output, inputs=(args.folder,))
+    if out.exists() and "imported_from" not in _extra(out, read_task):
+        raise UserError(f"--output {out}: exists and is not a checkpoint `aiayn import` wrote; choose a new file")
+    try:
+        cfg, provenance = write_imported(Path(args.folder), out)
+    except PretrainedError as e:
+        raise UserError(str(e)) from None
+    m = cfg.model
+    print(f"wrote {out}: d_model {m.d_model}, {m.N}+{m.n_dec} layers, {m.h} heads, activation {m.activation}, "
+          f"{m.vocab_size:,} rows (translate with `aiayn translate --checkpoint {out}`)")
+
+
+def _extra(path: Path, read_task) -> dict:
+    import json
+
+    from ..checkpoint import CheckpointError
+
+    try:
+        read_task(path)
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            return json.loads(json.loads(f.read(n)).get("__metadata__", {}).get("extra", "{}"))
+    except (CheckpointError, ValueError, AttributeError, OSError):
+        return {}
+
+
+def add_import(sub) -> None:
+    """`aiayn import` and its flags."""
+    p = sub.add_parser("import", help="read a pretrained Hugging Face MarianMTModel (OPUS-MT) into an aiayn checkpoint")
+    p.add_argument("format", choices=["hf"])
+    p.add_argument("folder", help="a MarianMTModel folder: config.json, model.safetensors, source.spm, target.spm, "
+                                  "vocab.json")
+    p.add_argument("-o", "--output", required=True, help="the checkpoint to write (.safetensors)")
+    p.set_defaults(func=cmd_import)

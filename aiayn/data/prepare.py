@@ -130,8 +130,8 @@ def _encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | No
                 if huge.any():
                     s_lines = ["" if h else x for x, h in zip(s_lines, huge)]
                     t_lines = ["" if h else x for x, h in zip(t_lines, huge)]
-                s_ids = tok.sp.encode(s_lines, num_threads=threads)
-                t_ids = tok.sp.encode(t_lines, num_threads=threads)
+                s_ids = tok.encode(s_lines, threads)
+                t_ids = tok.encode_target(t_lines, threads)
                 ls = np.fromiter(map(len, s_ids), dtype=np.int64, count=len(s_ids))
                 lt = np.fromiter(map(len, t_ids), dtype=np.int64, count=len(t_ids))
                 ok = (ls + 1 <= max_len) & (lt + 2 <= max_len) & ~huge

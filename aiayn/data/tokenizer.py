@@ -1,8 +1,11 @@
-"""A joint SentencePiece BPE vocabulary shared by source and target (§5.1, §3.4)."""
+"""A joint SentencePiece BPE vocabulary shared by source and target (§5.1, §3.4); and a pretrained
+Marian model's: one list of pieces with a SentencePiece model for each side (`SplitTokenizer`)."""
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 from collections.abc import Iterable
 
 import sentencepiece as spm
@@ -52,8 +55,12 @@ class Tokenizer:
     def __len__(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        return self.sp.encode(texts)
+    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        return self.sp.encode(texts, num_threads=threads)
+
+    def encode_target(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        """Target-side text (the same joint model here)."""
+        return self.sp.encode(texts, num_threads=threads)
 
     def pieces(self, text: str) -> list[str]:
         return self.sp.encode(text, out_type=str)
@@ -67,3 +74,79 @@ class Tokenizer:
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode([[i for i in seq if i not in (PAD, BOS, EOS)] for seq in ids])
+
+
+SPLIT_FORMAT = "aiayn-split-vocabulary-1"
+SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
+
+
+class SplitTokenizer:
+    """A pretrained Marian model's vocabulary (aiayn import hf, §3.4's shared matrix kept): the
+    pieces of its vocab.json, segmented by source.spm on the source side and target.spm on the
+    target side, as MarianTokenizer does (a piece outside the vocabulary is UNK). Rows 0-3 are
+    aiayn's PAD, UNK, BOS, EOS; `marian_ids[i]` is row i's id in the Marian model (BOS: its
+    decoder start). `proto`: the whole of it as bytes, stored where a SentencePiece model would be."""
+
+    def __init__(self, source: bytes, target: bytes, pieces: list[str], marian_ids: list[int]):
+        if len(pieces) != len(marian_ids) or len(pieces) <= len(SPECIALS):
+            raise TokenizerError("a split vocabulary needs one Marian id per piece and more than the 4 special ids")
+        try:
+            self.sp = spm.SentencePieceProcessor(model_proto=source)
+            self.target_sp = spm.SentencePieceProcessor(model_proto=target)
+        except RuntimeError as e:
+            raise TokenizerError(f"not a SentencePiece model: {e}") from None
+        self.source_proto, self.target_proto = source, target
+        self._pieces, self.marian_ids = list(pieces), list(marian_ids)
+        self._ids = {p: i for i, p in reversed(list(enumerate(self._pieces)))}  # first row wins (<pad>: PAD)
+        self.proto = json.dumps({"format": SPLIT_FORMAT, "source_spm": base64.b64encode(source).decode(),
+                                 "target_spm": base64.b64encode(target).decode(), "pieces": self._pieces,
+                                 "marian_ids": self.marian_ids}, ensure_ascii=False).encode()
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+    def _ids_of(self, sp: spm.SentencePieceProcessor, texts: list[str], threads: int) -> list[list[int]]:
+        return [[self._ids.get(p, UNK) for p in x] for x in sp.encode(texts, out_type=str, num_threads=threads)]
+
+    def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        return self._ids_of(self.sp, texts, threads)
+
+    def encode_target(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        return self._ids_of(self.target_sp, texts, threads)
+
+    def pieces(self, text: str) -> list[str]:
+        return self.sp.encode(text, out_type=str)
+
+    def id_to_piece(self, ids: list[int]) -> list[str]:
+        return [self._pieces[i] for i in ids]
+
+    def pieces_list(self) -> list[str]:
+        return list(self._pieces)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        """As MarianTokenizer.decode(skip_special_tokens=True): specials (UNK too) left out, the target
+        model's detokenization, then any "▁" left (pieces it does not know) as a space."""
+        return [self.target_sp.decode_pieces([self._pieces[i] for i in seq if i not in (PAD, UNK, BOS, EOS)])
+                .replace("\u2581", " ").strip() for seq in ids]
+
+
+def read_tokenizer(data: bytes) -> Tokenizer | SplitTokenizer:
+    """The vocabulary stored in a checkpoint or a prepared folder's spm.model: a SentencePiece
+    model, or a SplitTokenizer's bytes; a TokenizerError names what is wrong."""
+    if not data.startswith(b'{"format": "' + SPLIT_FORMAT.encode()):
+        return Tokenizer(data)
+    try:
+        d = json.loads(data)
+        pieces, ids = d["pieces"], d["marian_ids"]
+        if not (isinstance(pieces, list) and all(isinstance(p, str) for p in pieces)
+                and isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
+            raise ValueError("pieces must be strings and marian_ids integers")
+        source, target = (base64.b64decode(d[k], validate=True) for k in ("source_spm", "target_spm"))
+    except (ValueError, KeyError, TypeError) as e:
+        raise TokenizerError(f"damaged split vocabulary ({str(e)[:120]})") from None
+    return SplitTokenizer(source, target, pieces, ids)
+
+
+def load_tokenizer(path: str) -> Tokenizer | SplitTokenizer:
+    with open(path, "rb") as f:
+        return read_tokenizer(f.read())

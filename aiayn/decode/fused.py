@@ -23,7 +23,7 @@ from torch.fx.experimental import _config as fx_config
 
 from ..device import inductor_cache
 from ..models.linear import Int8Linear, _onednn, onednn_available
-from ..models.transformer import Transformer
+from ..models.transformer import ACTIVATIONS, Transformer
 
 
 def fusable(model) -> bool:
@@ -109,7 +109,10 @@ class FusedDecoder:
         self.pos = (model.tgt_pos if cfg.learned_positions else model.pe).detach()
         out = model.out_proj
         self.out_dtype = torch.float32 if out.fp32 or int8 else dtype
-        self.out: Proj = _int8(out.weight.detach(), None) if int8 else (out.weight.detach().to(self.out_dtype), None)
+        b = None if out.bias is None else out.bias.detach()  # model.out_bias (Marian's final_logits_bias)
+        self.out: Proj = _int8(out.weight.detach(), b) if int8 else (out.weight.detach().to(self.out_dtype),
+                                                                      None if b is None else b.to(self.out_dtype))
+        self.act, self.scale = ACTIVATIONS[cfg.activation], model.embed_scale
         self.encoder = encoder or model
         self.final = (model.dec_norm.weight.detach(), model.dec_norm.bias.detach()) if cfg.pre_norm else None
         self.compiled = compiled
@@ -180,7 +183,8 @@ class FusedDecoder:
         which would make a sentence's logits depend on the other sentences of its batch)."""
         if isinstance(self.out, Int8Linear):
             return self.out.select(rows)
-        return self.out[0].index_select(0, rows).float(), None
+        w, b = self.out
+        return w.index_select(0, rows).float(), None if b is None else b.index_select(0, rows).float()
 
     def project(self, x: Tensor, out: Proj) -> Tensor:
         """Logits of the states x (R, d_model) through `output_rows`'s layer."""
@@ -201,11 +205,11 @@ class FusedDecoder:
         idx[n] = torch.arange(R, device=tokens.device)
         # Where each row's positions 0..n lie in a buffer seen as (capacity · rows, h, d).
         where = (idx[:n + 1] + torch.arange(n + 1, device=tokens.device)[:, None] * cap_rows).view(-1)
-        x = self.embed.index_select(0, tokens) * math.sqrt(self.d) + self.pos[n]
+        x = self.embed.index_select(0, tokens) * self.scale + self.pos[n]
         for i, L in enumerate(self.layers):
             x = self._out(x, L.norms[0], self._self_attention(self._inp(x, L.norms[0]), L, ks[i], vs[i], n, where))
             x = self._out(x, L.norms[1], self._cross_attention(self._inp(x, L.norms[1]), L, cross[i], pad, group))
-            x = self._out(x, L.norms[2], self.linear(F.relu(self.linear(self._inp(x, L.norms[2]), L.f1)), L.f2))
+            x = self._out(x, L.norms[2], self.linear(self.act(self.linear(self._inp(x, L.norms[2]), L.f1)), L.f2))
         if self.final is not None:
             x = F.layer_norm(x, (self.d,), *self.final)
         return x

@@ -23,7 +23,7 @@ from safetensors.numpy import load_file, save
 from torch import Tensor
 
 from ..data.prepare import load_manifest
-from ..data.tokenizer import EOS, Tokenizer
+from ..data.tokenizer import EOS, read_tokenizer
 from ..errors import AiaynError
 from ..files import atomic_write
 from .search import Hypothesis
@@ -126,7 +126,7 @@ def build(data_dir: Path, per_source: int = 100, frequent: int = 200, max_pairs:
         raise ValueError(f"per_source must be >= 1, frequent and max_pairs >= 0, got {per_source}, {frequent}, "
                          f"{max_pairs}")
     proto = (data_dir / "spm.model").read_bytes()
-    V = len(Tokenizer(proto))
+    V = len(read_tokenizer(proto))
     src, tgt = _pairs(data_dir, max_pairs=max_pairs)
     pairs, both, src_df, tgt_df = cooccurrence(src, tgt, V)
     s, t = pairs[:, 0], pairs[:, 1]

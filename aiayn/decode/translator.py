@@ -330,7 +330,7 @@ def attention_data(model: torch.nn.Module, tokenizer: Tokenizer, src: str, tgt: 
         hyps = search.translate_ids([src_ids], beam=(decode or search.decode_cfg).beam, nbest=1)[0]
         tgt_ids = hyps[0].tokens if hyps else []
     else:
-        tgt_ids = tokenizer.encode([tgt.strip()])[0][:limit - 1]
+        tgt_ids = tokenizer.encode_target([tgt.strip()])[0][:limit - 1]
     device = next(model.parameters()).device
     with torch.no_grad():
         _, maps = model.attention_maps(torch.tensor([src_ids], device=device),

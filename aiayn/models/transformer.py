@@ -47,16 +47,20 @@ class OutputProjection(Linear):
             return super().forward(x.float())
 
 
-class FeedForward(nn.Module):
-    """§3.3, Eq. 2: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}  # model.activation; §3.3 is ReLU
 
-    def __init__(self, d_model: int, d_ff: int):
+
+class FeedForward(nn.Module):
+    """§3.3, Eq. 2: FFN(x) = max(0, x W1 + b1) W2 + b2 (another activation only if model.activation says)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu"):
         super().__init__()
         self.w_1 = Linear(d_model, d_ff)
         self.w_2 = Linear(d_ff, d_model)
+        self.act = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(F.relu(self.w_1(x)))
+        return self.w_2(self.act(self.w_1(x)))
 
 
 class Residual(nn.Module):
@@ -85,7 +89,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.self_attn = MultiHeadAttention(d, cfg.h, cfg.head_dim_k, cfg.head_dim_v, cfg.attn_drop)
-        self.ffn = FeedForward(d, cfg.d_ff)
+        self.ffn = FeedForward(d, cfg.d_ff, cfg.activation)
         self.res_attn = Residual(d, cfg.p_drop, cfg.pre_norm)
         self.res_ffn = Residual(d, cfg.p_drop, cfg.pre_norm)
 
@@ -194,7 +198,7 @@ class DecoderLayer(nn.Module):
         d, dk, dv = cfg.d_model, cfg.head_dim_k, cfg.head_dim_v
         self.self_attn = MultiHeadAttention(d, cfg.h, dk, dv, cfg.attn_drop)
         self.cross_attn = MultiHeadAttention(d, cfg.h, dk, dv, cfg.attn_drop)
-        self.ffn = FeedForward(d, cfg.d_ff)
+        self.ffn = FeedForward(d, cfg.d_ff, cfg.activation)
         self.res_self = Residual(d, cfg.p_drop, cfg.pre_norm)
         self.res_cross = Residual(d, cfg.p_drop, cfg.pre_norm)
         self.res_ffn = Residual(d, cfg.p_drop, cfg.pre_norm)
@@ -248,7 +252,7 @@ class Transformer(nn.Module):
         d, V = cfg.d_model, cfg.vocab_size
         self.src_embed = nn.Embedding(V, d, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(V, d, padding_idx=cfg.pad_id)
-        self.out_proj = OutputProjection(d, V, bias=False)
+        self.out_proj = OutputProjection(d, V, bias=cfg.out_bias)
         self.out_proj.fp32 = cfg.fp32_logits
         if cfg.share_embeddings:
             self.out_proj.weight = self.src_embed.weight  # §3.4: one matrix, three uses
@@ -296,6 +300,11 @@ class Transformer(nn.Module):
         return []
 
     @property
+    def embed_scale(self) -> float:
+        """§3.4: √d_model (1 where model.scale_embedding is off)."""
+        return math.sqrt(self.cfg.d_model) if self.cfg.scale_embedding else 1.0
+
+    @property
     def decoder_inputs(self) -> bool:
         """Whether decoder inputs carry more than the embedded token and its position."""
         return False
@@ -310,7 +319,7 @@ class Transformer(nn.Module):
                 f"sequence of {offset + T} tokens exceeds model.max_positions={self.cfg.max_positions}"
             )
         pos = (self.src_pos if side == "src" else self.tgt_pos) if self.cfg.learned_positions else self.pe
-        x = embed(tokens) * math.sqrt(self.cfg.d_model) + pos[offset:offset + T]
+        x = embed(tokens) * self.embed_scale + pos[offset:offset + T]
         if extra is not None:
             x = x + extra
         return self.emb_dropout(x)

@@ -35,7 +35,7 @@ from ..checkpoint import (
 from ..config import Config, ConfigError
 from ..data.batches import TokenData, collate
 from ..data.prepare import check_vocabulary, load_manifest, read_text
-from ..data.tokenizer import Tokenizer
+from ..data.tokenizer import load_tokenizer
 from ..parsing.model import attach_tagger, build_any
 from ..parsing.tagger import Tagger
 from .optim import make_optimizer, noam_lr
@@ -75,7 +75,7 @@ class Trainer:
         self.cfg, self.run, self.env = cfg, run, env
         self.data_dir = Path(data_dir)
         self.manifest = load_manifest(data_dir)
-        self.tokenizer = Tokenizer.load(str(self.data_dir / "spm.model"))
+        self.tokenizer = load_tokenizer(str(self.data_dir / "spm.model"))
         if cfg.model.vocab_size != len(self.tokenizer):  # set from the data before (training.train)
             raise ConfigError(f"model.vocab_size {cfg.model.vocab_size}, {data_dir}'s {len(self.tokenizer)} pieces")
         cfg.validate()

@@ -1,0 +1,211 @@
+"""Pretrained Marian models (`aiayn import hf`) against Hugging Face's own code: the same subword
+ids as MarianTokenizer, the same logits and the same greedy and beam outputs as MarianMTModel."""
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.checkpoint import list_checkpoints, read_weights
+from aiayn.cli import main
+from aiayn.data.tokenizer import BOS, EOS
+from aiayn.decode.search import beam_search
+from aiayn.decode.translator import Translator
+
+transformers = pytest.importorskip("transformers", reason="import hf is tested against the transformers package")
+MULTI30K = Path(__file__).resolve().parents[2] / "shared/data/multi30k"
+VARIANTS = {  # OPUS-MT's usual configuration, and the options a Marian config may name
+    "opus-mt": {"activation_function": "swish", "scale_embedding": True},
+    "gelu-unshared": {"activation_function": "gelu", "scale_embedding": True,
+                      "share_encoder_decoder_embeddings": False},
+    "relu-unscaled": {"activation_function": "relu", "scale_embedding": False},
+}
+
+
+def _lines(name: str, n: int | None = None) -> list[str]:
+    if not (MULTI30K / f"{name}.gz").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    with gzip.open(MULTI30K / f"{name}.gz", "rt", encoding="utf-8") as f:
+        lines = [line.strip() for line in f]
+    return lines[:n] if n else lines
+
+
+def make_marian(out: Path, seed: int = 0, **config) -> Path:
+    """A MarianMTModel folder as OPUS-MT publishes them: separate source/target SentencePiece
+    models (unigram, trained on Multi30k) over one vocab.json with </s> 0, <unk> 1, <pad> last;
+    random weights (std 0.2, so outputs are not uniform) and a random final_logits_bias."""
+    import sentencepiece as spm
+
+    out.mkdir(parents=True, exist_ok=True)
+    pieces: list[str] = []
+    for lang, side in (("en", "source"), ("de", "target")):
+        buf = io.BytesIO()
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(_lines(f"train.{lang}", 3000)), model_writer=buf,
+                                       vocab_size=400, model_type="unigram", minloglevel=2, character_coverage=1.0)
+        (out / f"{side}.spm").write_bytes(buf.getvalue())
+        sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+        pieces += [p for i in range(len(sp)) if not sp.is_control(i) and (p := sp.id_to_piece(i)) != "<unk>"
+                   and p not in pieces]
+    vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
+    vocab["<pad>"] = V = len(vocab)
+    V += 1
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    cfg = transformers.MarianConfig(
+        vocab_size=V, decoder_vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, pad_token_id=V - 1, eos_token_id=0,
+        decoder_start_token_id=V - 1, forced_eos_token_id=0, max_position_embeddings=128, init_std=0.2,
+        bad_words_ids=[[V - 1]], **config)
+    torch.manual_seed(seed)
+    model = transformers.MarianMTModel(cfg)
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0, 0.5)
+    model.save_pretrained(out)
+    transformers.MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"), str(out / "vocab.json")
+                                 ).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def imported(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(f"marian-{request.param}")
+    folder = make_marian(d / "hf", **VARIANTS[request.param])
+    assert main(["import", "hf", str(folder), "-o", str(d / "model.safetensors")]) == 0
+    hf = transformers.MarianMTModel.from_pretrained(folder).eval()
+    return request.param, d / "model.safetensors", hf, transformers.MarianTokenizer.from_pretrained(folder)
+
+
+def test_subword_ids_equal_marian_tokenizers_on_every_test2016_sentence(imported):
+    name, ckpt, _, hf_tok = imported
+    if name != "opus-mt":
+        pytest.skip("one vocabulary is enough (the variants share it)")
+    tok = Translator.load(ckpt, precision="fp32").tokenizer
+    to_marian = tok.marian_ids
+    for side, lines in (("source", _lines("test_2016_flickr.en")), ("target", _lines("test_2016_flickr.de"))):
+        ours = (tok.encode if side == "source" else tok.encode_target)(lines)
+        theirs = hf_tok(lines)["input_ids"] if side == "source" else hf_tok(text_target=lines)["input_ids"]
+        assert [[to_marian[i] for i in x] + [0] for x in ours] == theirs, side
+
+
+def test_logits_equal_hf_teacher_forced_on_50_sentences(imported):
+    name, ckpt, hf, hf_tok = imported
+    t = Translator.load(ckpt, precision="fp32")
+    src, tgt = _lines("test_2016_flickr.en", 50), _lines("test_2016_flickr.de", 50)
+    rows = torch.tensor(t.tokenizer.marian_ids)
+    worst = 0.0
+    for s, y, s_hf, y_hf in zip(t.tokenizer.encode(src), t.tokenizer.encode_target(tgt), hf_tok(src)["input_ids"],
+                                hf_tok(text_target=tgt)["input_ids"]):
+        with torch.no_grad():
+            ours = t.model(torch.tensor([s + [EOS]]), torch.tensor([[BOS] + y]))[0]
+            theirs = hf(input_ids=torch.tensor([s_hf]),
+                        decoder_input_ids=torch.tensor([[hf.config.decoder_start_token_id] + y_hf[:-1]])).logits[0]
+        worst = max(worst, float((ours - theirs[:, rows]).abs().max()))
+    assert worst <= 1e-4, (name, worst)
+
+
+def test_greedy_outputs_equal_hf_generate(imported):
+    """Greedy, 50 sentences, at most 20 subwords: HF's max_new_tokens counts the EOS it forces, aiayn's
+    limit does not, hence 21."""
+    name, ckpt, hf, hf_tok = imported
+    t = Translator.load(ckpt, precision="fp32", max_len_a=0.0, max_len_b=20)
+    src = _lines("test_2016_flickr.en", 50)
+    ours = t.translate_ids(t.encode_sources(src), beam=1, nbest=1)
+    pad = hf.config.pad_token_id
+    enc = hf_tok(src, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf.generate(**enc, num_beams=1, do_sample=False, max_new_tokens=21, bad_words_ids=[[pad]])
+    theirs = [[x for x in row[1:] if x not in (pad, 0)] for row in out.tolist()]
+    assert [[t.tokenizer.marian_ids[i] for i in h[0].tokens] for h in ours] == theirs, name
+    assert t.tokenizer.decode([h[0].tokens for h in ours]) == hf_tok.batch_decode(out, skip_special_tokens=True)
+
+
+def test_an_aiayn_model_exported_and_imported_is_the_same_model(toy_prepared, tmp_path):
+    """aiayn -> `export hf` -> `import hf`: every weight bit for bit (rows in aiayn's order again, the
+    residual dimension permuted there and back), the same vocabulary, the same translations."""
+    from conftest import tiny_config
+
+    from aiayn.training.session import train
+
+    cfg = tiny_config(max_steps=40)
+    train(cfg, toy_prepared, tmp_path / "run")
+    ckpt = list_checkpoints(tmp_path / "run")[-1]
+    assert main(["export", "hf", "--checkpoint", str(ckpt), "-o", str(tmp_path / "hf")]) == 0
+    assert main(["import", "hf", str(tmp_path / "hf"), "-o", str(tmp_path / "back.safetensors")]) == 0
+    before, after = read_weights(ckpt)[0], read_weights(tmp_path / "back.safetensors")[0]
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    a, b = Translator.load(ckpt, precision="fp32"), Translator.load(tmp_path / "back.safetensors", precision="fp32")
+    src = (toy_prepared / "test.en.txt").read_text().splitlines()
+    assert a.tokenizer.encode(src) == b.tokenizer.encode(src) and a.translate(src) == b.translate(src)
+    extra = json.loads(read_weights(tmp_path / "back.safetensors")[1]["extra"])
+    assert extra["imported_from"] == str((tmp_path / "hf").resolve()) and "model.safetensors" in extra["sha256"]
+
+
+def test_an_imported_model_decodes_in_every_precision_batched_as_alone(imported, tmp_path):
+    """translate's precisions and the fused step (swish, the logits bias, unscaled embeddings)."""
+    from aiayn.decode.fused import FusedDecoder
+
+    name, ckpt, _, _ = imported
+    src = _lines("test_2016_flickr.en", 12)
+    fp32 = Translator.load(ckpt, precision="fp32", max_len_a=0.0, max_len_b=20)
+    assert isinstance(fp32.search_model, FusedDecoder)
+    modules = beam_search(fp32.model, torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(x) for x in fp32.encode_sources(src)], batch_first=True), 4, 0.6, max_len_a=0.0, max_len_b=20)
+    fused = fp32.translate_ids(fp32.encode_sources(src), beam=4, alpha=0.6)
+    assert [h[0].tokens for h in modules] == [h[0].tokens for h in fused], name
+    for precision in ("fp32", "int8"):
+        t = Translator.load(ckpt, precision=precision)
+        assert t.translate(src) == [t.translate([s])[0] for s in src], (name, precision)
+    out = tmp_path / "hyp.txt"
+    (tmp_path / "src.txt").write_text("\n".join(src) + "\n")
+    assert main(["translate", "--checkpoint", str(ckpt), "--input", str(tmp_path / "src.txt"), "-o", str(out),
+                 "--precision", "fp32"]) == 0
+    assert out.read_text().splitlines() == Translator.load(ckpt, precision="fp32").translate(src)
+
+
+def _broken(folder: Path, how: str) -> None:
+    cfg = json.loads((folder / "config.json").read_text())
+    if how == "no vocab.json":
+        (folder / "vocab.json").unlink()
+    elif how == "no target.spm":
+        (folder / "target.spm").unlink()
+    elif how in ("model_type", "normalize_before", "vocab_size", "decoder_vocab_size"):
+        cfg.update({"model_type": {"model_type": "bart"}, "normalize_before": {"normalize_before": True},
+                    "vocab_size": {"vocab_size": 700, "decoder_vocab_size": 700},
+                    "decoder_vocab_size": {"decoder_vocab_size": 900}}[how])
+        (folder / "config.json").write_text(json.dumps(cfg))
+    elif how == "pickle only":
+        (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    elif how == "truncated weights":
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[:len(data) // 2])
+
+
+@pytest.mark.parametrize("how,message", [
+    ("no vocab.json", "no vocab.json"), ("no target.spm", "no target.spm"),
+    ("model_type", "model_type is 'bart'"), ("normalize_before", "normalize_before is True"),
+    ("vocab_size", "config.json's vocab_size 700"), ("decoder_vocab_size", "separate vocabularies"),
+    ("pickle only", "pytorch_model.bin, a pickle"),
+    ("truncated weights", "not a readable safetensors file"),
+])
+def test_bad_folders_get_one_line_and_nothing_is_written(tmp_path, capsys, how, message):
+    folder = make_marian(tmp_path / "hf")
+    _broken(folder, how)
+    capsys.readouterr()
+    out = tmp_path / "model.safetensors"
+    assert main(["import", "hf", str(folder), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+def test_import_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
+    folder = make_marian(tmp_path / "hf")
+    mine = tmp_path / "notes.safetensors"
+    mine.write_text("the user's")
+    capsys.readouterr()
+    assert main(["import", "hf", str(folder), "-o", str(mine)]) == 2
+    assert "not a checkpoint `aiayn import` wrote" in capsys.readouterr().err and mine.read_text() == "the user's"
+    assert main(["import", "hf", str(folder), "-o", str(tmp_path / "m.safetensors")]) == 0
+    assert main(["import", "hf", str(folder), "-o", str(tmp_path / "m.safetensors")]) == 0  # its own: replaced
