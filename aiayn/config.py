@@ -184,6 +184,8 @@ class TrainConfig:
     update_freq: int = 1  # gradient accumulation: batches per update (when tokens_per_update is 0)
     lr_scale: float = 1.0  # factor on Eq. 3
     peak_lr: float = 0.0  # 0 = Eq. 3 as written (tied to d_model); > 0: the same shape, peaking at this rate
+    schedule: str = "noam"  # Eq. 3; constant: warm-up to peak_lr, then constant (fine-tuning)
+    init_from: str = ""  # a checkpoint whose model and weights the run starts from (fine-tuning; train --init-from)
     warmup_steps: int = 4000  # Eq. 3
     adam_betas: tuple[float, float] = (0.9, 0.98)  # §5.3
     adam_eps: float = 1e-9
@@ -231,6 +233,9 @@ class TrainConfig:
                               f"scaled by train.lr_scale ({self.lr_scale}): set train.lr_scale 1")
         if self.keep_last < 1:
             raise ConfigError(f"train.keep_last must be >= 1, got {self.keep_last}")
+        if self.schedule not in ("noam", "constant") or (self.schedule == "constant" and self.peak_lr <= 0):
+            raise ConfigError(f"train.schedule must be noam (Eq. 3) or constant (with a train.peak_lr > 0), "
+                              f"got {self.schedule!r} (peak_lr {self.peak_lr})")
 
 
 @dataclass
@@ -293,7 +298,7 @@ def _coerce(value: Any, current: Any, key: str) -> Any:
                 return False
             raise ConfigError(f"{key}: expected true/false, got {_show(value)}")
         try:
-            value = yaml.safe_load(value)
+            value = float(value) if isinstance(current, float) else yaml.safe_load(value)  # 2e-3: YAML 1.1's str
         except (yaml.YAMLError, ValueError):
             raise ConfigError(f"{key}: expected {type(current).__name__}, got {_show(value)}") from None
     number = isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -19,7 +19,7 @@ import torch
 
 from .checkpoint import load_checkpoint
 from .config import ModelConfig
-from .data.tokenizer import BOS, EOS, PAD, Tokenizer
+from .data.tokenizer import BOS, EOS, PAD, SplitTokenizer, Tokenizer
 from .errors import AiaynError
 from .files import new_folder
 from .models.build import build_model
@@ -35,8 +35,21 @@ class ExportError(AiaynError):
 EXPORT = "export"
 
 
-def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """aiayn parameters -> MarianMTModel parameters, residual dimensions permuted (see above)."""
+def marian_rows(tokenizer: Tokenizer | SplitTokenizer) -> torch.Tensor | None:
+    """An imported model's rows in its Marian ids' order (the decoder start's copy of <pad> left
+    out): what `export hf` writes back; None for aiayn's own vocabulary (written as it is)."""
+    ids = getattr(tokenizer, "marian_ids", None)
+    if ids is None:
+        return None
+    first = {}
+    for row, marian in enumerate(ids):
+        first.setdefault(marian, row)
+    return torch.tensor([first[j] for j in range(len(first))])
+
+
+def marian_state_dict(model: Transformer, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """aiayn parameters -> MarianMTModel parameters, residual dimensions permuted (see above);
+    `rows`: the vocabulary rows in Marian's order (marian_rows)."""
     cfg = model.cfg
     if cfg.learned_positions:
         raise ExportError("MarianMTModel has sinusoidal positions only; a learned_positions model cannot be exported")
@@ -50,13 +63,15 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     def writes(lin) -> tuple[torch.Tensor, torch.Tensor]:  # output is the residual stream
         return lin.weight.detach()[perm, :], lin.bias.detach()[perm]
 
-    emb = model.src_embed.weight.detach()[:, perm]
-    sd["model.shared.weight"] = emb
+    rows = torch.arange(cfg.vocab_size) if rows is None else rows
+    emb = model.src_embed.weight.detach()[rows][:, perm]
+    if cfg.share_embeddings:  # HF's unshared Marian has no `shared` matrix
+        sd["model.shared.weight"] = emb
     sd["model.encoder.embed_tokens.weight"] = emb
-    sd["model.decoder.embed_tokens.weight"] = model.tgt_embed.weight.detach()[:, perm]
-    sd["lm_head.weight"] = model.out_proj.weight.detach()[:, perm]
+    sd["model.decoder.embed_tokens.weight"] = model.tgt_embed.weight.detach()[rows][:, perm]
+    sd["lm_head.weight"] = model.out_proj.weight.detach()[rows][:, perm]
     bias = model.out_proj.bias
-    sd["final_logits_bias"] = torch.zeros(1, cfg.vocab_size) if bias is None else bias.detach()[None]
+    sd["final_logits_bias"] = torch.zeros(1, len(rows)) if bias is None else bias.detach()[rows][None]
 
     def attn(prefix: str, m) -> None:
         for ours, theirs in (("w_q", "q_proj"), ("w_k", "k_proj"), ("w_v", "v_proj")):
@@ -87,10 +102,12 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     return {k: v.float().contiguous() for k, v in sd.items()}
 
 
-def marian_config(model: Transformer, beam: int, max_length: int):
+def marian_config(model: Transformer, beam: int, max_length: int, tokenizer: Tokenizer | SplitTokenizer | None = None):
     from transformers import MarianConfig
 
     cfg = model.cfg
+    ids = getattr(tokenizer, "marian_ids", None) or list(range(cfg.vocab_size))  # an imported model's own
+    V, pad, start, eos = len(set(ids)), ids[PAD], ids[BOS], ids[EOS]
     if cfg.arch != "transformer":
         raise ExportError(f"only the Transformer can be exported (this checkpoint is model.arch={cfg.arch}); "
                           "translate it with `aiayn translate`")
@@ -101,16 +118,16 @@ def marian_config(model: Transformer, beam: int, max_length: int):
     if cfg.head_dim_k * cfg.h != cfg.d_model or cfg.head_dim_v * cfg.h != cfg.d_model:
         raise ExportError("MarianMTModel needs d_k = d_v = d_model / h")
     return MarianConfig(
-        vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.vocab_size, d_model=cfg.d_model,
+        vocab_size=V, decoder_vocab_size=V, d_model=cfg.d_model,
         encoder_layers=cfg.N, decoder_layers=cfg.n_dec, encoder_attention_heads=cfg.h,
         decoder_attention_heads=cfg.h, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
         activation_function=cfg.activation, max_position_embeddings=cfg.max_positions,
         scale_embedding=cfg.scale_embedding,
         dropout=cfg.p_drop, attention_dropout=cfg.attn_drop, activation_dropout=0.0,
-        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS,
-        forced_eos_token_id=EOS, share_encoder_decoder_embeddings=cfg.share_embeddings,
+        pad_token_id=pad, eos_token_id=eos, bos_token_id=start, decoder_start_token_id=start,
+        forced_eos_token_id=eos, share_encoder_decoder_embeddings=cfg.share_embeddings,
         tie_word_embeddings=cfg.share_embeddings, num_beams=beam, max_length=max_length,
-        bad_words_ids=[[PAD], [BOS]],
+        bad_words_ids=[[pad]] + ([[start]] if start != pad else []),
     )
 
 
@@ -140,9 +157,9 @@ def _write_hf(checkpoint: Path, out: Path) -> None:
     except ImportError:
         raise ExportError("export needs the `transformers` package: pip install 'aiayn[bench]'") from None
     model, cfg, tokenizer, _ = load_checkpoint(checkpoint, build=_exportable)
-    hf_cfg = marian_config(model, cfg.decode.beam, min(cfg.model.max_positions, 512))
+    hf_cfg = marian_config(model, cfg.decode.beam, min(cfg.model.max_positions, 512), tokenizer)
     hf = MarianMTModel(hf_cfg)
-    missing, unexpected = hf.load_state_dict(marian_state_dict(model), strict=False)
+    missing, unexpected = hf.load_state_dict(marian_state_dict(model, marian_rows(tokenizer)), strict=False)
     missing = [m for m in missing if "embed_positions" not in m]  # HF builds its own table
     if missing or unexpected:
         raise ExportError(f"weight mapping mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
@@ -151,11 +168,18 @@ def _write_hf(checkpoint: Path, out: Path) -> None:
     write_marian_tokenizer(tokenizer, out)
 
 
-def write_marian_tokenizer(tokenizer: Tokenizer, out: Path) -> None:
-    """The joint SentencePiece model serves as both source.spm and target.spm."""
-    for name in ("source.spm", "target.spm"):
-        (out / name).write_bytes(tokenizer.proto)
-    vocab = {tokenizer.sp.id_to_piece(i): i for i in range(len(tokenizer))}
+def write_marian_tokenizer(tokenizer: Tokenizer | SplitTokenizer, out: Path) -> None:
+    """The joint SentencePiece model serves as both source.spm and target.spm; an imported model's
+    vocabulary is written back as it came (its two models, its pieces under their Marian ids)."""
+    if isinstance(tokenizer, SplitTokenizer):
+        (out / "source.spm").write_bytes(tokenizer.source_proto)
+        (out / "target.spm").write_bytes(tokenizer.target_proto)
+        pieces = tokenizer.pieces_list()
+        vocab = {pieces[r]: tokenizer.marian_ids[r] for r in marian_rows(tokenizer).tolist()}
+    else:
+        for name in ("source.spm", "target.spm"):
+            (out / name).write_bytes(tokenizer.proto)
+        vocab = {tokenizer.sp.id_to_piece(i): i for i in range(len(tokenizer))}
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "MarianTokenizer", "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
@@ -196,8 +220,10 @@ def _convert(hf_dir: Path, out: Path, quantization: str | None, ct2t) -> None:
             return super().get_model_spec(model)
 
         def set_config(self, config, model, tokenizer):
-            config.bos_token, config.eos_token, config.unk_token = "<s>", "</s>", "<unk>"
-            config.decoder_start_token = "<s>"  # aiayn's BOS, a learned embedding
+            # aiayn's BOS, a learned embedding; an imported OPUS-MT model's decoder start (its <pad>)
+            start = tokenizer.convert_ids_to_tokens(model.config.decoder_start_token_id)
+            config.bos_token, config.eos_token, config.unk_token = start, "</s>", "<unk>"
+            config.decoder_start_token = start
 
     previous = ct2t._MODEL_LOADERS.get("MarianConfig")
     ct2t.register_loader("MarianConfig")(AiaynMarianLoader)

@@ -209,3 +209,43 @@ def test_import_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
     assert "not a checkpoint `aiayn import` wrote" in capsys.readouterr().err and mine.read_text() == "the user's"
     assert main(["import", "hf", str(folder), "-o", str(tmp_path / "m.safetensors")]) == 0
     assert main(["import", "hf", str(folder), "-o", str(tmp_path / "m.safetensors")]) == 0  # its own: replaced
+
+
+def test_export_hf_of_an_imported_model_gives_back_the_same_folder(imported, tmp_path):
+    """import -> export: every weight bit for bit (Marian's row order again, the decoder start's
+    copy left out), source.spm and target.spm byte for byte, vocab.json's pieces and ids, the
+    special ids, and MarianMTModel's logits on the exported folder equal to the original's."""
+    from safetensors.torch import load_file
+
+    name, ckpt, hf, hf_tok = imported
+    folder = Path(hf.name_or_path)
+    assert main(["export", "hf", "--checkpoint", str(ckpt), "-o", str(tmp_path / "back")]) == 0
+    before, after = load_file(folder / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    shared = [k for k in before if k in after and "embed_positions" not in k]
+    assert len(shared) > 40 and all(torch.equal(before[k], after[k]) for k in shared), name
+    for f in ("source.spm", "target.spm"):
+        assert (folder / f).read_bytes() == (tmp_path / "back" / f).read_bytes()
+    assert json.loads((folder / "vocab.json").read_text()) == json.loads((tmp_path / "back" / "vocab.json").read_text())
+    back = transformers.MarianMTModel.from_pretrained(tmp_path / "back").eval()
+    for key in ("pad_token_id", "eos_token_id", "decoder_start_token_id", "vocab_size", "activation_function",
+                "scale_embedding", "share_encoder_decoder_embeddings"):
+        assert getattr(back.config, key) == getattr(hf.config, key), key
+    enc = hf_tok(_lines("test_2016_flickr.en", 4), return_tensors="pt", padding=True)
+    start = torch.full((4, 1), hf.config.decoder_start_token_id)
+    with torch.no_grad():
+        ours, theirs = back(**enc, decoder_input_ids=start).logits, hf(**enc, decoder_input_ids=start).logits
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_export_ct2_of_an_imported_model_decodes_like_aiayn(imported, tmp_path):
+    """CTranslate2 (its converter, its kernels) on the imported model: greedy outputs piece for piece,
+    50 sentences (CTranslate2 starts the decoder from Marian's <pad>, as the model was trained)."""
+    ctranslate2 = pytest.importorskip("ctranslate2", reason="export ct2 needs the optional ctranslate2 package")
+    name, ckpt, _, _ = imported
+    assert main(["export", "ct2", "--checkpoint", str(ckpt), "-o", str(tmp_path / "ct2")]) == 0
+    t = Translator.load(ckpt, precision="fp32", max_len_a=0.0, max_len_b=20)
+    src = _lines("test_2016_flickr.en", 50)
+    ct2 = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    res = ct2.translate_batch([t.tokenizer.pieces(s) + ["</s>"] for s in src], beam_size=1, max_decoding_length=20)
+    ours = t.translate_ids(t.encode_sources(src), beam=1, nbest=1)
+    assert [t.tokenizer.id_to_piece(h[0].tokens) for h in ours] == [r.hypotheses[0] for r in res], name

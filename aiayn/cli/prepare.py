@@ -86,8 +86,17 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
         splits[_test_name(value, args.src, splits)] = pair
     manifest = prepare(splits, Path(args.out), args.src, args.tgt, cfg.data.vocab_size, cfg.data.max_len,
                        cfg.data.strict or args.strict, cfg.train.seed, dedup=cfg.data.dedup,
-                       max_ratio=cfg.data.max_ratio)
+                       max_ratio=cfg.data.max_ratio, vocabulary=_vocabulary_of(args.tokenizer_from))
     print(json.dumps(manifest["splits"], indent=1))
+
+
+def _vocabulary_of(checkpoint: str | None) -> bytes | None:
+    """--tokenizer-from: the vocabulary a checkpoint carries (a trained or an imported model's)."""
+    if checkpoint is None:
+        return None
+    from ..checkpoint import read_meta, read_weights
+
+    return read_meta(read_weights(Path(checkpoint))[1], checkpoint)[1].proto
 
 
 def _test_name(value: str, src: str, splits: dict) -> str:
@@ -132,6 +141,9 @@ def add_prepare(sub) -> None:
     p.add_argument("--valid", help="validation split name/prefix, or SRC_FILE,TGT_FILE")
     p.add_argument("--test", action="append", help="test split (repeatable)")
     p.add_argument("-o", "--output", "--out", dest="out", required=True, help="output folder for the prepared data")
+    p.add_argument("--tokenizer-from", metavar="CKPT",
+                   help="encode with this checkpoint's vocabulary instead of learning one (to fine-tune it: "
+                        "train --init-from CKPT)")
     p.add_argument("--strict", action="store_true",
                    help="fail on an empty line (instead of dropping the pair) and on a vocabulary smaller than "
                         "asked (instead of a warning)")

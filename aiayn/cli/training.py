@@ -66,6 +66,10 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
     if not args.data or not args.run:
         raise UserError("train needs --data PREPARED_DIR and --run-dir RUN_DIR (or --resume RUN_DIR)")
     cfg = build_config(args, extra)
+    if args.init_from:
+        if not Path(args.init_from).is_file():
+            raise UserError(f"--init-from {args.init_from}: no such checkpoint")
+        cfg.train.init_from = str(args.init_from)
     from ..training.session import train
 
     train(cfg, Path(args.data), Path(args.run), device=args.device)
@@ -119,6 +123,10 @@ def add_train(sub) -> None:
     p.add_argument("--run-dir", "--run", dest="run",
                    help="run folder for config, logs, metrics and checkpoints (under torchrun, spell it --run-dir)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--init-from", metavar="CKPT",
+                   help="fine-tune: start from this checkpoint's model and weights (trained, averaged or imported; "
+                        "prepare the data with --tokenizer-from CKPT); e.g. --train.schedule constant "
+                        "--train.peak_lr 5e-5 --train.warmup_steps 50")
     p.add_argument("--preset", choices=list(PRESETS))
     p.add_argument("--config", help="YAML config")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from ..files import atomic_write, check_output_folder, digest, lock_data, new_folder, owned
 from .text import DataError, iter_pairs, read_lines
-from .tokenizer import Tokenizer
+from .tokenizer import SplitTokenizer, Tokenizer, read_tokenizer
 
 log = logging.getLogger("aiayn")
 FORMAT_VERSION = 1
@@ -195,7 +195,7 @@ class Task:
 def prepare(
     splits: dict[str, tuple[str | Path, str | Path]], out: str | Path, src_lang: str, tgt_lang: str,
     vocab_size: int = 37000, max_len: int = 256, strict: bool = False, seed: int = 1,
-    dedup: bool = True, max_ratio: float = 3.0, task: Task | None = None,
+    dedup: bool = True, max_ratio: float = 3.0, task: Task | None = None, vocabulary: bytes | None = None,
 ) -> dict:
     """Validate, learn the joint vocabulary on train, and cache every split, in bounded memory.
 
@@ -208,6 +208,7 @@ def prepare(
     leaves the old cache as it was, a trainer that memory-maps it keeps reading the old files, and
     a folder in use by a trainer or holding files prepare did not write is refused. `task`: what
     the folder is for beyond translation (§6.3's parsing gives one: parsing/prepare.py).
+    `vocabulary`: a checkpoint's tokenizer (`prepare --tokenizer-from`: to fine-tune it) instead of a learned one.
     Returns the manifest; if one with the same inputs and settings exists in `out`, it is reused.
     """
     splits = {name: (Path(s), Path(t)) for name, (s, t) in splits.items()}
@@ -219,9 +220,9 @@ def prepare(
             raise DataError(f"a {need} split is required")
     settings = {"format": FORMAT_VERSION, "src": src_lang, "tgt": tgt_lang, "vocab_size": vocab_size,
                 "max_len": max_len, "strict": strict, "seed": seed, "dedup": dedup, "max_ratio": max_ratio}
-    if symbols:  # (absent otherwise, so earlier manifests still match)
-        settings["symbols"] = sorted(symbols)
+    settings.update({"symbols": sorted(symbols)} if symbols else {})  # (absent otherwise: earlier manifests match)
     settings.update(task.settings)  # e.g. {"task": "parse", "linearization": "words"}; checkpoints carry it
+    settings.update({"vocabulary_sha256": hashlib.sha256(vocabulary).hexdigest()} if vocabulary else {})
 
     def recorded(p: Path) -> str:  # a carried file is recorded where it will be
         return str(out / p.relative_to(carry)) if carry and p.is_relative_to(carry) else str(p)
@@ -239,7 +240,7 @@ def prepare(
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".work", dir=out.parent) as tmp, \
                 new_folder(out, PREPARED) as new:
             stats, tok = _build(splits, Path(tmp), new, src_lang, tgt_lang, vocab_size, max_len, strict, seed,
-                                symbols, dedup, max_ratio)
+                                symbols, dedup, max_ratio, vocabulary)
             if task.on_build is not None:
                 task.on_build()
             if carry is not None:
@@ -255,7 +256,7 @@ def prepare(
 
 def _build(splits: dict[str, tuple[Path, Path]], folder: Path, new: Path, src_lang: str, tgt_lang: str,
            vocab_size: int, max_len: int, strict: bool, seed: int, symbols: tuple[str, ...], dedup: bool,
-           max_ratio: float) -> tuple[dict[str, dict], Tokenizer]:
+           max_ratio: float, vocabulary: bytes | None = None) -> tuple[dict[str, dict], Tokenizer | SplitTokenizer]:
     """Passes 1 and 2 of `prepare`: clean text in `folder`, the cache in `new`."""
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     stats: dict[str, dict] = {}
@@ -267,11 +268,16 @@ def _build(splits: dict[str, tuple[Path, Path]], folder: Path, new: Path, src_la
     if not kept:
         raise DataError(f"{splits['train'][0]}: no sentence pairs to learn from "
                         f"({stats['train']['dropped_empty']} dropped as empty)")
-    log.info("learning a joint BPE vocabulary of %d on %d + %d sentences (a sample of at most 2M)",
-             vocab_size, kept, kept)
-    text = itertools.chain(_kept(folder / "train.src", keeps["train"]), _kept(folder / "train.tgt", keeps["train"]))
-    tok = Tokenizer.train(text, vocab_size, seed, tuple(sorted(symbols)))
-    if len(tok) < vocab_size:
+    if vocabulary is not None:
+        tok = read_tokenizer(vocabulary)
+        log.info("encoding in the given vocabulary of %d subwords (not learning one)", len(tok))
+    else:
+        log.info("learning a joint BPE vocabulary of %d on %d + %d sentences (a sample of at most 2M)",
+                 vocab_size, kept, kept)
+        text = itertools.chain(_kept(folder / "train.src", keeps["train"]),
+                               _kept(folder / "train.tgt", keeps["train"]))
+        tok = Tokenizer.train(text, vocab_size, seed, tuple(sorted(symbols)))
+    if vocabulary is None and len(tok) < vocab_size:
         short = (f"the joint vocabulary has {len(tok)} subwords, fewer than the {vocab_size} asked for "
                  "(data.vocab_size): the training text holds no more merges")
         if strict:

@@ -20,6 +20,14 @@ def noam_lr(step: int, d_model: int, warmup_steps: int, scale: float = 1.0, peak
     return scale * d_model ** -0.5 * shape
 
 
+def learning_rate(step: int, d_model: int, t: TrainConfig) -> float:
+    """The rate at `step`: Eq. 3 (train.schedule noam), or for fine-tuning a linear warm-up to
+    train.peak_lr held constant after (train.schedule constant)."""
+    if t.schedule == "constant":
+        return t.peak_lr * min(1.0, max(step, 1) / t.warmup_steps)
+    return noam_lr(step, d_model, t.warmup_steps, t.lr_scale, t.peak_lr)
+
+
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Adam:
     """§5.3: Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9; the rate is set per step by `noam_lr`."""
     return torch.optim.Adam(model.parameters(), lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)

@@ -24,7 +24,7 @@ from ..checkpoint import (
 )
 from ..config import Config
 from ..device import cpu_label, huge_pages, native_bf16, pick_device
-from ..files import atomic_write
+from ..files import atomic_write, digest
 from ..models.linear import kernel_cache, onednn_available, onednn_trains
 from ..version import __version__
 
@@ -285,6 +285,9 @@ def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed
         log.warning("%s is damaged (%s); kept as %s, and a new one started", path, str(e)[:80], aside.name)
         record = {}
     record["data_dir"] = str(data_dir.resolve())
+    if cfg.train.init_from and "parent" not in record:  # fine-tuning: the checkpoint it started from
+        parent = Path(cfg.train.init_from)
+        record["parent"] = {"checkpoint": str(parent.resolve()), "sha256": digest(parent)}
     record.setdefault("sessions", []).append({
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "resumed": resumed, "command": sys.argv,
         "aiayn": __version__, "git": git_commit(), "torch": torch.__version__,

@@ -8,12 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from ..checkpoint import (
-    CheckpointError,
-    list_checkpoints,
-)
+from ..checkpoint import CheckpointError, list_checkpoints, load_into, read_meta, read_weights
 from ..config import Config, apply_overrides, load_yaml
-from ..data.prepare import vocabulary_size
+from ..data.prepare import check_vocabulary, vocabulary_size
 from ..device import TRAIN_PRECISIONS, cpu_label, inductor_cache, resolve_precision
 from ..files import hold_data, lock_run
 from .runs import Dist, Run, cpu_paths, leave, progress_log, setup, write_provenance
@@ -68,6 +65,19 @@ def _log_setup(trainer: Trainer, cfg: Config, env: Dist, why: str) -> None:
         log.warning("training in %s: %s", cfg.train.precision, why)
 
 
+def _parent(cfg: Config, data_dir: Path) -> dict:
+    """Fine-tuning (train.init_from): the checkpoint's weights; its model config becomes the run's,
+    and the data must be in its vocabulary (`prepare --tokenizer-from` it)."""
+    path = Path(cfg.train.init_from)
+    tensors, meta = read_weights(path)
+    parent_cfg, tokenizer = read_meta(meta, path)
+    check_vocabulary(tokenizer.proto, data_dir)
+    cfg.model = parent_cfg.model
+    log.info("starting from %s (step %s): its model (%.2fM parameters) and weights", path, meta.get("step", "?"),
+             sum(t.numel() for t in tensors.values()) / 1e6)
+    return tensors
+
+
 def _resumed(run: Run, data_dir: Path | None, overrides: dict | None) -> tuple[Config, Path | None, Path | None]:
     """A run to resume: its config (with `overrides`), its data (run.json's unless given) and its
     newest training state (None before the first checkpoint)."""
@@ -105,6 +115,7 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
                               "or choose another run directory")
     if cfg is None or data_dir is None:
         raise ValueError("a config and a prepared data directory (--data) are required")
+    parent = _parent(cfg, Path(data_dir)) if cfg.train.init_from and resume_from is None else None
     cfg.model.vocab_size = vocabulary_size(Path(data_dir))  # the model's vocabulary is its data's (§5.1)
     env = setup(device, cfg.train.threads, cfg.train.dist_timeout_minutes)
     why = _precision(cfg, env, run.path / "config.yaml" if resume else None)
@@ -124,6 +135,8 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
                 log.setLevel(logging.INFO)
         if resume_from is not None:
             trainer.restore(resume_from, force_batching)
+        elif parent is not None:
+            load_into(trainer.model, parent, cfg.train.init_from)
             if env.is_main:  # only once the checkpoint proved good: a refused resume changes nothing
                 old = trainer.progress.saved_at is None  # a checkpoint that does not say whether it was validated
                 run.forget_metrics_after(trainer.progress.step, validated=old or trainer.made("validated_at"))

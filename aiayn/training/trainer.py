@@ -38,7 +38,7 @@ from ..data.prepare import check_vocabulary, load_manifest, read_text
 from ..data.tokenizer import load_tokenizer
 from ..parsing.model import attach_tagger, build_any
 from ..parsing.tagger import Tagger
-from .optim import make_optimizer, noam_lr
+from .optim import learning_rate, make_optimizer
 from .runs import (
     Dist,
     LossWindow,
@@ -190,8 +190,7 @@ class Trainer:
         group = batches[state.batch:state.batch + self.per_update]
         total = int(sum(self.train_data.tgt_lens[b].sum() for b in group))
         mine = [(collate(self.train_data, b), w) for b, w in shard(group, env.rank, env.world)]
-        lr = noam_lr(state.step + 1, self.cfg.model.d_model, t_cfg.warmup_steps, t_cfg.lr_scale,
-                     t_cfg.peak_lr)
+        lr = learning_rate(state.step + 1, self.cfg.model.d_model, t_cfg)
         loss, nll = train_step(self.fwd_model, self.optimizer, mine, total, self.cfg, lr, env.world, env.device)
         state.step += 1
         state.batch += len(group)
