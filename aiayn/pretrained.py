@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .checkpoint import model_tensors, save_weights
 from .config import Config, ModelConfig
 from .data.tokenizer import SplitTokenizer
 from .errors import AiaynError
@@ -218,9 +217,3 @@ def _logits_bias(path: Path, V: int) -> torch.Tensor | None:
     except (SafetensorError, OSError) as e:
         raise PretrainedError(f"{path}: not a readable safetensors file ({str(e)[:120]})") from None
 
-
-def write_imported(folder: Path, out: Path) -> tuple[Config, dict[str, Any]]:
-    """`aiayn import hf FOLDER -o OUT`: an aiayn checkpoint (step 0) that carries everything."""
-    model, cfg, tokenizer, provenance = import_hf(folder)
-    save_weights(out, model_tensors(model), cfg, tokenizer, 0, {"task": "translate", **provenance})
-    return cfg, provenance

@@ -295,3 +295,17 @@ def test_beam_outputs_equal_hf_generate_short_of_the_length_limit(imported):
         same += mine == theirs
         assert mine == theirs or len(mine) == len(theirs) == 20, (name, s)
     assert same >= 25, (name, same)
+
+
+def test_a_marian_folder_loads_directly_as_its_imported_checkpoint_does(imported, tmp_path):
+    """Translator.load(FOLDER) and `translate --checkpoint FOLDER`: imported on the fly, nothing written."""
+    name, ckpt, hf, _ = imported
+    folder = Path(hf.name_or_path)
+    files = sorted(folder.iterdir())
+    src = _lines("test_2016_flickr.en", 8)
+    direct, imported_file = (Translator.load(p, precision="fp32") for p in (folder, ckpt))
+    assert direct.translate(src) == imported_file.translate(src)
+    (tmp_path / "in.en").write_text("\n".join(src) + "\n")
+    assert main(["translate", "--checkpoint", str(folder), "-i", str(tmp_path / "in.en"), "-o", str(tmp_path / "o"),
+                 "--precision", "fp32"]) == 0
+    assert sorted(folder.iterdir()) == files

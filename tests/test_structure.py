@@ -87,8 +87,8 @@ LAYERS = (
     ("errors", "presets", "version", "score"),  # what every layer may use
     ("files", "config", "device"),  # atomic files and markers; typed settings; what the machine can do
     ("data", "models"),  # text -> subwords -> batches (§5.1); §3 and the families it replaced
-    ("checkpoint",),  # a model's file, and the model back from it
-    ("decode", "export", "pretrained"),  # §6.1's search; Marian / CTranslate2 files out, Marian models in
+    ("checkpoint", "pretrained"),  # a model's file, and the model back from it; a Marian folder read
+    ("decode", "export"),  # §6.1's search; Marian / CTranslate2 files
     ("parsing", "serve"),  # §6.3, above the translator it decodes with; HTTP
     ("training",),  # §5: a run from the first step to the last checkpoint, resumed after a crash
     ("analysis", "evidence", "__init__"),  # Figures 3-5 measured; the paper's tables rerun; the Python API

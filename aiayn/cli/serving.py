@@ -118,16 +118,14 @@ def add_export(sub) -> None:
 
 def cmd_import(args: argparse.Namespace, extra: list[str]) -> None:
     """A MarianMTModel folder (OPUS-MT) -> one aiayn checkpoint (docs/pretrained.md)."""
-    from ..checkpoint import read_task
-    from ..pretrained import PretrainedError, write_imported
+    from ..checkpoint import model_tensors, read_task, save_weights
+    from ..pretrained import import_hf
 
     out = check_output_file(args.output, inputs=(args.folder,))
     if out.exists() and "imported_from" not in _extra(out, read_task):
         raise UserError(f"--output {out}: exists and is not a checkpoint `aiayn import` wrote; choose a new file")
-    try:
-        cfg, provenance = write_imported(Path(args.folder), out)
-    except PretrainedError as e:
-        raise UserError(str(e)) from None
+    model, cfg, tokenizer, provenance = import_hf(Path(args.folder))  # a PretrainedError: one line, exit 2
+    save_weights(out, model_tensors(model), cfg, tokenizer, 0, {"task": "translate", **provenance})
     m = cfg.model
     print(f"wrote {out}: d_model {m.d_model}, {m.N}+{m.n_dec} layers, {m.h} heads, activation {m.activation}, "
           f"{m.vocab_size:,} rows (translate with `aiayn translate --checkpoint {out}`)")

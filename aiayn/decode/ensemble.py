@@ -21,6 +21,7 @@ from ..checkpoint import Builder, CheckpointError, load_checkpoint
 from ..config import Config
 from ..data.tokenizer import Tokenizer
 from ..models.build import build_model
+from ..pretrained import import_hf
 
 
 class Ensemble(nn.Module):
@@ -55,6 +56,14 @@ class EnsembleState:
             s.reorder(rows, sources)
 
 
+def _load(path: Path, device: str | torch.device, build: Builder) -> tuple:
+    """A checkpoint, or a pretrained MarianMTModel folder read as `aiayn import hf` reads it."""
+    if path.is_dir():
+        model, cfg, tokenizer, _ = import_hf(path)
+        return model.to(device), cfg, tokenizer, 0
+    return load_checkpoint(path, device, build)
+
+
 def load_models(paths: Sequence[str | Path], device: str | torch.device = "cpu", build: Builder = build_model
                 ) -> tuple[nn.Module, Config, Tokenizer]:
     """One checkpoint's model, or the `Ensemble` of several that share one vocabulary (else a
@@ -62,7 +71,7 @@ def load_models(paths: Sequence[str | Path], device: str | torch.device = "cpu",
     `build`: checkpoint.load_checkpoint's (a parser's loader gives its own)."""
     if not paths:
         raise CheckpointError("no checkpoint given")
-    loaded = [load_checkpoint(Path(p), device, build) for p in paths]
+    loaded = [_load(Path(p), device, build) for p in paths]
     model, cfg, tokenizer, _ = loaded[0]
     for p, (_, _, other, _) in zip(paths[1:], loaded[1:]):
         if other.proto != tokenizer.proto:
