@@ -70,3 +70,14 @@ def test_finetuning_starts_from_the_parent_learns_the_domain_and_resumes_bit_ide
     assert "resumed from step-000000" in resume(run).stderr
     assert final_bytes(run) == final_bytes(tmp_path / "straight")
     assert len(list_checkpoints(run)) and STEPS == 40
+
+
+def test_finetuning_on_data_in_another_vocabulary_is_refused_in_one_line(parent, toy_prepared, tmp_path):
+    """The parent's vocabulary is not extended: data prepared without --tokenizer-from (here the very
+    corpus it was trained on, whose SentencePiece model the imported one splits in two) is refused."""
+    d, _ = parent
+    res = subprocess.run(aiayn("train", "--data", str(toy_prepared), "--run-dir", str(tmp_path / "run"),
+                               "--init-from", str(d / "parent.safetensors"), *TINY), capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "its vocabulary is not the checkpoint's" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "run" / "checkpoints").exists()
