@@ -298,7 +298,9 @@ def _coerce(value: Any, current: Any, key: str) -> Any:
                 return False
             raise ConfigError(f"{key}: expected true/false, got {_show(value)}")
         try:
-            value = float(value) if isinstance(current, float) else yaml.safe_load(value)  # 2e-3: YAML 1.1's str
+            value = yaml.safe_load(value)
+            if isinstance(current, float) and isinstance(value, str):
+                value = float(value)  # 2e-3 is a string to YAML 1.1
         except (yaml.YAMLError, ValueError):
             raise ConfigError(f"{key}: expected {type(current).__name__}, got {_show(value)}") from None
     number = isinstance(value, (int, float)) and not isinstance(value, bool)

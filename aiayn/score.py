@@ -49,3 +49,33 @@ def paper_score(hyps: list[str], refs: list[str], lang: str = "de") -> str:
     return (f"paper BLEU (tokenized: Moses -l {lang}, compounds split, multi-bleu; NOT comparable to sacreBLEU) = "
             f"{b.score:.2f} {'/'.join(f'{p:.1f}' for p in b.precisions)} (BP = {b.bp:.3f} ratio = "
             f"{b.sys_len / max(b.ref_len, 1):.3f} hyp_len = {b.sys_len} ref_len = {b.ref_len})")
+
+
+Links = set[tuple[int, int]]  # word alignments: (source position, target position)
+
+
+def aer(predicted: list[Links], sure: list[Links], possible: list[Links]) -> float:
+    """Alignment error rate (Och & Ney, 2003) over a corpus, sure links S ⊆ possible P:
+    AER = 1 - (|A ∩ S| + |A ∩ P|) / (|A| + |S|)."""
+    a_s = a_p = n_a = n_s = 0
+    for a, s, p in zip(predicted, sure, possible, strict=True):
+        p = p | s
+        a_s, a_p, n_a, n_s = a_s + len(a & s), a_p + len(a & p), n_a + len(a), n_s + len(s)
+    return 1.0 - (a_s + a_p) / max(n_a + n_s, 1)
+
+
+def read_pharaoh(line: str) -> tuple[Links, Links]:
+    """`0-0 1-2 2?1`: sure links `i-j`, possible links `i?j` (source i, target j); ValueError if malformed."""
+    sure, possible = set(), set()
+    for item in line.split():
+        sep = "-" if "-" in item else "?"
+        i, _, j = item.partition(sep)
+        if not (i.isdigit() and j.isdigit()):
+            raise ValueError(f"not an alignment link: {item!r} (expected i-j or i?j)")
+        (sure if sep == "-" else possible).add((int(i), int(j)))
+    return sure, possible
+
+
+def pharaoh(links: Links) -> str:
+    """Links as Pharaoh's `i-j` pairs, source first, sorted."""
+    return " ".join(f"{i}-{j}" for i, j in sorted(links))

@@ -133,10 +133,10 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
             progress_log.setLevel(logging.INFO)
             if log.getEffectiveLevel() > logging.INFO:
                 log.setLevel(logging.INFO)
+        if parent is not None:  # fine-tuning: the parent's weights, before the first update
+            load_into(trainer.model, parent, cfg.train.init_from)
         if resume_from is not None:
             trainer.restore(resume_from, force_batching)
-        elif parent is not None:
-            load_into(trainer.model, parent, cfg.train.init_from)
             if env.is_main:  # only once the checkpoint proved good: a refused resume changes nothing
                 old = trainer.progress.saved_at is None  # a checkpoint that does not say whether it was validated
                 run.forget_metrics_after(trainer.progress.step, validated=old or trainer.made("validated_at"))
