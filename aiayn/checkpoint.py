@@ -81,9 +81,8 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return tensors, meta
 
 
-def read_task(path: Path) -> dict[str, str]:
-    """What the model was trained for, from the metadata alone: {"task": "parse", "linearization": ...}
-    for a §6.3 parser, {"task": "translate"} when its data named no task."""
+def read_extra(path: Path) -> dict[str, Any]:
+    """A checkpoint's `extra` metadata (task, tuning, provenance, alignment head) from its header alone."""
     try:
         with open(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
@@ -91,8 +90,17 @@ def read_task(path: Path) -> dict[str, str]:
                 raise ValueError("not a safetensors header")
             header = json.loads(f.read(n))
         extra = json.loads((header.get("__metadata__") or {}).get("extra", "{}"))
-    except (OSError, ValueError, AttributeError) as e:
+        if not isinstance(extra, dict):
+            raise ValueError("extra is not a mapping")
+    except (OSError, ValueError, AttributeError, RecursionError) as e:
         raise CheckpointError(f"{path}: unreadable metadata ({e})") from None
+    return extra
+
+
+def read_task(path: Path) -> dict[str, str]:
+    """What the model was trained for, from the metadata alone: {"task": "parse", "linearization": ...}
+    for a §6.3 parser, {"task": "translate"} when its data named no task."""
+    extra = read_extra(path)
     return {"task": "translate", **{k: str(v) for k, v in extra.items() if k in ("task", "linearization")}}
 
 

@@ -19,8 +19,8 @@ VERBS = {
     "params": training.add_params, "prepare": prepare.add_prepare, "train": training.add_train,
     "average": training.add_average, "translate": decoding.add_translate, "tune": decoding.add_tune,
     "shortlist": prepare.add_shortlist, "score": decoding.add_score, "parse": decoding.add_parse,
-    "plot": analysis.add_plot, "heads": analysis.add_heads, "serve": serving.add_serve, "export": serving.add_export,
-    "import": serving.add_import,
+    "plot": analysis.add_plot, "heads": analysis.add_heads, "align": analysis.add_align,
+    "serve": serving.add_serve, "export": serving.add_export, "import": serving.add_import,
     "config": training.add_config, "reproduce": evidence.add_reproduce,
 }
 

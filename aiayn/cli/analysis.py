@@ -1,4 +1,5 @@
-"""`aiayn plot`, `heads`: what a trained model attends to and what its heads do (Figures 3-5)."""
+"""`aiayn plot`, `heads`, `align`: what a trained model attends to, what its heads do (Figures 3-5),
+and which head aligns words."""
 
 from __future__ import annotations
 
@@ -99,3 +100,30 @@ def add_heads(sub) -> None:
                                       "role against dependency arcs of its development trees (English sources)")
     p.add_argument("-o", "--output", required=True, help="folder for heads.json and pictures")
     p.set_defaults(func=cmd_heads)
+
+
+def cmd_align(args: argparse.Namespace, extra: list[str]) -> None:
+    """Choose the encoder-decoder head that aligns words best (AER on validation pairs)."""
+    from ..analysis.align import choose_head, report
+    from ..decode.align import head_name
+
+    if args.pairs < 1:
+        raise UserError(f"--pairs must be at least 1, got {args.pairs}")
+    if not Path(args.checkpoint).is_file():
+        raise UserError(f"--checkpoint {args.checkpoint}: no such file")
+    out = check_output_file(args.output, inputs=(args.checkpoint,))
+    best, scores = choose_head(Path(args.checkpoint), Path(args.data), out, args.pairs)
+    print(report(scores))
+    print(f"chosen: {head_name(best)} (AER {scores[best]:.3f} against the reference aligner) -> {out} "
+          "(translate --alignments FILE reads it)")
+
+
+def add_align(sub) -> None:
+    """`aiayn align` and its flags."""
+    p = sub.add_parser("align", help="choose the attention head that aligns words (AER on validation pairs)")
+    p.add_argument("--checkpoint", required=True, help="model file (.safetensors)")
+    p.add_argument("--data", required=True, help="prepared data folder (training text for the reference aligner, "
+                                                 "validation pairs to score on)")
+    p.add_argument("--pairs", type=int, default=500, help="validation pairs to score the heads on")
+    p.add_argument("-o", "--output", required=True, help="a copy of the checkpoint that names the chosen head")
+    p.set_defaults(func=cmd_align)

@@ -49,6 +49,7 @@ def _interactive(translator, output: str | None) -> None:
 def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: beam search (beam 4, alpha 0.6, max length input + 50) over raw text."""
     from ..decode.translator import Translator
+    from ..score import pharaoh
 
     overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
                                    "nbest": args.nbest, "max_tokens": args.max_tokens}.items() if v is not None}
@@ -61,6 +62,8 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     translator.compile_now()
     if args.output:  # before hours of translation, not after
         check_output_file(args.output, inputs=(args.input, args.ref, args.checkpoint, args.shortlist))
+    if args.alignments:
+        check_output_file(args.alignments, "--alignments", (args.input, args.ref, args.checkpoint, args.output))
     if args.input in (None, "-") and sys.stdin.isatty() and not args.ref:
         _interactive(translator, args.output)
         return
@@ -81,6 +84,12 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         else:
             out_lines.extend(f"{t}\t{x.score:.4f}" for t, x in zip(texts, h))
             out_lines.extend("\t" for _ in range(nbest - len(h)))
+    if args.alignments:
+        start_align = time.perf_counter()
+        links = translator.align(ids, hyps)
+        atomic_write(Path(args.alignments), "".join(pharaoh(x) + "\n" for x in links).encode())
+        log.info("word alignments (Pharaoh i-j, source first) -> %s in %.1fs", args.alignments,
+                 time.perf_counter() - start_align)
     out_text = "".join(x + "\n" for x in out_lines)
     if args.output:
         atomic_write(Path(args.output), out_text.encode())
@@ -188,6 +197,8 @@ def add_translate(sub) -> None:
     p.add_argument("-i", "--input", help="input file (default: standard input)")
     p.add_argument("-o", "--output", help="output file (default: standard output)")
     p.add_argument("--ref", help="reference file: print sacreBLEU BLEU and chrF to stderr")
+    p.add_argument("--alignments", metavar="FILE", help="word alignments of each line with its translation, Pharaoh "
+                   "i-j (source word i, target word j), from the head `aiayn align` chose")
     p.add_argument("--beam", type=int, help="beam size (default 4; 1 = greedy)")
     p.add_argument("--alpha", type=float, help="length penalty alpha (default 0.6)")
     p.add_argument("--max-len-b", type=int, help="max output length = input length + B (default 50)")

@@ -118,31 +118,21 @@ def add_export(sub) -> None:
 
 def cmd_import(args: argparse.Namespace, extra: list[str]) -> None:
     """A MarianMTModel folder (OPUS-MT) -> one aiayn checkpoint (docs/pretrained.md)."""
-    from ..checkpoint import model_tensors, read_task, save_weights
+    from ..checkpoint import CheckpointError, model_tensors, read_extra, save_weights
     from ..pretrained import import_hf
 
     out = check_output_file(args.output, inputs=(args.folder,))
-    if out.exists() and "imported_from" not in _extra(out, read_task):
+    try:
+        ours = out.exists() and "imported_from" in read_extra(out)
+    except CheckpointError:
+        ours = False
+    if out.exists() and not ours:
         raise UserError(f"--output {out}: exists and is not a checkpoint `aiayn import` wrote; choose a new file")
     model, cfg, tokenizer, provenance = import_hf(Path(args.folder))  # a PretrainedError: one line, exit 2
     save_weights(out, model_tensors(model), cfg, tokenizer, 0, {"task": "translate", **provenance})
     m = cfg.model
     print(f"wrote {out}: d_model {m.d_model}, {m.N}+{m.n_dec} layers, {m.h} heads, activation {m.activation}, "
           f"{m.vocab_size:,} rows (translate with `aiayn translate --checkpoint {out}`)")
-
-
-def _extra(path: Path, read_task) -> dict:
-    import json
-
-    from ..checkpoint import CheckpointError
-
-    try:
-        read_task(path)
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            return json.loads(json.loads(f.read(n)).get("__metadata__", {}).get("extra", "{}"))
-    except (CheckpointError, ValueError, AttributeError, OSError):
-        return {}
 
 
 def add_import(sub) -> None:

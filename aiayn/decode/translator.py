@@ -14,13 +14,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..checkpoint import Builder
+from ..checkpoint import Builder, read_extra
 from ..config import ConfigError, DecodeConfig
 from ..data.tokenizer import BOS, EOS, PAD, Tokenizer
 from ..device import PRECISIONS, huge_pages, pick_device, resolve_precision
 from ..models.attention import without_dead_heads
 from ..models.build import build_model
 from ..models.linear import Int8Linear, kernel_cache
+from ..score import Links
+from .align import cross_attention, links_of, word_links
 from .ensemble import Ensemble, load_models
 from .fused import FusedDecoder, fusable
 from .search import Hypothesis, beam_search, greedy_search
@@ -189,7 +191,28 @@ class Translator:
         translator = cls(model, tokenizer, cfg.decode, dev, precision, compiled=compiled)
         translator.data_max_len = cfg.data.max_len  # the training length: a server's default sentence limit
         translator.use_shortlist(shortlist)
+        first = Path(path if isinstance(path, (str, Path)) else list(path)[0])
+        chosen = read_extra(first).get("alignment") if first.is_file() else None
+        translator.alignment_head = (chosen["layer"], chosen["head"]) if isinstance(chosen, dict) else None
         return translator
+
+    def align(self, ids: list[list[int]], hyps: list[list[Hypothesis]]) -> list[Links]:
+        """Word links of each source (ids with EOS) with its best hypothesis, from the head `aiayn
+        align` chose (decode/align.py; without one, the last layer's mean, which it usually picks)."""
+        if isinstance(self.model, Ensemble):
+            raise ConfigError("alignments come from one model's attention; translate with one checkpoint")
+        head = self.alignment_head or (self.model.cfg.n_dec - 1, None)
+        src = [x[:-1] for x in ids]
+        tgt = [h[0].tokens if h else [] for h in hyps]
+        out: list[Links] = [set() for _ in ids]
+        keep = [k for k in range(len(ids)) if src[k] and tgt[k]]
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            for k, weights in cross_attention(self.model, [src[k] for k in keep], [tgt[k] for k in keep],
+                                              batch=128, layer=head[0]):
+                i = keep[k]
+                out[i] = word_links(links_of(weights, (0, head[1])), self.tokenizer.id_to_piece(src[i]),
+                                    self.tokenizer.id_to_piece(tgt[i]))
+        return out
 
     def encode_sources(self, lines: list[str]) -> list[list[int]]:
         """Subword ids + EOS; sources longer than the model allows are truncated with a warning."""
