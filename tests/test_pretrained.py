@@ -154,7 +154,7 @@ def test_an_imported_model_decodes_in_every_precision_batched_as_alone(imported,
         [torch.tensor(x) for x in fp32.encode_sources(src)], batch_first=True), 4, 0.6, max_len_a=0.0, max_len_b=20)
     fused = fp32.translate_ids(fp32.encode_sources(src), beam=4, alpha=0.6)
     assert [h[0].tokens for h in modules] == [h[0].tokens for h in fused], name
-    for precision in ("fp32", "int8"):
+    for precision in ("fp32", "bf16", "int8"):
         t = Translator.load(ckpt, precision=precision)
         assert t.translate(src) == [t.translate([s])[0] for s in src], (name, precision)
     out = tmp_path / "hyp.txt"
@@ -170,8 +170,11 @@ def _broken(folder: Path, how: str) -> None:
         (folder / "vocab.json").unlink()
     elif how == "no target.spm":
         (folder / "target.spm").unlink()
-    elif how in ("model_type", "normalize_before", "vocab_size", "decoder_vocab_size"):
+    elif how in ("model_type", "normalize_before", "vocab_size", "decoder_vocab_size", "layernorm_embedding",
+                 "static_position_embeddings"):
         cfg.update({"model_type": {"model_type": "bart"}, "normalize_before": {"normalize_before": True},
+                    "layernorm_embedding": {"layernorm_embedding": True},
+                    "static_position_embeddings": {"static_position_embeddings": False},
                     "vocab_size": {"vocab_size": 700, "decoder_vocab_size": 700},
                     "decoder_vocab_size": {"decoder_vocab_size": 900}}[how])
         (folder / "config.json").write_text(json.dumps(cfg))
@@ -185,6 +188,8 @@ def _broken(folder: Path, how: str) -> None:
 @pytest.mark.parametrize("how,message", [
     ("no vocab.json", "no vocab.json"), ("no target.spm", "no target.spm"),
     ("model_type", "model_type is 'bart'"), ("normalize_before", "normalize_before is True"),
+    ("layernorm_embedding", "layernorm_embedding is True"),
+    ("static_position_embeddings", "static_position_embeddings is False"),
     ("vocab_size", "config.json's vocab_size 700"), ("decoder_vocab_size", "separate vocabularies"),
     ("pickle only", "pytorch_model.bin, a pickle"),
     ("truncated weights", "not a readable safetensors file"),
@@ -253,7 +258,7 @@ def test_export_ct2_of_an_imported_model_decodes_like_aiayn(imported, tmp_path):
 
 def test_the_toolkits_verbs_work_on_an_imported_model(imported, tmp_path):
     """prepare in its split vocabulary, shortlist, translate with and without the shortlist, tune,
-    plot attention: one imported model (serve decodes through the same Translator)."""
+    plot attention, heads: one imported model (serve decodes through the same Translator)."""
     name, ckpt, _, _ = imported
     if name != "opus-mt":
         pytest.skip("the verbs need one imported model")
@@ -274,6 +279,9 @@ def test_the_toolkits_verbs_work_on_an_imported_model(imported, tmp_path):
     assert main(["plot", "attention", "--checkpoint", str(ckpt), "--src", "A dog runs.", "-o",
                  str(tmp_path / "maps")]) == 0
     assert any(p.suffix == ".png" for p in (tmp_path / "maps").iterdir())
+    assert main(["heads", "--checkpoint", str(ckpt), "--data", str(prep), "--sentences", "10", "--bleu-sentences",
+                 "10", "-o", str(tmp_path / "heads")]) == 0
+    assert (tmp_path / "heads" / "heads.json").is_file()
 
 
 def test_beam_outputs_equal_hf_generate_short_of_the_length_limit(imported):
