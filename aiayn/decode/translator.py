@@ -117,6 +117,7 @@ class Translator:
         self.tokenizer = tokenizer
         self.decode_cfg = decode or DecodeConfig()
         self.data_max_len = 0  # subwords per side in training (data.max_len), when loaded from a checkpoint
+        self.alignment_head: tuple[int, int | None] | None = None  # `aiayn align`'s choice, when loaded
         self.shortlist: Shortlist | None = None  # see use_shortlist
 
     def use_shortlist(self, shortlist: Shortlist | str | Path | None) -> None:

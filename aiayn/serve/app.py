@@ -65,11 +65,14 @@ class TranslateRequest(BaseModel):
     beam: int | None = Field(None, ge=1, description="beam size (default from the checkpoint, 4)")
     alpha: float | None = Field(None, ge=0.0, le=10.0, allow_inf_nan=False,
                                 description="length penalty alpha (default 0.6)")
+    alignments: bool = Field(False, description="also return word alignments (Pharaoh i-j, source word first) "
+                                                "from the head `aiayn align` chose")
 
 
 class TranslateResponse(BaseModel):
     translations: list[str]
     scores: list[float | None]
+    alignments: list[str] | None = None
 
 
 class AttentionRequest(BaseModel):
@@ -172,8 +175,8 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
             raise HTTPException(413, f"beam {beam} is over the limit of {limits.max_beam}")
         ids, _ = check_sentences(batcher, limits, req.sentences, max_subwords, beam)
         alpha = d.alpha if req.alpha is None else req.alpha
-        texts, scores = await run(lambda: batcher.submit(ids, beam, alpha, _client(request)))
-        return TranslateResponse(translations=texts, scores=scores)
+        texts, scores, links = await run(lambda: batcher.submit(ids, beam, alpha, _client(request), req.alignments))
+        return TranslateResponse(translations=texts, scores=scores, alignments=links)
 
     @app.post("/attention", response_model=AttentionResponse)
     async def attention(req: AttentionRequest, request: Request) -> AttentionResponse:

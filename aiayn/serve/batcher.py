@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..decode.translator import Translator
+from ..score import pharaoh
 
 log = logging.getLogger("aiayn")
 
@@ -36,7 +37,7 @@ class Job:
     their turn; a request that gave up (its future cancelled) is dropped at the next chunk."""
 
     ids: list[list[int]] = field(default_factory=list)  # subword ids + EOS per sentence
-    options: tuple[int, float] | None = None  # (beam, alpha) of a translation
+    options: tuple[int, float, bool] | None = None  # (beam, alpha, word alignments?) of a translation
     call: Callable[[], Any] | None = None  # any other use of the model, run alone
     costs: list[int] = field(default_factory=list)  # work per sentence (Batcher.price); a call's in [0]
     client: str | None = None  # who asked (the share of the work one client may hold)
@@ -45,6 +46,7 @@ class Job:
     done: int = 0  # sentences translated so far
     texts: list[str] = field(default_factory=list)
     scores: list[float | None] = field(default_factory=list)
+    alignments: list[str] = field(default_factory=list)  # Pharaoh word links, when asked for
 
     def cost(self, i: int) -> int:
         """Work of sentence i (of the call, for i = 0)."""
@@ -132,13 +134,14 @@ class Batcher:
         return job.future
 
     def submit(self, sentences: list[str] | list[list[int]], beam: int, alpha: float,
-               client: str | None = None) -> Future:
+               client: str | None = None, alignments: bool = False) -> Future:
         """Queue sentences (text, or ids from `encode_sources`) for translation; raises Overloaded
         when the queue is full (OverShare when this client's part of it is). The future's result
-        is (texts, scores)."""
+        is (texts, scores, alignments: Pharaoh word links per sentence, or None if not asked for)."""
         ids = (self.translator.encode_sources(sentences) if sentences and isinstance(sentences[0], str)
                else list(sentences))
-        return self._enqueue(Job(ids=ids, options=(beam, alpha), costs=self.price(ids, beam), client=client))
+        return self._enqueue(Job(ids=ids, options=(beam, alpha, alignments), costs=self.price(ids, beam),
+                                 client=client))
 
     def call(self, fn: Callable[[], Any], work: int = 1, client: str | None = None) -> Future:
         """Queue another use of the model (e.g. attention maps, priced as `work`), run by the worker
@@ -263,21 +266,23 @@ class Batcher:
         t = self.translator
         ids = [x for job, a, b in chunk for x in job.ids[a:b]]
         owner = [job for job, a, b in chunk for _ in range(a, b)]
-        beam, alpha = chunk[0][0].options
+        beam, alpha, align = chunk[0][0].options
         start = time.perf_counter()
         # a request that gives up during the chunk stops costing within a few decoder steps
         hyps = t.translate_ids(ids, beam=beam, alpha=alpha, nbest=1,
                                abandoned=lambda: {i for i, job in enumerate(owner) if job.future.cancelled()})
         texts = t.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
         scores = [h[0].score if h else None for h in hyps]
+        links = [pharaoh(x) for x in t.align(ids, hyps)] if align else []
         work = sum(job.cost(i) for job, a, b in chunk for i in range(a, b))
         self.rate = 0.8 * self.rate + 0.2 * work / max(time.perf_counter() - start, 1e-6)
         i = 0
         for job, a, b in chunk:
             job.texts += texts[i:i + b - a]
             job.scores += scores[i:i + b - a]
+            job.alignments += links[i:i + b - a]
             i += b - a
             job.done = b
             self._release(job, b - a, sum(job.cost(k) for k in range(a, b)))
             if job.done >= job.size:
-                _complete(job.future, (job.texts, job.scores))
+                _complete(job.future, (job.texts, job.scores, job.alignments if align else None))

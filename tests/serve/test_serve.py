@@ -39,6 +39,18 @@ def test_translate_matches_the_translator(client, translator):
     assert len(body["scores"]) == 3 and body["scores"][2] is None
     r = client.post("/translate", json={"sentences": ["the dog runs"], "beam": 1})
     assert r.json()["translations"] == translator.translate(["the dog runs"], beam=1)
+    assert r.json()["alignments"] is None  # only when asked for
+
+
+def test_translate_returns_the_translators_word_alignments_when_asked(client, translator):
+    from aiayn.score import pharaoh
+
+    sents = ["the dog runs", "a cat", ""]
+    body = client.post("/translate", json={"sentences": sents, "alignments": True}).json()
+    ids = translator.encode_sources(sents)
+    want = [pharaoh(x) for x in translator.align(ids, translator.translate_ids(ids))]
+    assert body["alignments"] == want and body["alignments"][2] == ""
+    assert body["translations"] == translator.translate(sents)
 
 
 @pytest.mark.parametrize("payload,status,fragment", [
