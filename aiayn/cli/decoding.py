@@ -68,6 +68,9 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         _interactive(translator, args.output)
         return
     lines = _read_input(args.input)
+    if args.document:
+        _document(translator, lines, args)
+        return
     refs = _read_input(args.ref) if args.ref else None
     if refs is not None and len(refs) != len(lines):  # before hours of translation, not after
         raise UserError(f"{args.input or '<stdin>'} has {len(lines)} lines but {args.ref} has {len(refs)}")
@@ -101,6 +104,22 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     if refs is not None:
         best = out_lines if nbest == 1 else [h for h in out_lines[::nbest]]
         print(_score_lines([x.split("\t")[0] for x in best], refs, "translation", args.ref), file=sys.stderr)
+
+
+def _document(translator, lines: list[str], args: argparse.Namespace) -> None:
+    """--document: each line a paragraph, split into sentences, translated, joined back."""
+    from ..decode.document import translate_paragraphs
+
+    if args.ref or args.alignments or translator.decode_cfg.nbest != 1:
+        raise UserError("--document writes paragraphs: without --ref, --alignments or --nbest")
+    start = time.perf_counter()
+    out = translate_paragraphs(translator.translate, lines, args.src_lang)
+    text = "".join(x + "\n" for x in out)
+    if args.output:
+        atomic_write(Path(args.output), text.encode())
+    else:
+        sys.stdout.write(text)
+    log.info("translated %d paragraphs in %.1fs", len(lines), time.perf_counter() - start)
 
 
 def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
@@ -197,6 +216,9 @@ def add_translate(sub) -> None:
     p.add_argument("-i", "--input", help="input file (default: standard input)")
     p.add_argument("-o", "--output", help="output file (default: standard output)")
     p.add_argument("--ref", help="reference file: print sacreBLEU BLEU and chrF to stderr")
+    p.add_argument("--document", action="store_true",
+                   help="each input line is a paragraph: split into sentences (pysbd), translated, joined back")
+    p.add_argument("--src-lang", default="en", help="--document: the source language's sentence rules (default en)")
     p.add_argument("--alignments", metavar="FILE", help="word alignments of each line with its translation, Pharaoh "
                    "i-j (source word i, target word j), from the head `aiayn align` chose")
     p.add_argument("--beam", type=int, help="beam size (default 4; 1 = greedy)")
