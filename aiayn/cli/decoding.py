@@ -68,7 +68,7 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         _interactive(translator, args.output)
         return
     lines = _read_input(args.input)
-    if args.document:
+    if args.document or args.markup:
         _document(translator, lines, args)
         return
     refs = _read_input(args.ref) if args.ref else None
@@ -107,19 +107,26 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
 
 
 def _document(translator, lines: list[str], args: argparse.Namespace) -> None:
-    """--document: each line a paragraph, split into sentences, translated, joined back."""
+    """--document: each line a paragraph, split into sentences, translated, joined back; --markup:
+    each line's tags put back around the aligned words."""
     from ..decode.document import translate_paragraphs
+    from ..decode.markup import MarkupError, translate_markup
 
-    if args.ref or args.alignments or translator.decode_cfg.nbest != 1:
-        raise UserError("--document writes paragraphs: without --ref, --alignments or --nbest")
+    if args.ref or args.alignments or translator.decode_cfg.nbest != 1 or (args.document and args.markup):
+        raise UserError("--document and --markup write text lines: one of them, without --ref, --alignments "
+                        "or --nbest")
     start = time.perf_counter()
-    out = translate_paragraphs(translator.translate, lines, args.src_lang)
+    try:
+        out = (translate_markup(translator, lines) if args.markup
+               else translate_paragraphs(translator.translate, lines, args.src_lang))
+    except MarkupError as e:
+        raise UserError(f"{args.input or '<stdin>'}: {e}") from None
     text = "".join(x + "\n" for x in out)
     if args.output:
         atomic_write(Path(args.output), text.encode())
     else:
         sys.stdout.write(text)
-    log.info("translated %d paragraphs in %.1fs", len(lines), time.perf_counter() - start)
+    log.info("translated %d lines in %.1fs", len(lines), time.perf_counter() - start)
 
 
 def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
@@ -218,6 +225,8 @@ def add_translate(sub) -> None:
     p.add_argument("--ref", help="reference file: print sacreBLEU BLEU and chrF to stderr")
     p.add_argument("--document", action="store_true",
                    help="each input line is a paragraph: split into sentences (pysbd), translated, joined back")
+    p.add_argument("--markup", action="store_true", help="lines with inline tags (<b>, <a href=..>, <x id=1/>, "
+                   "**, `): translated without them, each put back around the aligned words (see `aiayn align`)")
     p.add_argument("--src-lang", default="en", help="--document: the source language's sentence rules (default en)")
     p.add_argument("--alignments", metavar="FILE", help="word alignments of each line with its translation, Pharaoh "
                    "i-j (source word i, target word j), from the head `aiayn align` chose")

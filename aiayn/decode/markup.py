@@ -1,0 +1,155 @@
+"""Inline markup carried through translation by word alignments (decode/align.py; the paper's
+model translates plain sentences, §6.1): tags (`<b>…</b>`, `<a href=…>…</a>`), placeholders
+(`<x id=1/>`) and Markdown's `**…**` and `` `…` `` are taken out, the text is translated, and each
+tag is put back around the target words aligned to the source words it wrapped (the hull of their
+positions). Output is well-formed by construction: tags are placed as a tree whose children keep
+their source order and stay inside their parent (a span that would cross another is clipped, an
+empty one wraps nothing), and every placeholder appears exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import AiaynError
+from ..score import Links
+
+_TOKEN = re.compile(r"<(/?)([A-Za-z][\w:.-]*)((?:\s[^<>]*?)?)\s*(/?)>|\*\*|`")
+
+
+class MarkupError(AiaynError):
+    """A sentence whose tags are not well-formed (the message names the tag)."""
+
+
+@dataclass
+class Node:
+    """A tag and the words it wraps: source word span [start, end) first, target span after `place`."""
+
+    open: str
+    close: str  # "" for a placeholder (it wraps nothing and is written once)
+    start: int = 0
+    end: int = 0
+    children: list[Node] = field(default_factory=list)
+
+
+def parse(line: str) -> tuple[str, Node]:
+    """A sentence with markup -> its plain text (tags removed) and the tree of its tags over the
+    plain text's whitespace words."""
+    root, stack, plain, pending = Node("", ""), [], [], []
+    pos = 0
+    for m in _TOKEN.finditer(line):
+        plain.append(line[pos:m.start()])
+        pos = m.end()
+        text = m.group(0)
+        offset = len("".join(plain))
+        name = m.group(2) or text
+        parent = stack[-1][0] if stack else root
+        if m.group(4):  # <x/>: a placeholder before the next word
+            parent.children.append(Node(text, ""))
+            pending.append((parent.children[-1], offset, "at"))
+        elif m.group(1) or (text in ("**", "`") and stack and stack[-1][1] == name):
+            if not stack or stack[-1][1] != name:
+                raise MarkupError(f"closing {text} does not match {stack[-1][0].open if stack else 'any open tag'}")
+            node, _ = stack.pop()
+            node.close = text
+            pending.append((node, offset, "end"))
+        else:
+            node = Node(text, "")
+            parent.children.append(node)
+            stack.append((node, name))
+            pending.append((node, offset, "start"))
+    if stack:
+        raise MarkupError(f"{stack[-1][0].open} is never closed")
+    plain.append(line[pos:])
+    text = "".join(plain)
+    _spans(text, pending)
+    return " ".join(text.split()), root
+
+
+def _spans(text: str, pending: list) -> None:
+    """Character offsets of tags in the plain text -> word spans [start, end)."""
+    words = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+    for node, offset, kind in pending:
+        if kind == "end":  # after the last word that starts before the tag
+            node.end = max(node.start, sum(1 for s, _ in words if s < offset))
+        else:  # before the first word that ends after the tag
+            node.start = node.end = sum(1 for _, e in words if e <= offset)
+
+
+def place(root: Node, links: Links, n_target: int) -> None:
+    """Target spans: each tag's hull of the target words aligned to its source words, inside its
+    parent, after its previous sibling (so the tree stays a tree); placeholders before the target
+    word aligned to the source word they preceded."""
+    _place(root.children, links, 0, n_target)
+
+
+def _place(children: list[Node], links: Links, lo: int, hi: int) -> None:
+    at = lo
+    for node in children:
+        src = range(node.start, node.end) if node.close else range(node.start, node.start + 1)
+        tgt = sorted(j for i, j in links if i in src and lo <= j < hi)
+        if node.close and tgt:
+            start, end = max(tgt[0], at), max(tgt[-1] + 1, at)
+        else:  # a placeholder, or a tag whose words were not aligned: where the source put it
+            start = end = max(min(tgt[0] if tgt else _after(links, node.start, lo, hi), hi), at)
+        _place(node.children, links, start, end)
+        node.start, node.end, at = start, end, end
+
+
+def _after(links: Links, i: int, lo: int, hi: int) -> int:
+    """A target position for source position i: before the first word aligned to a later source word."""
+    later = [j for s, j in links if s >= i and lo <= j < hi]
+    return min(later) if later else hi
+
+
+def render(root: Node, words: list[str]) -> str:
+    """Target words with the tags at their placed spans, spaced as words are."""
+    items: list[tuple[str, str]] = []
+    _render(root.children, words, 0, len(words), items)
+    out, prev = [], ""
+    for kind, text in items:
+        if prev in ("w", "close", "x") and kind in ("w", "open", "x"):
+            out.append(" ")
+        out.append(text)
+        prev = kind
+    return "".join(out)
+
+
+def _render(children: list[Node], words: list[str], lo: int, hi: int, items: list) -> None:
+    pos = lo
+    for node in children:
+        items += [("w", w) for w in words[pos:node.start]]
+        if not node.close:
+            items.append(("x", node.open))
+        else:
+            items.append(("open", node.open))
+            _render(node.children, words, node.start, node.end, items)
+            items.append(("close", node.close))
+        pos = node.end
+    items += [("w", w) for w in words[pos:hi]]
+
+
+def strip(line: str) -> str:
+    """The words of a line without its markup (what a checker compares)."""
+    return " ".join(_TOKEN.sub(" ", line).split())
+
+
+def translate_markup(translator, lines: list[str]) -> list[str]:
+    """Each line translated without its markup, then its tags put back by the word alignments of
+    the head `aiayn align` chose (Translator.align)."""
+    parsed = []
+    for n, line in enumerate(lines, 1):
+        try:
+            parsed.append(parse(line))
+        except MarkupError as e:
+            raise MarkupError(f"line {n}: {e}") from None
+    ids = translator.encode_sources([plain for plain, _ in parsed])
+    hyps = translator.translate_ids(ids)
+    texts = translator.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
+    out = []
+    for (_, root), text, links in zip(parsed, texts, translator.align(ids, hyps)):
+        words = text.split()
+        place(root, links, len(words))
+        out.append(render(root, words))
+    return out

@@ -1,0 +1,118 @@
+"""Markup through translation: tags parsed over words, placed by alignments, always well-formed (checked
+by brute force on many random tag placements and random alignments), identity alignments give the input back."""
+
+import random
+import re
+
+import pytest
+
+from aiayn.decode.markup import MarkupError, parse, place, render, strip
+
+CHECK = re.compile(r"<(/?)([A-Za-z][\w:.-]*)[^<>]*?(/?)>|\*\*|`")
+
+
+def well_formed(text: str) -> list[str]:
+    """A checker written apart from markup.py: a stack over every tag; returns the placeholders seen."""
+    stack, placeholders = [], []
+    for m in CHECK.finditer(text):
+        tok = m.group(0)
+        if tok in ("**", "`"):
+            if stack and stack[-1] == tok:
+                stack.pop()
+            else:
+                stack.append(tok)
+        elif m.group(3):
+            placeholders.append(tok)
+        elif m.group(1):
+            assert stack and stack[-1] == m.group(2), (text, tok)
+            stack.pop()
+        else:
+            stack.append(m.group(2))
+    assert not stack, text
+    return placeholders
+
+
+def random_markup(rng: random.Random, words: list[str]) -> tuple[str, list[str]]:
+    """Words with random nested tags, Markdown and placeholders."""
+    out, stack, holders = [], [], []
+    for k, w in enumerate(words):
+        for _ in range(rng.randint(0, 2)):
+            r = rng.random()
+            if r < 0.15:
+                holders.append(f'<x id="{k}{len(holders)}"/>')
+                out.append(holders[-1])
+            elif r < 0.6 and len(stack) < 3:
+                tag = rng.choice(["b", "i", "a", "**", "`"])
+                if tag in stack and tag in ("**", "`"):
+                    continue
+                stack.append(tag)
+                out.append(tag if tag in ("**", "`") else ("<a href='u'>" if tag == "a" else f"<{tag}>"))
+        out.append(w)
+        while stack and rng.random() < 0.4:
+            tag = stack.pop()
+            out.append(tag if tag in ("**", "`") else f"</{tag}>")
+    while stack:
+        tag = stack.pop()
+        out.append(tag if tag in ("**", "`") else f"</{tag}>")
+    return " ".join(out), holders
+
+
+def test_identity_alignments_give_the_markup_back_and_random_ones_stay_well_formed():
+    rng = random.Random(0)
+    for trial in range(1000):
+        n = rng.randint(1, 9)
+        words = [f"w{i}" for i in range(n)]
+        line, holders = random_markup(rng, words)
+        plain, root = parse(line)
+        assert plain.split() == words
+        if trial % 2 == 0:  # identity: each word to itself
+            place(root, {(i, i) for i in range(n)}, n)
+            assert strip(render(root, words)) == " ".join(words)
+            assert sorted(well_formed(render(root, words))) == sorted(holders)
+            continue
+        m = rng.randint(1, 11)
+        target = [f"t{j}" for j in range(m)]
+        links = {(rng.randrange(n), rng.randrange(m)) for _ in range(rng.randint(0, 2 * n))}
+        place(root, links, m)
+        out = render(root, target)
+        assert sorted(well_formed(out)) == sorted(holders), (line, links, out)  # each placeholder once
+        assert strip(out) == " ".join(target)
+
+
+def test_a_tag_wraps_the_target_words_aligned_to_its_source_words():
+    plain, root = parse("the <b>big dog</b> runs <x id=1/>home")
+    assert plain == "the big dog runs home"
+    place(root, {(0, 0), (1, 2), (2, 1), (3, 3), (4, 4)}, 5)  # der Hund große läuft heim
+    assert render(root, ["der", "Hund", "große", "läuft", "heim"]) == "der <b>Hund große</b> läuft <x id=1/> heim"
+
+
+@pytest.mark.parametrize("bad,message", [("a <b>dog", "never closed"), ("a </b>dog", "does not match"),
+                                         ("<b>a <i>dog</b></i>", "does not match")])
+def test_malformed_markup_is_refused(bad, message):
+    with pytest.raises(MarkupError, match=message):
+        parse(bad)
+
+
+def test_translate_markup_keeps_the_plain_translation_and_every_tag(toy_prepared, tmp_path, capsys):
+    from conftest import tiny_config
+
+    import aiayn
+    from aiayn.checkpoint import list_checkpoints
+    from aiayn.cli import main
+    from aiayn.decode.translator import Translator
+
+    aiayn.train(tiny_config(max_steps=30), str(toy_prepared), str(tmp_path / "run"))
+    ckpt = list_checkpoints(tmp_path / "run")[-1]
+    rng = random.Random(1)
+    src = (toy_prepared / "test.en.txt").read_text().splitlines()[:20]
+    marked = [random_markup(rng, s.split()) for s in src]
+    (tmp_path / "in").write_text("".join(m + "\n" for m, _ in marked))
+    assert main(["translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "in"), "-o", str(tmp_path / "o"),
+                 "--markup", "--precision", "fp32"]) == 0
+    out = (tmp_path / "o").read_text().splitlines()
+    plain = Translator.load(ckpt, precision="fp32").translate(src)
+    for line, (_, holders), want in zip(out, marked, plain):
+        assert sorted(well_formed(line)) == sorted(holders) and strip(line) == " ".join(want.split())
+    (tmp_path / "bad").write_text("a <b>dog\n")
+    assert main(["translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "bad"), "--markup"]) == 2
+    assert "line 1: <b> is never closed" in capsys.readouterr().err
