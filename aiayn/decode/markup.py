@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import AiaynError
-from ..score import Links
+from ..score import Links, read_pharaoh
 
 _TOKEN = re.compile(r"<(/?)([A-Za-z][\w:.-]*)((?:\s[^<>]*?)?)\s*(/?)>|\*\*|`")
 
@@ -147,9 +147,12 @@ def translate_markup(translator, lines: list[str]) -> list[str]:
     ids = translator.encode_sources([plain for plain, _ in parsed])
     hyps = translator.translate_ids(ids)
     texts = translator.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
-    out = []
-    for (_, root), text, links in zip(parsed, texts, translator.align(ids, hyps)):
-        words = text.split()
-        place(root, links, len(words))
-        out.append(render(root, words))
-    return out
+    return [put_back(root, text, links) for (_, root), text, links in zip(parsed, texts, translator.align(ids, hyps))]
+
+
+def put_back(root: Node, translation: str, links: Links | str) -> str:
+    """A translation with the source's tags (`parse`'s tree) placed by word links (a set, or Pharaoh text)."""
+    links = read_pharaoh(links)[0] if isinstance(links, str) else links
+    words = translation.split()
+    place(root, links, len(words))
+    return render(root, words)

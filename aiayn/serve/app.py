@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..data.tokenizer import EOS
+from ..decode.markup import MarkupError, parse, put_back
 from ..decode.translator import Translator, attention_data
 from .batcher import Batcher, Overloaded, OverShare
 from .edge import BearerToken, BodyLimit, Concurrency, ConnectionCount, RateLimited, edge_protocol
@@ -67,6 +68,8 @@ class TranslateRequest(BaseModel):
                                 description="length penalty alpha (default 0.6)")
     alignments: bool = Field(False, description="also return word alignments (Pharaoh i-j, source word first) "
                                                 "from the head `aiayn align` chose")
+    markup: bool = Field(False, description="sentences carry inline tags (<b>, <a href=..>, <x id=1/>, **, `): "
+                                            "translated without them, each put back around the aligned words")
 
 
 class TranslateResponse(BaseModel):
@@ -173,10 +176,15 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
         beam = req.beam or d.beam
         if beam > limits.max_beam:
             raise HTTPException(413, f"beam {beam} is over the limit of {limits.max_beam}")
-        ids, _ = check_sentences(batcher, limits, req.sentences, max_subwords, beam)
+        trees = _markup(req.sentences) if req.markup else None
+        plain = [p for p, _ in trees] if trees else req.sentences
+        ids, _ = check_sentences(batcher, limits, plain, max_subwords, beam)
         alpha = d.alpha if req.alpha is None else req.alpha
-        texts, scores, links = await run(lambda: batcher.submit(ids, beam, alpha, _client(request), req.alignments))
-        return TranslateResponse(translations=texts, scores=scores, alignments=links)
+        texts, scores, links = await run(lambda: batcher.submit(ids, beam, alpha, _client(request),
+                                                                req.alignments or req.markup))
+        if trees:
+            texts = [put_back(root, text, x) for (_, root), text, x in zip(trees, texts, links)]
+        return TranslateResponse(translations=texts, scores=scores, alignments=links if req.alignments else None)
 
     @app.post("/attention", response_model=AttentionResponse)
     async def attention(req: AttentionRequest, request: Request) -> AttentionResponse:
@@ -196,6 +204,17 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
         return PAGE.read_text(encoding="utf-8")
 
     return app
+
+
+def _markup(sentences: list[str]) -> list:
+    """Each sentence's plain text and tag tree (decode/markup.py), or a 400 naming the sentence."""
+    out = []
+    for i, s in enumerate(sentences):
+        try:
+            out.append(parse(s))
+        except MarkupError as e:
+            raise HTTPException(400, f"sentence {i}: {e}") from None
+    return out
 
 
 def _client(request: Request) -> str | None:

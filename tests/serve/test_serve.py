@@ -53,6 +53,20 @@ def test_translate_returns_the_translators_word_alignments_when_asked(client, tr
     assert body["translations"] == translator.translate(sents)
 
 
+def test_translate_puts_markup_back_and_refuses_malformed_tags(client, translator):
+    from aiayn.decode.markup import strip
+
+    sents = ["the <b>dog</b> runs <x id=1/>", "**a cat**"]
+    body = client.post("/translate", json={"sentences": sents, "markup": True}).json()
+    plain = translator.translate(["the dog runs", "a cat"])
+    assert [strip(t) for t in body["translations"]] == [" ".join(p.split()) for p in plain]
+    assert body["translations"][0].count("<b>") == body["translations"][0].count("</b>") == 1
+    assert body["translations"][0].count("<x id=1/>") == 1 and body["translations"][1].count("**") == 2
+    assert body["alignments"] is None
+    r = client.post("/translate", json={"sentences": ["ok", "a <b>dog"], "markup": True})
+    assert r.status_code == 400 and "sentence 1: <b> is never closed" in r.json()["detail"]
+
+
 @pytest.mark.parametrize("payload,status,fragment", [
     ({"sentences": []}, 400, "empty"),
     ({"sentences": ["a"] * 5}, 413, "too many sentences"),
