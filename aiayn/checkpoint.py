@@ -81,15 +81,26 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return tensors, meta
 
 
-def read_extra(path: Path) -> dict[str, Any]:
-    """A checkpoint's `extra` metadata (task, tuning, provenance, alignment head) from its header alone."""
+def read_metadata(path: Path) -> dict[str, str]:
+    """A checkpoint's metadata (config, vocabulary, step, extra) from its header alone, no tensor read."""
     try:
         with open(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
             if n > Path(path).stat().st_size - 8:  # a pickle's first bytes read as a header of exabytes
                 raise ValueError("not a safetensors header")
-            header = json.loads(f.read(n))
-        extra = json.loads((header.get("__metadata__") or {}).get("extra", "{}"))
+            meta = json.loads(f.read(n)).get("__metadata__") or {}
+        if not isinstance(meta, dict):
+            raise ValueError("metadata is not a mapping")
+    except (OSError, ValueError, AttributeError, RecursionError) as e:
+        raise CheckpointError(f"{path}: unreadable metadata ({e})") from None
+    return meta
+
+
+def read_extra(path: Path) -> dict[str, Any]:
+    """A checkpoint's `extra` metadata (task, tuning, provenance, alignment head) from its header alone."""
+    meta = read_metadata(path)
+    try:
+        extra = json.loads(meta.get("extra", "{}"))
         if not isinstance(extra, dict):
             raise ValueError("extra is not a mapping")
     except (OSError, ValueError, AttributeError, RecursionError) as e:

@@ -94,9 +94,11 @@ def _vocabulary_of(checkpoint: str | None) -> bytes | None:
     """--tokenizer-from: the vocabulary a checkpoint carries (a trained or an imported model's)."""
     if checkpoint is None:
         return None
-    from ..checkpoint import read_meta, read_weights
+    from ..checkpoint import CheckpointError, read_meta, read_metadata
 
-    return read_meta(read_weights(Path(checkpoint))[1], checkpoint)[1].proto
+    if not Path(checkpoint).is_file():
+        raise CheckpointError(f"--tokenizer-from {checkpoint}: no such checkpoint")
+    return read_meta(read_metadata(Path(checkpoint)), checkpoint)[1].proto  # the header only
 
 
 def _test_name(value: str, src: str, splits: dict) -> str:

@@ -81,3 +81,16 @@ def test_finetuning_on_data_in_another_vocabulary_is_refused_in_one_line(parent,
                          timeout=120)
     assert res.returncode == 2 and "its vocabulary is not the checkpoint's" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("what,message", [("missing", "no such checkpoint"), ("text", "unreadable metadata")])
+def test_tokenizer_from_a_file_that_is_no_checkpoint_gets_one_line(toy_corpus, tmp_path, capsys, what, message):
+    from aiayn.cli import main
+
+    ckpt = tmp_path / "x.safetensors"
+    if what == "text":
+        ckpt.write_text("not a checkpoint")
+    assert main(["prepare", "--data-dir", str(toy_corpus), "--src", "en", "--tgt", "de", "--tokenizer-from",
+                 str(ckpt), "-o", str(tmp_path / "prep")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and not (tmp_path / "prep").exists()
