@@ -14,11 +14,13 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     Chunked and fused: forward keeps only logsumexp per row; backward writes
     (softmax(x) - q)·g directly, in the logits' dtype; bf16 logits are read as they are, every
     sum in fp32. Same value and gradient as `F.cross_entropy(x.float(), y, label_smoothing=ε)`,
-    in a third of the time on a CPU (bench/README.md).
+    in a third of the time on a CPU (bench/README.md). With `reuse` the gradient is written over
+    the logits themselves (no second tokens x vocabulary tensor to allocate and fault in).
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int) -> tuple[Tensor, Tensor]:
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int, reuse: bool = False
+                ) -> tuple[Tensor, Tensor]:
         n, V = logits.shape
         lse = torch.empty(n, device=logits.device)
         loss = torch.zeros((), device=logits.device)
@@ -35,7 +37,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             nll += nll_rows.sum()
             loss += (1 - epsilon) * nll_rows.sum() + epsilon * smooth_rows.sum()
         ctx.save_for_backward(logits, target, lse)
-        ctx.epsilon, ctx.pad_id = epsilon, pad_id
+        ctx.epsilon, ctx.pad_id, ctx.reuse = epsilon, pad_id, reuse
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
@@ -43,7 +45,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         logits, target, lse = ctx.saved_tensors
         eps, V = ctx.epsilon, logits.size(-1)
-        grad = torch.empty_like(logits)
+        grad = logits if ctx.reuse else torch.empty_like(logits)
         weight = grad_loss * (target != ctx.pad_id)  # 0 on padding rows
         inplace = grad.dtype == torch.float32  # softmax, then (p - q)·g, in the gradient's own rows
         for s in range(0, logits.size(0), _ROWS):
@@ -55,18 +57,20 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
                 p.sub_(eps / V).mul_(w)
             else:
                 torch.addcmul(w * (-eps / V), p, w, out=grad[s:s + _ROWS])
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def label_smoothed_loss(
-    logits: Tensor, target: Tensor, epsilon: float, pad_id: int
+    logits: Tensor, target: Tensor, epsilon: float, pad_id: int, reuse_logits: bool = False
 ) -> tuple[Tensor, Tensor, int]:
     """§5.4 label smoothing ε_ls (Szegedy et al., 2016): cross-entropy against
     q = (1 - ε)·onehot(y) + ε / V, summed over non-padding target tokens.
 
     logits (..., V), target (...) -> (smoothed loss sum, NLL sum, number of tokens), in float32.
+    reuse_logits: backward overwrites the logits with their gradient (a training step that reads
+    them no more after the loss: one fresh tokens x vocabulary tensor a step instead of two).
     """
     logits = logits.reshape(-1, logits.size(-1))
     target = target.reshape(-1)
-    loss, nll = _SmoothedCrossEntropy.apply(logits, target, float(epsilon), pad_id)
+    loss, nll = _SmoothedCrossEntropy.apply(logits, target, float(epsilon), pad_id, reuse_logits)
     return loss, nll.detach(), int((target != pad_id).sum())

@@ -40,7 +40,9 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list
         with (contextlib.nullcontext() if sync else model.no_sync()):
             with autocast(device, cfg.train.precision):
                 logits = model(*batch.inputs())
-            loss, nll, _ = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, cfg.model.pad_id)
+            loss, nll, _ = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, cfg.model.pad_id,
+                                               reuse_logits=True)
+            del logits  # its storage now holds its gradient
             # DDP averages gradients over ranks; scaling by world makes that a global-token mean.
             (loss * (weight * world / total_tokens)).backward()
         loss_total += weight * loss.item()

@@ -76,3 +76,25 @@ def test_a_peak_rate_keeps_eq3s_shape_and_forgets_d_model(step, factor):
     """peak_lr: linear warm-up to the peak at warmup_steps, then ∝ step^-0.5, whatever d_model is."""
     for d in (256, 512):
         assert noam_lr(step, d, 800, peak=2e-3) == pytest.approx(2e-3 * factor, rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reused_logits_get_the_same_gradient_in_their_own_storage(dtype):
+    """reuse_logits (training's step): backward writes the gradient over the logits, bit for bit the
+    gradient a separate tensor gets, through the product that made them."""
+    torch.manual_seed(2)
+    h = torch.randn(2, 150, 16, requires_grad=True)
+    w = torch.randn(23, 16, requires_grad=True)
+    target = torch.randint(0, 23, (2, 150))
+    target[:, ::5] = 0
+    grads = []
+    for reuse in (False, True):
+        logits = (h @ w.t()).to(dtype)
+        loss, _, _ = label_smoothed_loss(logits, target, 0.1, 0, reuse_logits=reuse)
+        (loss / 300).backward()
+        grads.append((h.grad.clone(), w.grad.clone(), logits.detach().clone()))
+        h.grad = w.grad = None
+    (h0, w0, kept), (h1, w1, overwritten) = grads
+    assert torch.equal(h0, h1) and torch.equal(w0, w1)
+    assert not torch.equal(kept, overwritten)  # the storage now holds the gradient
+    assert torch.all(overwritten[:, ::5] == 0)  # padding rows: zero gradient
