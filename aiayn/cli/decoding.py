@@ -76,7 +76,8 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(f"{args.input or '<stdin>'} has {len(lines)} lines but {args.ref} has {len(refs)}")
     start = time.perf_counter()
     ids = translator.encode_sources(lines)
-    hyps = translator.translate_ids(ids, progress=args.input not in (None, "-") and sys.stderr.isatty())
+    hyps = translator.translate_ids(ids, progress=args.input not in (None, "-") and sys.stderr.isatty(),
+                                     alignments=bool(args.alignments))
     seconds = time.perf_counter() - start
     nbest = translator.decode_cfg.nbest
     out_lines = []

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.fx.experimental import _config as fx_config
 
+from ..data.tokenizer import EOS, PAD
 from ..device import inductor_cache
 from ..models.linear import Int8Linear, _onednn, onednn_available
 from ..models.transformer import ACTIVATIONS, Transformer
@@ -64,6 +65,8 @@ class FusedState:
     def __init__(self, cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int, rows: int,
                  layers: list[_Layer], dtype: torch.dtype, capacity: int = 64):
         self.cross, self.pad, self.group, self.n = cross, pad, group, 0  # pad: (B, 1, 1, S), True at padding
+        self.not_word: Tensor | None = None  # (B, 1, S) True at EOS and padding, while alignments are taken
+        self.attended: Tensor | None = None  # (R,): the source position each row attended to most, last step
         self.k = [torch.empty(capacity, rows, L.heads[0], L.heads[1], dtype=dtype) for L in layers]
         self.v = [torch.empty(capacity, rows, L.heads[0], L.heads[2], dtype=dtype) for L in layers]
         self.idx = torch.empty(capacity, rows, dtype=torch.long)
@@ -81,6 +84,8 @@ class FusedState:
         if sources is not None:
             self.cross = [(k.index_select(0, sources), v.index_select(0, sources)) for k, v in self.cross]
             self.pad = self.pad.index_select(0, sources)
+            if self.not_word is not None:
+                self.not_word = self.not_word.index_select(0, sources)
         idx = self.idx.new_empty(self.idx.size(0), rows.numel())
         torch.index_select(self.idx[:self.n], 1, rows, out=idx[:self.n])
         self.idx = idx
@@ -116,6 +121,9 @@ class FusedDecoder:
         self.encoder = encoder or model
         self.final = (model.dec_norm.weight.detach(), model.dec_norm.bias.detach()) if cfg.pre_norm else None
         self.compiled = compiled
+        # (layer, head or None for the layer's mean): whose encoder-decoder attention each step's
+        # argmax is taken from, for word alignments (decode/align.py); set by Translator, never compiled
+        self.align_head: tuple[int, int | None] | None = None
         cpu_onednn = onednn_available() and self.embed.device.type == "cpu" and not compiled
         self.fp32_linear = _onednn if cpu_onednn else F.linear  # inductor picks its own kernel
         self._step = compiled_step(self._tensor_step, self._weight_tensors()) if compiled else self._tensor_step
@@ -142,7 +150,10 @@ class FusedDecoder:
     def start_decoding(self, src: Tensor, group: int = 1) -> FusedState:
         """Encode src (B, S) with the model, project every layer's encoder-decoder keys and values."""
         cross, mask = self._start(src.clone(memory_format=torch.contiguous_format))  # a slice compiled again
-        return FusedState(cross, ~mask, group, src.size(0) * group, self.layers, self.dtype, self.capacity)
+        state = FusedState(cross, ~mask, group, src.size(0) * group, self.layers, self.dtype, self.capacity)
+        if self.align_head is not None and not self.compiled:
+            state.not_word = ((src == PAD) | (src == EOS))[:, None, :]
+        return state
 
     def _tensor_start(self, src: Tensor) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
         with torch.autocast(src.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16):
@@ -169,11 +180,16 @@ class FusedDecoder:
 
     @staticmethod
     def _advance(step, tokens: Tensor, state: FusedState) -> Tensor:
-        """Run `step` at the state's next position (growing its caches when full), then move on."""
+        """Run `step` at the state's next position (growing its caches when full), then move on;
+        with alignments asked for, keep where each row attended (state.attended)."""
         if state.n == state.k[0].size(0):
             state.grow()
-        out = step(tokens, state.n, state.k, state.v, state.idx, state.cross, state.pad, state.group)
+        probe = None if state.not_word is None else [state.not_word, None]
+        out = step(tokens, state.n, state.k, state.v, state.idx, state.cross, state.pad, state.group,
+                   **({} if probe is None else {"probe": probe}))
         state.n += 1
+        if probe is not None:
+            state.attended = probe[1]
         return out
 
     def output_rows(self, rows: Tensor) -> Proj:
@@ -193,14 +209,18 @@ class FusedDecoder:
         return self.fp32_linear(x.to(self.out_dtype).float(), *out)
 
     def _tensor_step(self, tokens: Tensor, n: int, ks: list[Tensor], vs: list[Tensor], idx: Tensor,
-                     cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int) -> Tensor:
+                     cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int, probe: list | None = None
+                     ) -> Tensor:
         """The step over the state's tensors, to the logits (R, V)."""
-        return self.linear(self._tensor_hidden(tokens, n, ks, vs, idx, cross, pad, group), self.out, self.out_dtype)
+        x = self._tensor_hidden(tokens, n, ks, vs, idx, cross, pad, group, probe)
+        return self.linear(x, self.out, self.out_dtype)
 
     def _tensor_hidden(self, tokens: Tensor, n: int, ks: list[Tensor], vs: list[Tensor], idx: Tensor,
-                       cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int) -> Tensor:
+                       cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int, probe: list | None = None
+                       ) -> Tensor:
         """The step over the state's tensors: writes position n of the caches and of the row table
-        (row r's new entry lies in buffer row r), returns the decoder's last states."""
+        (row r's new entry lies in buffer row r), returns the decoder's last states. probe: [not_word,
+        None], whose second item becomes the argmax of align_head's attention (`_cross_attention`)."""
         R, cap_rows = tokens.size(0), ks[0].size(1)
         idx[n] = torch.arange(R, device=tokens.device)
         # Where each row's positions 0..n lie in a buffer seen as (capacity · rows, h, d).
@@ -208,7 +228,9 @@ class FusedDecoder:
         x = self.embed.index_select(0, tokens) * self.scale + self.pos[n]
         for i, L in enumerate(self.layers):
             x = self._out(x, L.norms[0], self._self_attention(self._inp(x, L.norms[0]), L, ks[i], vs[i], n, where))
-            x = self._out(x, L.norms[1], self._cross_attention(self._inp(x, L.norms[1]), L, cross[i], pad, group))
+            y = self._cross_attention(self._inp(x, L.norms[1]), L, cross[i], pad, group,
+                                      probe if probe is not None and i == self.align_head[0] else None)
+            x = self._out(x, L.norms[1], y)
             x = self._out(x, L.norms[2], self.linear(self.act(self.linear(self._inp(x, L.norms[2]), L.f1)), L.f2))
         if self.final is not None:
             x = F.layer_norm(x, (self.d,), *self.final)
@@ -240,14 +262,22 @@ class FusedDecoder:
             a = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values.permute(1, 2, 0, 3)
         return self.linear(a.reshape(R, h * dv), L.o)
 
-    def _cross_attention(self, y: Tensor, L: _Layer, kv: tuple[Tensor, Tensor], pad: Tensor, g: int) -> Tensor:
-        """The g rows of one source are that source's g queries (B, h, g, d_k)."""
+    def _cross_attention(self, y: Tensor, L: _Layer, kv: tuple[Tensor, Tensor], pad: Tensor, g: int,
+                         probe: list | None = None) -> Tensor:
+        """The g rows of one source are that source's g queries (B, h, g, d_k). probe: [not_word, None]
+        -> [not_word, the source word position each row attends to most (R,)] (align_head's head, or
+        the heads' mean; EOS and padding excluded, as decode/align.links_of does)."""
         h, dk, dv = L.heads[3:]
         k, v = kv
         B = k.size(0)
         q = self.linear(y, L.cq).view(B, g, h, dk).transpose(1, 2)
         scores = (q @ k.transpose(-2, -1) / math.sqrt(dk)).masked_fill(pad, float("-inf"))
-        a = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v  # (B, h, g, d_v)
+        p = torch.softmax(scores.float(), dim=-1)
+        if probe is not None:
+            head = self.align_head[1]
+            w = p.mean(1) if head is None else p[:, head]  # (B, g, S)
+            probe[1] = w.masked_fill(probe[0], -1.0).argmax(-1).view(-1)
+        a = p.to(q.dtype) @ v  # (B, h, g, d_v)
         return self.linear(a.transpose(1, 2).reshape(B * g, h * dv), L.co)
 
 

@@ -145,7 +145,7 @@ def translate_markup(translator, lines: list[str]) -> list[str]:
         except MarkupError as e:
             raise MarkupError(f"line {n}: {e}") from None
     ids = translator.encode_sources([plain for plain, _ in parsed])
-    hyps = translator.translate_ids(ids)
+    hyps = translator.translate_ids(ids, alignments=True)
     texts = translator.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
     return [put_back(root, text, links) for (_, root), text, links in zip(parsed, texts, translator.align(ids, hyps))]
 

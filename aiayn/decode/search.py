@@ -4,6 +4,9 @@ The model only needs the `IncrementalDecoder` contract: ``start_decoding(src, gr
 (with ``cache.reorder(rows, sources)``) and ``decode_step(tokens, cache) -> logits (rows, V)``.
 The Transformer (model.py), the recurrent baseline (baselines/rnn.py) and a scripted decoder in the tests
 have it.
+A decoding state that keeps `attended` (R,) after each step (fused.FusedState, when alignments are
+asked for) has it followed like the tokens: each hypothesis then carries, per output token, the
+source position attended to most when that token was predicted (word alignments, decode/align.py).
 Scores are sums of log-probabilities; beam search ranks finished hypotheses by
 score / lp(|Y|), |Y| counting the end-of-sentence token.
 """
@@ -40,6 +43,7 @@ class IncrementalDecoder(Protocol):
 class Hypothesis:
     tokens: list[int]  # output ids, without BOS/EOS
     score: float  # length-normalized log-probability (beam) or raw log-probability (greedy)
+    attended: list[int] | None = None  # per token, the source position its prediction attended to most
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -100,6 +104,7 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
     cache = model.start_decoding(src)
     tokens = torch.full((B,), BOS, dtype=torch.long, device=dev)
     out = torch.full((B, int(max_len.max()) + 1), PAD, dtype=torch.long, device=dev)
+    att = torch.zeros_like(out)
     scores = torch.zeros(B, device=dev)
     active = torch.arange(B, device=dev)  # sentence id of each row
     for t in range(int(max_len.max()) + 1):
@@ -107,6 +112,8 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
         best, tokens = best[:, 0], tokens[:, 0]
         scores[active] += best
         out[active, t] = tokens
+        if getattr(cache, "attended", None) is not None:
+            att[active, t] = cache.attended
         live = tokens != EOS
         wanted = _wanted(abandoned, t, active)
         if wanted is not None:
@@ -117,8 +124,13 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
             keep = live.nonzero().squeeze(1)
             cache.reorder(keep, keep)
             active, tokens = active[keep], tokens[keep]
-    return [Hypothesis([i for i in row if i not in (PAD, EOS)], s)
-            for row, s in zip(out.tolist(), scores.tolist())]
+    keep_att = getattr(cache, "attended", None) is not None
+    return [_hypothesis([i for i in row if i not in (PAD, EOS)], s, a if keep_att else None)
+            for row, s, a in zip(out.tolist(), scores.tolist(), att.tolist())]
+
+
+def _hypothesis(tokens: list[int], score: float, attended: list[int] | None) -> Hypothesis:
+    return Hypothesis(tokens, score, None if attended is None else attended[:len(tokens)])
 
 
 @torch.no_grad()
@@ -145,6 +157,8 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
     # The k best finished hypotheses of every sentence, best first, in tensors (float64 scores).
     fin_score = torch.full((B, k), float("-inf"), dtype=torch.float64, device=dev)
     fin_tok = torch.full((B, k, L), PAD, dtype=torch.long, device=dev)
+    track = getattr(cache, "not_word", None) is not None  # alignments asked for: follow `attended` too
+    ahist, fin_att = torch.zeros_like(hist), torch.zeros_like(fin_tok)
     # Largest length penalty a hypothesis can still get: |Y| = max length + EOS.
     bound_lp = length_penalty(max_len.double() + 1, alpha)
     t = 0
@@ -153,6 +167,7 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         # The 2k best continuations of a sentence are among the 2k best of each of its beams.
         at_max = (t >= max_len[active]).repeat_interleave(k)
         row_lp, row_tok = _top_lprobs(model.decode_step(tokens, cache), 2 * k, at_max)  # (n*k, c)
+        attended = cache.attended if track else None
         c = row_lp.size(1)
         cand = (scores.unsqueeze(-1) + row_lp.view(n, k, c)).view(n, k * c)
         top_scores, top_idx = cand.topk(min(2 * k, k * c), dim=1)  # (n, 2k)
@@ -160,8 +175,10 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         is_eos = (top_tok == EOS) & torch.isfinite(top_scores)
         row_base = torch.arange(n, device=dev).unsqueeze(1) * k
         if is_eos[:, :k].any():
-            _merge_finished(fin_score, fin_tok, active, top_scores[:, :k], hist[(row_base + top_beam[:, :k]).view(-1)],
-                            is_eos[:, :k], length_penalty(t + 1, alpha))
+            rows = (row_base + top_beam[:, :k]).view(-1)
+            _merge_finished(fin_score, [fin_tok, fin_att] if track else [fin_tok], active, top_scores[:, :k],
+                            [hist[rows], ahist[rows]] if track else [hist[rows]], is_eos[:, :k],
+                            length_penalty(t + 1, alpha))
         new_scores, new_tok, src_rows = _live(top_scores, top_tok, top_beam, is_eos, row_base, k)
         keep = _open(fin_score[active, nbest - 1], new_scores[:, 0], bound_lp[active], t >= max_len[active])
         wanted = _wanted(abandoned, t, active[keep])
@@ -175,12 +192,17 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
             new_scores, new_tok, active = new_scores[keep], new_tok[keep], active[keep]
         hist = hist.index_select(0, src_rows)
         hist[:, t] = new_tok.view(-1)
+        if attended is not None:
+            ahist = ahist.index_select(0, src_rows)
+            ahist[:, t] = attended[src_rows]
         t += 1
         # Beams move only within their sentence, so the encoder side is selected only on a drop.
         cache.reorder(src_rows, keep if dropped else None)
         scores, tokens = new_scores, new_tok.view(-1)
-    return [[Hypothesis([i for i in row if i != PAD], s) for s, row in zip(sc, tk) if s > float("-inf")]
-            for sc, tk in zip(fin_score[:, :nbest].tolist(), fin_tok[:, :nbest].tolist())]
+    return [[_hypothesis([i for i in row if i != PAD], s, a if track else None)
+             for s, row, a in zip(sc, tk, at) if s > float("-inf")]
+            for sc, tk, at in zip(fin_score[:, :nbest].tolist(), fin_tok[:, :nbest].tolist(),
+                                  fin_att[:, :nbest].tolist())]
 
 
 def _live(top_scores: Tensor, top_tok: Tensor, top_beam: Tensor, is_eos: Tensor, row_base: Tensor, k: int
@@ -201,14 +223,16 @@ def _open(nth: Tensor, best_live: Tensor, bound_lp: Tensor, at_max: Tensor) -> T
     return (~done).nonzero().squeeze(1)
 
 
-def _merge_finished(fin_score: Tensor, fin_tok: Tensor, active: Tensor, scores: Tensor, tokens: Tensor,
+def _merge_finished(fin_score: Tensor, fins: list[Tensor], active: Tensor, scores: Tensor, rows: list[Tensor],
                     is_eos: Tensor, lp: float) -> None:
-    """Hypotheses that end in EOS among a sentence's first k candidates (scores (n, k), their
-    tokens so far (n·k, L)) join its k best finished ones, normalized by lp(|Y|) (§6.1), best
-    first; a stable sort keeps earlier ones first among equal scores."""
+    """Hypotheses that end in EOS among a sentence's first k candidates (scores (n, k); their
+    tokens so far, and what else is followed per token, (n·k, L) each in `rows`) join its k best
+    finished ones (`fins`, (B, k, L) each), normalized by lp(|Y|) (§6.1), best first; a stable sort
+    keeps earlier ones first among equal scores."""
     n, k = scores.shape
     new = torch.where(is_eos, scores.double() / lp, float("-inf"))
     merged, order = torch.cat([fin_score[active], new], 1).sort(dim=1, descending=True, stable=True)
-    toks = torch.cat([fin_tok[active], tokens.view(n, k, -1)], 1)
     fin_score[active] = merged[:, :k]
-    fin_tok[active] = toks.gather(1, order[:, :k, None].expand(n, k, toks.size(2)))
+    for fin, row in zip(fins, rows):
+        both = torch.cat([fin[active], row.view(n, k, -1)], 1)
+        fin[active] = both.gather(1, order[:, :k, None].expand(n, k, both.size(2)))

@@ -199,14 +199,22 @@ class Translator:
 
     def align(self, ids: list[list[int]], hyps: list[list[Hypothesis]]) -> list[Links]:
         """Word links of each source (ids with EOS) with its best hypothesis, from the head `aiayn
-        align` chose (decode/align.py; without one, the last layer's mean, which it usually picks)."""
+        align` chose (decode/align.py; without one, the last layer's mean, which it usually picks):
+        taken during the search where `translate_ids(alignments=True)` ran the fused step, else
+        from one teacher-forced pass over the hypotheses."""
         if isinstance(self.model, Ensemble):
             raise ConfigError("alignments come from one model's attention; translate with one checkpoint")
         head = self.alignment_head or (self.model.cfg.n_dec - 1, None)
         src = [x[:-1] for x in ids]
         tgt = [h[0].tokens if h else [] for h in hyps]
         out: list[Links] = [set() for _ in ids]
-        keep = [k for k in range(len(ids)) if src[k] and tgt[k]]
+        keep = []
+        for k in (k for k in range(len(ids)) if src[k] and tgt[k]):
+            if hyps[k][0].attended is None:
+                keep.append(k)
+            else:
+                out[k] = word_links({(i, j) for j, i in enumerate(hyps[k][0].attended)},
+                                    self.tokenizer.id_to_piece(src[k]), self.tokenizer.id_to_piece(tgt[k]))
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             for k, weights in cross_attention(self.model, [src[k] for k in keep], [tgt[k] for k in keep],
                                               batch=128, layer=head[0]):
@@ -241,9 +249,11 @@ class Translator:
     @torch.no_grad()
     def translate_ids(self, ids: list[list[int]], beam: int | None = None, alpha: float | None = None,
                       nbest: int | None = None, progress: bool = False,
-                      abandoned: Callable[[], set[int]] | None = None) -> list[list[Hypothesis]]:
+                      abandoned: Callable[[], set[int]] | None = None, alignments: bool = False
+                      ) -> list[list[Hypothesis]]:
         """Search for every source (ids with EOS); empty sources give no hypotheses. `abandoned`:
-        the indices of `ids` nobody waits for any more (asked every few steps; they stop there)."""
+        the indices of `ids` nobody waits for any more (asked every few steps; they stop there).
+        `alignments`: the fused step also keeps where the alignment head attended (for `align`)."""
         d = self.decode_cfg
         beam = d.beam if beam is None else beam
         alpha, nbest = d.alpha if alpha is None else alpha, d.nbest if nbest is None else nbest
@@ -255,6 +265,9 @@ class Translator:
             raise ValueError(f"nbest must be in [1, beam={beam}], got {nbest}")
         results: list[list[Hypothesis]] = [[] for _ in ids]
         limit = self.model.cfg.max_positions - 1
+        if isinstance(self.search_model, FusedDecoder):
+            self.search_model.align_head = (self.alignment_head or (self.model.cfg.n_dec - 1, None)
+                                            if alignments else None)
         autocast = self.precision == "bf16" and not _casts_itself(self.search_model)
         ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if autocast
                else torch.autocast(self.device.type, enabled=False))  # int8: fp32 around the int8 products

@@ -270,7 +270,8 @@ class Batcher:
         start = time.perf_counter()
         # a request that gives up during the chunk stops costing within a few decoder steps
         hyps = t.translate_ids(ids, beam=beam, alpha=alpha, nbest=1,
-                               abandoned=lambda: {i for i, job in enumerate(owner) if job.future.cancelled()})
+                               abandoned=lambda: {i for i, job in enumerate(owner) if job.future.cancelled()},
+                               alignments=align)
         texts = t.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
         scores = [h[0].score if h else None for h in hyps]
         links = [pharaoh(x) for x in t.align(ids, hyps)] if align else []

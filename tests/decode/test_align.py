@@ -4,6 +4,7 @@ and `translate --alignments` writes Pharaoh lines."""
 
 import json
 
+import pytest
 import torch
 from conftest import tiny_config
 
@@ -41,6 +42,28 @@ def test_the_one_layer_pass_equals_the_full_attention_maps(toy_prepared, tmp_pat
     for layer in range(cfg.model.n_dec):
         for k, w in cross_attention(t.model, src, tgt, layer=layer):
             torch.testing.assert_close(w[0], full[k][layer], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_alignments_taken_during_the_search_equal_the_teacher_forced_pass(toy_prepared, tmp_path, beam):
+    """The fused step's argmax of the alignment head, followed through the beams' reorderings and
+    the finished hypotheses, is the argmax of the same head re-computed over the chosen translation;
+    and asking for it changes no translation."""
+    cfg = tiny_config(max_steps=30)
+    aiayn.train(cfg, str(toy_prepared), str(tmp_path / "run"))
+    t = Translator.load(list_checkpoints(tmp_path / "run")[-1], precision="fp32")
+    ids = t.encode_sources((toy_prepared / "test.en.txt").read_text().splitlines()[:24])
+    plain = t.translate_ids(ids, beam=beam)
+    for head in [(cfg.model.n_dec - 1, None), (0, 1)]:
+        t.alignment_head = head
+        hyps = t.translate_ids(ids, beam=beam, alignments=True)
+        assert [[(h.tokens, h.score) for h in hs] for hs in hyps] == [[(h.tokens, h.score) for h in hs] for hs in plain]
+        src, tgt = [x[:-1] for x in ids], [h[0].tokens for h in hyps]
+        assert all(len(h[0].attended) == len(h[0].tokens) for h in hyps)
+        for k, w in cross_attention(t.model, src, tgt, layer=head[0]):
+            teacher = sorted(links_of(w, (0, head[1])), key=lambda link: link[1])
+            assert [i for i, _ in teacher] == hyps[k][0].attended
+        assert all(h[0].attended is None for h in t.translate_ids(ids, beam=beam))  # not asked: not kept
 
 
 def test_align_chooses_a_head_and_translate_writes_its_alignments(toy_prepared, tmp_path, capsys):
