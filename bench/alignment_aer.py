@@ -8,6 +8,10 @@ scored against, each teacher-forced on the reference German of the same pairs:
 - the reference aligner itself (data/ibm.py: IBM Model 2 with a diagonal prior, both directions,
   grow-diag-final-and), trained on the 100 pairs together with the Multi30k training corpus.
 Prints a table (AER, precision against possible links, recall of sure links) and writes JSON.
+Then markup (decode/markup.py): 1,000 random tags over 1-3 source words of the 100 pairs, each put
+back onto the reference German by a method's links (`markup.place`, as `translate --markup` does);
+a tag counts as right when its target words overlap the words the gold links give its source words
+(tags over words the gold leaves unlinked are left out).
 
     .venv/bin/python bench/alignment_aer.py [--checkpoint runs/multi30k-en-de/averaged.safetensors]
         [--data work/multi30k-en-de] [--out bench/alignment_aer.json]
@@ -42,6 +46,28 @@ def scores(found: list[set], sure: list[set], possible: list[set]) -> dict[str, 
     in_s = sum(len(a & s) for a, s in zip(found, sure))
     return {"aer": aer(found, sure, possible), "precision": in_p / max(n_a, 1),
             "recall": in_s / max(sum(len(s) for s in sure), 1), "links": n_a}
+
+
+def tag_overlap(found: list[set], sure: list[set], possible: list[set], src: list[str], tgt: list[str],
+                n: int = 1000, seed: int = 0) -> dict[str, float]:
+    """Share of random tags (1-3 source words) whose placed target words overlap the gold span."""
+    import random
+
+    from aiayn.decode.markup import Node, place
+
+    rng, hits, asked = random.Random(seed), 0, 0
+    while asked < n:
+        k = rng.randrange(len(src))
+        n_src, width = len(src[k].split()), rng.randint(1, 3)
+        i = rng.randrange(max(n_src - width + 1, 1))
+        tag = Node("<b>", "</b>", i, min(i + width, n_src))
+        gold = {j for a, j in sure[k] | possible[k] if tag.start <= a < tag.end}
+        if not gold:
+            continue
+        place(Node("", "", children=[tag]), found[k], len(tgt[k].split()))
+        asked += 1
+        hits += bool(gold & set(range(tag.start, tag.end)))
+    return {"tags": asked, "overlap": hits / asked}
 
 
 def model_links(checkpoint: Path, src: list[str], tgt: list[str]) -> tuple[dict, object]:
@@ -87,16 +113,22 @@ def main() -> None:
     train_src, train_tgt = lines("train.en.gz"), lines("train.de.gz")
     ibm = ibm_align([s.split() for s in src + train_src], [t.split() for t in tgt + train_tgt])[:len(src)]
     rows["IBM Model 2 (reference aligner)"] = scores(ibm, sure, possible)
+    tags = {head_name(chosen) + " (aiayn align's choice)": tag_overlap(found[chosen], sure, possible, src, tgt),
+            "IBM Model 2 (reference aligner)": tag_overlap(ibm, sure, possible, src, tgt),
+            "gold links themselves (check)": tag_overlap([s | p for s, p in gold], sure, possible, src, tgt)}
     print(f"(head chosen on {len(v_src)} validation pairs and the IBM aligner: {time.perf_counter() - start:.0f} s)")
     print(f"\n{'method':<36}{'AER':>7}{'prec.':>7}{'recall':>7}{'links':>7}")
     best = min(rows, key=lambda k: rows[k]["aer"])
     for name, r in sorted(rows.items(), key=lambda kv: kv[1]["aer"]):
         mark = " <- aiayn align's choice" if name == head_name(chosen) else (" <- best" if name == best else "")
         print(f"{name:<36}{r['aer']:>7.3f}{r['precision']:>7.3f}{r['recall']:>7.3f}{r['links']:>7}{mark}")
+    print("\nmarkup: random tags put back onto the reference, overlapping the gold span")
+    for name, r in tags.items():
+        print(f"{name:<48}{100 * r['overlap']:>6.1f} % of {r['tags']}")
     meta = {"checkpoint": str(checkpoint), "gold": GOLD.name, "pairs": len(gold), "sure": sum(map(len, sure)),
             "possible": sum(map(len, possible)), "chosen": head_name(chosen), "chosen_on_valid_pairs": len(v_src),
             "cpu": cpu_meta(), "date": time.strftime("%Y-%m-%d")}
-    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "tags": tags}, indent=1))
 
 
 if __name__ == "__main__":
