@@ -191,6 +191,11 @@ class TrainConfig:
     adam_eps: float = 1e-9
     label_smoothing: float = 0.1  # §5.4
     clip_norm: float = 0.0  # 0 = no clipping (the paper does not clip)
+    # Guided alignment (Garg et al., 2019; the paper has none): weight of a loss pulling one
+    # encoder-decoder head toward reference alignments (data/alignments.py); 0 = off
+    guided_alignment: float = 0.0
+    guided_layer: int = -2  # decoder layer (negative: from the top; Garg et al.: the penultimate)
+    guided_head: int = 0
     precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32: device.py) | fp32 | bf16
     compile: bool = False  # torch.compile the model
     threads: int = 0  # CPU threads; 0 = all cores
@@ -236,6 +241,8 @@ class TrainConfig:
         if self.schedule not in ("noam", "constant") or (self.schedule == "constant" and self.peak_lr <= 0):
             raise ConfigError(f"train.schedule must be noam (Eq. 3) or constant (with a train.peak_lr > 0), "
                               f"got {self.schedule!r} (peak_lr {self.peak_lr})")
+        if not (math.isfinite(self.guided_alignment) and self.guided_alignment >= 0):
+            raise ConfigError(f"train.guided_alignment must be a weight >= 0, got {self.guided_alignment}")
 
 
 @dataclass

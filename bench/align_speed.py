@@ -66,7 +66,8 @@ def main() -> None:
             for k, v in times.items()}
     print(f"{len(ids)} sentences, beam {t.decode_cfg.beam}, {t.precision}, {cpu_meta()['label']}")
     for k, r in rows.items():
-        print(f"  {k:<10}{r['seconds']:>7.2f} s  {100 * r['overhead']:>+6.1f} %  ({', '.join(f'{x:.2f}' for x in r['runs'])})")
+        runs = ", ".join(f"{x:.2f}" for x in r["runs"])
+        print(f"  {k:<10}{r['seconds']:>7.2f} s  {100 * r['overhead']:>+6.1f} %  ({runs})")
     meta = {"checkpoint": str(args.checkpoint), "sentences": len(ids), "precision": t.precision,
             "threads": args.threads, "cpu": cpu_meta(), "date": time.strftime("%Y-%m-%d")}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .alignments import Links, alignment_targets
 from .text import DataError
 from .tokenizer import BOS, EOS, PAD
 
@@ -32,6 +33,7 @@ class TokenData:
         self.src_tag = arr("src", "tag") if tags else None
         self.src_lens = np.diff(self.src_off) + 1  # + EOS
         self.tgt_lens = np.diff(self.tgt_off) + 1  # decoder input: BOS + y, output: y + EOS
+        self.links: Links | None = None  # reference alignments (alignments.reference_links), guided training
 
     def __len__(self) -> int:
         return len(self.src_lens)
@@ -74,11 +76,13 @@ class Batch:
     tgt_out: torch.Tensor  # (B, T) target ids + EOS
     n_tokens: int  # non-padding target tokens
     src_tags: torch.Tensor | None = None  # (B, S) part-of-speech tag ids of the source subwords (tagger.py)
+    align: torch.Tensor | None = None  # (B, T, S) reference alignment targets (alignments.alignment_targets)
 
     def to(self, device: torch.device | str) -> Batch:
         tags = None if self.src_tags is None else self.src_tags.to(device, non_blocking=True)
+        align = None if self.align is None else self.align.to(device, non_blocking=True)
         return Batch(self.src.to(device, non_blocking=True), self.tgt_in.to(device, non_blocking=True),
-                     self.tgt_out.to(device, non_blocking=True), self.n_tokens, tags)
+                     self.tgt_out.to(device, non_blocking=True), self.n_tokens, tags, align)
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
         """The model's arguments: source, decoder input and, when the data has them, the source tags."""
@@ -104,4 +108,5 @@ def collate(data: TokenData, indices: np.ndarray) -> Batch:
             t = data.tags(i)
             tags[b, :len(t)] = t
         tags = torch.from_numpy(tags)
-    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), n, tags)
+    align = None if data.links is None else alignment_targets(data.links, indices, S, T)
+    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), n, tags, align)

@@ -15,6 +15,16 @@ from ..errors import AiaynError
 PAD, UNK, BOS, EOS = 0, 1, 2, 3  # fixed ids, the same in every vocabulary
 
 
+def word_starts(pieces: list[str]) -> list[int]:
+    """The word (whitespace-separated, as SentencePiece marks it with ▁) each subword belongs to."""
+    out, word = [], -1
+    for i, p in enumerate(pieces):
+        if p.startswith("\u2581") or i == 0:
+            word += 1
+        out.append(word)
+    return out
+
+
 class TokenizerError(AiaynError):
     pass
 

@@ -13,20 +13,10 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from ..data.tokenizer import BOS, EOS, PAD
+from ..data.tokenizer import BOS, EOS, PAD, word_starts
 from ..score import Links
 
 Head = tuple[int, int | None]  # (layer, head); head None: the mean of the layer's heads
-
-
-def word_starts(pieces: list[str]) -> list[int]:
-    """The word (whitespace-separated, as SentencePiece marks it with ▁) each subword belongs to."""
-    out, word = [], -1
-    for i, p in enumerate(pieces):
-        if p.startswith("\u2581") or i == 0:
-            word += 1
-        out.append(word)
-    return out
 
 
 def word_links(sub: Links, src_pieces: list[str], tgt_pieces: list[str]) -> Links:

@@ -112,7 +112,7 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
         best, tokens = best[:, 0], tokens[:, 0]
         scores[active] += best
         out[active, t] = tokens
-        if getattr(cache, "attended", None) is not None:
+        if _aligns(cache):
             att[active, t] = cache.attended
         live = tokens != EOS
         wanted = _wanted(abandoned, t, active)
@@ -124,9 +124,13 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
             keep = live.nonzero().squeeze(1)
             cache.reorder(keep, keep)
             active, tokens = active[keep], tokens[keep]
-    keep_att = getattr(cache, "attended", None) is not None
-    return [_hypothesis([i for i in row if i not in (PAD, EOS)], s, a if keep_att else None)
+    return [_hypothesis([i for i in row if i not in (PAD, EOS)], s, a if _aligns(cache) else None)
             for row, s, a in zip(out.tolist(), scores.tolist(), att.tolist())]
+
+
+def _aligns(cache) -> bool:
+    """Whether the decoding state keeps where each row attended (fused.FusedState, alignments asked for)."""
+    return getattr(cache, "not_word", None) is not None
 
 
 def _hypothesis(tokens: list[int], score: float, attended: list[int] | None) -> Hypothesis:
@@ -139,12 +143,10 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
                 ) -> list[list[Hypothesis]]:
     """Batched beam search (§6.1) over src (B, S); returns the `nbest` best hypotheses per row.
 
-    Each step expands every live beam, keeps the 2·beam best candidates, sets aside those that
-    end in EOS among the top `beam`, and continues with the best `beam` that do not (the
-    bookkeeping stays in tensors: no per-sentence Python work per step). A sentence stops as
-    `_open` says, and leaves the batch, so its rows cost nothing afterwards; so does one that
-    `abandoned` names (every ABANDON_EVERY steps), with the hypotheses it had finished.
-    """
+    Each step expands every live beam, keeps the 2·beam best candidates, sets aside those that end
+    in EOS among the top `beam`, and continues with the best `beam` that do not (bookkeeping in
+    tensors: no per-sentence Python work per step). A sentence stops as `_open` says and leaves the
+    batch; so does one that `abandoned` names (every ABANDON_EVERY steps), with what it finished."""
     B, k, dev = src.size(0), beam, src.device
     max_len = max_lengths(src, max_len_a, max_len_b, limit)  # (B,)
     L = int(max_len.max()) + 1
@@ -152,13 +154,12 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
     active = torch.arange(B, device=dev)  # sentence id of each active group of k rows
     scores = torch.full((B, k), float("-inf"), device=dev)
     scores[:, 0] = 0.0  # one live beam at the start
-    hist = torch.full((B * k, L), PAD, dtype=torch.long, device=dev)  # live beams' tokens so far
+    # Live beams' tokens so far, and, when alignments are asked for, the positions they attended to.
+    hists = [torch.full((B * k, L), PAD, dtype=torch.long, device=dev) for _ in range(1 + _aligns(cache))]
     tokens = torch.full((B * k,), BOS, dtype=torch.long, device=dev)
     # The k best finished hypotheses of every sentence, best first, in tensors (float64 scores).
     fin_score = torch.full((B, k), float("-inf"), dtype=torch.float64, device=dev)
-    fin_tok = torch.full((B, k, L), PAD, dtype=torch.long, device=dev)
-    track = getattr(cache, "not_word", None) is not None  # alignments asked for: follow `attended` too
-    ahist, fin_att = torch.zeros_like(hist), torch.zeros_like(fin_tok)
+    fins = [torch.full((B, k, L), PAD, dtype=torch.long, device=dev) for _ in hists]
     # Largest length penalty a hypothesis can still get: |Y| = max length + EOS.
     bound_lp = length_penalty(max_len.double() + 1, alpha)
     t = 0
@@ -167,7 +168,6 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         # The 2k best continuations of a sentence are among the 2k best of each of its beams.
         at_max = (t >= max_len[active]).repeat_interleave(k)
         row_lp, row_tok = _top_lprobs(model.decode_step(tokens, cache), 2 * k, at_max)  # (n*k, c)
-        attended = cache.attended if track else None
         c = row_lp.size(1)
         cand = (scores.unsqueeze(-1) + row_lp.view(n, k, c)).view(n, k * c)
         top_scores, top_idx = cand.topk(min(2 * k, k * c), dim=1)  # (n, 2k)
@@ -176,8 +176,7 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         row_base = torch.arange(n, device=dev).unsqueeze(1) * k
         if is_eos[:, :k].any():
             rows = (row_base + top_beam[:, :k]).view(-1)
-            _merge_finished(fin_score, [fin_tok, fin_att] if track else [fin_tok], active, top_scores[:, :k],
-                            [hist[rows], ahist[rows]] if track else [hist[rows]], is_eos[:, :k],
+            _merge_finished(fin_score, fins, active, top_scores[:, :k], [h[rows] for h in hists], is_eos[:, :k],
                             length_penalty(t + 1, alpha))
         new_scores, new_tok, src_rows = _live(top_scores, top_tok, top_beam, is_eos, row_base, k)
         keep = _open(fin_score[active, nbest - 1], new_scores[:, 0], bound_lp[active], t >= max_len[active])
@@ -190,19 +189,22 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         if dropped:
             src_rows = src_rows.view(n, k)[keep].view(-1)
             new_scores, new_tok, active = new_scores[keep], new_tok[keep], active[keep]
-        hist = hist.index_select(0, src_rows)
-        hist[:, t] = new_tok.view(-1)
-        if attended is not None:
-            ahist = ahist.index_select(0, src_rows)
-            ahist[:, t] = attended[src_rows]
+        hists = [h.index_select(0, src_rows) for h in hists]
+        hists[0][:, t] = new_tok.view(-1)
+        if len(hists) > 1:  # where the row each beam continues attended
+            hists[1][:, t] = cache.attended[src_rows]
         t += 1
         # Beams move only within their sentence, so the encoder side is selected only on a drop.
         cache.reorder(src_rows, keep if dropped else None)
         scores, tokens = new_scores, new_tok.view(-1)
-    return [[_hypothesis([i for i in row if i != PAD], s, a if track else None)
-             for s, row, a in zip(sc, tk, at) if s > float("-inf")]
-            for sc, tk, at in zip(fin_score[:, :nbest].tolist(), fin_tok[:, :nbest].tolist(),
-                                  fin_att[:, :nbest].tolist())]
+    return _results(fin_score[:, :nbest], [f[:, :nbest] for f in fins])
+
+
+def _results(fin_score: Tensor, fins: list[Tensor]) -> list[list[Hypothesis]]:
+    """Each sentence's finished hypotheses (scores (B, n), tokens (B, n, L) and maybe attended positions)."""
+    atts = fins[1].tolist() if len(fins) > 1 else [[None] * fins[0].size(1)] * fins[0].size(0)
+    return [[_hypothesis([i for i in row if i != PAD], s, a) for s, row, a in zip(sc, tk, at) if s > float("-inf")]
+            for sc, tk, at in zip(fin_score.tolist(), fins[0].tolist(), atts)]
 
 
 def _live(top_scores: Tensor, top_tok: Tensor, top_beam: Tensor, is_eos: Tensor, row_base: Tensor, k: int

@@ -343,15 +343,16 @@ class Transformer(nn.Module):
     # -- decoder ---------------------------------------------------------------------------
     def _decode(
         self, tgt: Tensor, cross: list[tuple[Tensor, Tensor]], src_mask: Tensor,
-        cache: DecoderCache | None, need_weights: bool, extra: Tensor | None = None,
+        cache: DecoderCache | None, need_weights: bool | int | None, extra: Tensor | None = None,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """need_weights: every layer's attention weights (True), one layer's (its index), none."""
         x = self._embed(tgt, self.tgt_embed, "tgt", cache.step if cache else 0)
         x = x if extra is None else x + extra
         w_self, w_cross = [], []
         for i, layer in enumerate(self.decoder):
             k, v = cross[i]
-            x, ws, wc = layer(x, k, v, src_mask, cache.layers[i] if cache else None, need_weights,
-                              cache.group if cache else 1)
+            need = need_weights if isinstance(need_weights, bool) else need_weights == i
+            x, ws, wc = layer(x, k, v, src_mask, cache.layers[i] if cache else None, need, cache.group if cache else 1)
             w_self.append(ws)
             w_cross.append(wc)
         x = self.dec_norm(x)
@@ -361,12 +362,14 @@ class Transformer(nn.Module):
         """Encoder-decoder keys and values of every decoder layer, computed once per source."""
         return [layer.cross_attn.project_kv(memory) for layer in self.decoder]
 
-    def forward(self, src: Tensor, tgt_in: Tensor, src_tags: Tensor | None = None) -> Tensor:
-        """Teacher-forced logits: src (B, S), tgt_in (B, T) -> (B, T, V)."""
+    def forward(self, src: Tensor, tgt_in: Tensor, src_tags: Tensor | None = None, align_layer: int | None = None
+                ) -> Tensor | tuple[Tensor, Tensor]:
+        """Teacher-forced logits: src (B, S), tgt_in (B, T) -> (B, T, V); with `align_layer`, also that
+        decoder layer's encoder-decoder attention (B, h, T, S) (guided alignment, train.guided_alignment)."""
         memory, mask, _ = self.encode(src, src_tags=src_tags)
         extra = self.decoder_extra(src, memory, tgt_in)
-        logits, _, _ = self._decode(tgt_in, self.cross_kv(memory), mask, None, False, extra)
-        return logits
+        logits, _, w = self._decode(tgt_in, self.cross_kv(memory), mask, None, align_layer, extra)
+        return logits if align_layer is None else (logits, w[align_layer])
 
     def attention_maps(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionMaps]:
         """Logits and every attention map, through the explicit attention path."""

@@ -18,6 +18,7 @@ from ..data.batches import Batch, TokenData, collate, make_batches
 from ..data.tokenizer import Tokenizer
 from ..decode.translator import Translator
 from ..device import autocast
+from . import guided
 from .loss import label_smoothed_loss
 from .optim import set_lr
 from .runs import Dist
@@ -34,17 +35,21 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list
     divided by the update's global target-token count. Returns (loss sum, NLL sum) of this rank."""
     model.train()
     loss_total, nll_total = 0.0, 0.0
+    align_layer = guided.layer(cfg)  # None: the paper's loss alone
     for j, (batch, weight) in enumerate(batches):
         batch = batch.to(device)
         sync = j == len(batches) - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
         with (contextlib.nullcontext() if sync else model.no_sync()):
             with autocast(device, cfg.train.precision):
-                logits = model(*batch.inputs())
+                out = model(*batch.inputs()) if align_layer is None else model(*batch.inputs(), align_layer=align_layer)
+            logits, attention = (out, None) if align_layer is None else out
             loss, nll, _ = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, cfg.model.pad_id,
                                                reuse_logits=True)
-            del logits  # its storage now holds its gradient
+            del logits, out  # its storage now holds its gradient
+            total = loss if attention is None else loss + cfg.train.guided_alignment * guided.alignment_loss(
+                attention[:, cfg.train.guided_head], batch.align)
             # DDP averages gradients over ranks; scaling by world makes that a global-token mean.
-            (loss * (weight * world / total_tokens)).backward()
+            (total * (weight * world / total_tokens)).backward()
         loss_total += weight * loss.item()
         nll_total += weight * nll.item()
     if cfg.train.clip_norm > 0:

@@ -38,6 +38,7 @@ from ..data.prepare import check_vocabulary, load_manifest, read_text
 from ..data.tokenizer import load_tokenizer
 from ..parsing.model import attach_tagger, build_any
 from ..parsing.tagger import Tagger
+from . import guided
 from .optim import learning_rate, make_optimizer
 from .runs import (
     Dist,
@@ -86,6 +87,7 @@ class Trainer:
         self.progress = Progress(batching=self.batching())
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
         self.model = build_any(cfg.model, self.tokenizer.pieces_list()).to(env.device)
+        guided.setup(cfg, self.model, self.train_data, self.tokenizer)  # train.guided_alignment (off: nothing)
         seed_rank(cfg.train.seed, env.rank)  # a dropout stream per rank
         self.optimizer = make_optimizer(self.model, cfg.train)
         self.fwd_model: nn.Module = torch.compile(self.model) if cfg.train.compile else self.model

@@ -11,7 +11,8 @@ from conftest import tiny_config
 import aiayn
 from aiayn.checkpoint import list_checkpoints, read_extra
 from aiayn.cli import main
-from aiayn.decode.align import candidates, cross_attention, links_of, word_links, word_starts
+from aiayn.data.tokenizer import word_starts
+from aiayn.decode.align import candidates, cross_attention, links_of, word_links
 from aiayn.decode.translator import Translator
 from aiayn.score import read_pharaoh
 

@@ -413,3 +413,16 @@ def test_a_parser_run_written_before_parser_model_resumes_bit_identically(tmp_pa
     got, want = (read_weights(r / "checkpoints/step-00000020.safetensors")[0] for r in (run, tmp_path / "today"))
     assert sorted(got) == sorted(want) and "tag_embed.weight" in got and "depth.embed.weight" in got
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.slow
+def test_guided_alignment_resumes_bit_identically(toy_prepared, tmp_path, straight):
+    """train.guided_alignment rebuilds its reference links in the resumed process: the same bytes as
+    a guided run never stopped (and not those of an unguided one)."""
+    extra = ("--train.guided_alignment", "0.5", "--train.guided_layer", "-1")
+    straight_run, run = tmp_path / "straight", tmp_path / "run"
+    subprocess.run(start_training(toy_prepared, straight_run, extra), check=True, capture_output=True, timeout=180)
+    kill_after_step_15(start_training(toy_prepared, run, extra), run)
+    resume(run)
+    assert final_bytes(run) == final_bytes(straight_run) != straight
+    assert "guided_alignment: 0.5" in (run / "config.yaml").read_text()
