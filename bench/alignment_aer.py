@@ -7,6 +7,7 @@ scored against, each teacher-forced on the reference German of the same pairs:
   on these test pairs: analysis/align.py);
 - the reference aligner itself (data/ibm.py: IBM Model 2 with a diagonal prior, both directions,
   grow-diag-final-and), trained on the 100 pairs together with the Multi30k training corpus.
+The corpus: $AIAYN_MULTI30K, else ../shared/data/multi30k beside the repository.
 Prints a table (AER, precision against possible links, recall of sure links) and writes JSON.
 Then markup (decode/markup.py): 1,000 random tags over 1-3 source words of the 100 pairs, each put
 back onto the reference German by a method's links (`markup.place`, as `translate --markup` does);
@@ -22,13 +23,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import time
 from pathlib import Path
 
 from benchdata import CHECKPOINT, DATA, ROOT, cpu_meta, prepared_data, trained_checkpoint
 
 GOLD = ROOT / "bench" / "data" / "gold_test2016_en-de.align"
-CORPUS = ROOT.parent / "shared" / "data" / "multi30k"
+CORPUS = Path(os.environ.get("AIAYN_MULTI30K") or ROOT.parent / "shared" / "data" / "multi30k")
 
 
 def lines(name: str, n: int | None = None) -> list[str]:
