@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..checkpoint import Builder, read_extra
+from ..checkpoint import Builder, CheckpointError, read_extra
 from ..config import ConfigError, DecodeConfig
 from ..data.tokenizer import BOS, EOS, PAD, Tokenizer
 from ..device import PRECISIONS, huge_pages, pick_device, resolve_precision
@@ -194,8 +194,12 @@ class Translator:
         translator.use_shortlist(shortlist)
         first = Path(path if isinstance(path, (str, Path)) else list(path)[0])
         chosen = read_extra(first).get("alignment") if first.is_file() else None
-        translator.alignment_head = (chosen["layer"], chosen["head"]) if isinstance(chosen, dict) else None
+        translator.alignment_head = None if chosen is None else _checked_head(chosen, model.cfg, first)
         return translator
+
+    def _head(self) -> tuple[int, int | None]:
+        """The alignment head: `aiayn align`'s choice, else the last layer's mean (which it usually picks)."""
+        return self.alignment_head or (self.model.cfg.n_dec - 1, None)
 
     def align(self, ids: list[list[int]], hyps: list[list[Hypothesis]]) -> list[Links]:
         """Word links of each source (ids with EOS) with its best hypothesis, from the head `aiayn
@@ -204,7 +208,7 @@ class Translator:
         from one teacher-forced pass over the hypotheses."""
         if isinstance(self.model, Ensemble):
             raise ConfigError("alignments come from one model's attention; translate with one checkpoint")
-        head = self.alignment_head or (self.model.cfg.n_dec - 1, None)
+        head = self._head()
         src = [x[:-1] for x in ids]
         tgt = [h[0].tokens if h else [] for h in hyps]
         out: list[Links] = [set() for _ in ids]
@@ -266,8 +270,7 @@ class Translator:
         results: list[list[Hypothesis]] = [[] for _ in ids]
         limit = self.model.cfg.max_positions - 1
         if isinstance(self.search_model, FusedDecoder):
-            self.search_model.align_head = (self.alignment_head or (self.model.cfg.n_dec - 1, None)
-                                            if alignments else None)
+            self.search_model.align_head = self._head() if alignments else None
         autocast = self.precision == "bf16" and not _casts_itself(self.search_model)
         ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if autocast
                else torch.autocast(self.device.type, enabled=False))  # int8: fp32 around the int8 products
@@ -332,6 +335,15 @@ class Translator:
         seconds = time.perf_counter() - start
         log.info("encoder and decoder step compiled in %.1f s (torch.compile; inductor caches it on disk)", seconds)
         return seconds
+
+
+def _checked_head(chosen, cfg, path: Path) -> tuple[int, int | None]:
+    """A checkpoint's `alignment` metadata as (layer, head or None), checked against the model."""
+    layer, head = (chosen.get("layer"), chosen.get("head")) if isinstance(chosen, dict) else (None, None)
+    if not (isinstance(layer, int) and 0 <= layer < cfg.n_dec and (head is None or isinstance(head, int) and
+                                                                     0 <= head < cfg.h)):
+        raise CheckpointError(f"{path}: metadata 'alignment' names no head of this model ({chosen!r})")
+    return layer, head
 
 
 def _gone(abandoned: Callable[[], set[int]], batch: list[int], active: torch.Tensor) -> torch.Tensor:

@@ -89,3 +89,16 @@ def test_align_chooses_a_head_and_translate_writes_its_alignments(toy_prepared, 
         links = read_pharaoh(line)[0]
         assert bool(links) == bool(o.split()) and all(i < len(s.split()) and j < len(o.split()) for i, j in links)
     assert json.loads(json.dumps(meta))  # the metadata is plain JSON
+
+
+@pytest.mark.parametrize("bad", [{"layer": 9, "head": 0}, {"layer": 0, "head": 7}, {"head": 0}, "layer 1"])
+def test_alignment_metadata_naming_no_head_of_the_model_is_refused(toy_prepared, tmp_path, bad):
+    from aiayn.checkpoint import CheckpointError, load_checkpoint, read_weights, save_weights
+
+    aiayn.train(tiny_config(max_steps=2), str(toy_prepared), str(tmp_path / "run"))
+    ckpt = list_checkpoints(tmp_path / "run")[-1]
+    _, cfg, tok, step = load_checkpoint(ckpt)
+    tensors, _ = read_weights(ckpt)
+    save_weights(tmp_path / "bad.safetensors", tensors, cfg, tok, step, {"alignment": bad})
+    with pytest.raises(CheckpointError, match="bad.safetensors: metadata 'alignment' names no head"):
+        Translator.load(tmp_path / "bad.safetensors", precision="fp32")
