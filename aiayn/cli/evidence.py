@@ -26,6 +26,8 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     command = "aiayn " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("aiayn") else ""
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
+    if args.valid_every is not None and args.valid_every < 1:
+        raise UserError(f"--valid-every must be >= 1, got {args.valid_every}")
     if args.extra_seeds < 0:
         raise UserError(f"--extra-seeds must be >= 0, got {args.extra_seeds}")
     if args.seeds < 2:
@@ -38,7 +40,8 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     else:
         rows = [r for r in args.rows.split(",") if r] if args.rows else None
         out = reproduce(args.suite, Path(args.data) if args.data else None, work, report, rows, args.steps,
-                        args.seeds, args.device, command, args.allow_mixed_commits, args.extra_seeds)
+                        args.seeds, args.device, command, args.allow_mixed_commits, args.extra_seeds,
+                        args.valid_every)
     print(f"wrote {out}")
 
 
@@ -60,6 +63,8 @@ def add_reproduce(sub) -> None:
                    "`second-seeds` and arch's `seeds` name the runs added from the results")
     p.add_argument("--steps", type=int, help=f"updates per row (default {BUDGET_UPDATES}: the budget chosen by the "
                    f"budget suite; budget: {2 * BUDGET_UPDATES})")
+    p.add_argument("--valid-every", type=int, help="table3, arch, tune: validate every this many updates "
+                   "(default: a tenth of --steps; e.g. 250 for a long rerun's curve)")
     p.add_argument("--seeds", type=int, default=5, help="table3: seeds of each reference (default 5)")
     p.add_argument("--extra-seeds", type=int, default=8,
                    help="table3: at most this many seed-2 runs of rows whose NLL change lies between 1 and 2.5 "

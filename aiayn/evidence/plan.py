@@ -230,11 +230,12 @@ def tune_rows() -> list[Row]:
     return out
 
 
-def protocol(steps: int) -> dict[str, Any]:
+def protocol(steps: int, valid_every: int | None = None) -> dict[str, Any]:
     """Settings every row of a suite shares: `steps` updates, no wall-clock limit, validation every
-    steps/10, checkpoints every steps/20 updates and the last 5 kept (§6.1)."""
+    steps/10 (or `valid_every`: a longer run's curve on a finer grid), checkpoints every steps/20
+    updates and the last 5 kept (§6.1)."""
     return {"train.max_steps": steps, "train.max_minutes": 0.0, "train.max_epochs": 0,
-            "train.valid_every": max(1, steps // 10), "train.valid_bleu_sentences": 0,
+            "train.valid_every": valid_every or max(1, steps // 10), "train.valid_bleu_sentences": 0,
             "train.save_every": max(1, steps // 20), "train.save_every_minutes": 0.0, "train.keep_last": 5,
             "train.log_every": max(1, steps // 40)}
 

@@ -111,9 +111,10 @@ def _run_rows(suite: str, rows: list[Row], common: dict[str, Any], ctx: dict[str
 
 def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, rows: list[str] | None = None,
               steps: int | None = None, seeds: int = 5, device: str | None = None, command: str = "",
-              allow_mixed: bool = False, extra_seeds: int = 8) -> Path:
+              allow_mixed: bool = False, extra_seeds: int = 8, valid_every: int | None = None) -> Path:
     """Run a suite (skipping finished rows, resuming interrupted ones) and render the report;
-    extra_seeds: at most this many second-seed runs of Table 3's rows near the line."""
+    extra_seeds: at most this many second-seed runs of Table 3's rows near the line; valid_every:
+    validation spacing in updates (default: a tenth of the run)."""
 
     if suite not in SUITES:
         raise ConfigError(f"unknown suite {suite!r}; choose from: {', '.join(SUITES)}")
@@ -136,10 +137,10 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
         _run_rows("budget", [Row("ref", "reference")], {**protocol(steps), "train.valid_every": max(1, steps // 24)},
                   ctx, rows, render_report)
     elif suite == "table3":
-        _table3(table3_rows(seeds), stability_rows(), seeds, protocol(steps), ctx, rows, render_report,
+        _table3(table3_rows(seeds), stability_rows(), seeds, protocol(steps, valid_every), ctx, rows, render_report,
                 extra_seeds)
     elif suite in ("arch", "tune"):
-        _arch(suite, arch_rows() if suite == "arch" else tune_rows(), protocol(steps), ctx, rows,
+        _arch(suite, arch_rows() if suite == "arch" else tune_rows(), protocol(steps, valid_every), ctx, rows,
               render_report)
     if suite in ("table1", "quick"):
         _table1(results, suite == "quick", device)

@@ -192,6 +192,8 @@ def test_bad_suite_requests_get_one_line_errors(toy_prepared, tmp_path):
     assert p.returncode == 2 and "--seeds must be >= 2" in p.stderr
     p = reproduce("--suite", "table3", "--extra-seeds", "-1", "--data", toy_prepared, "--work", tmp_path)
     assert p.returncode == 2 and "--extra-seeds must be >= 0, got -1" in p.stderr
+    p = reproduce("--suite", "table3", "--valid-every", "0", "--data", toy_prepared, "--work", tmp_path)
+    assert p.returncode == 2 and "--valid-every must be >= 1, got 0" in p.stderr
     p = reproduce("--suite", "arch", "--rows", "second-seeds", "--data", toy_prepared, "--work", tmp_path)
     assert p.returncode == 2 and "unknown row(s) second-seeds in suite arch" in p.stderr  # a table3 name
 
@@ -211,6 +213,8 @@ def test_table3_rows_are_valid_configs_and_the_reference_runs_five_seeds():
     assert sorted(r.name for r in depth) == ["C-N1", "C-N2", "C-N4", "C-N6"] + [f"depth-ref-s{s}" for s in range(1, 6)]
     assert all(row_config(r, {}).train.lr_scale == 0.4 for r in depth)
     assert not any(r.name in ("C-N1", "C-N2", "C-N4", "C-N6") and r.family == "main" for r in table3_rows(5, 0.4))
+    assert protocol(BUDGET_UPDATES)["train.valid_every"] == 275  # a tenth, as the committed rows ran
+    assert protocol(5000, 250)["train.valid_every"] == 250  # a long rerun's finer curve
 
 
 def test_the_budget_rule_on_a_curve_by_hand():
