@@ -114,6 +114,9 @@ class ModelConfig:
     def n_dec(self) -> int:
         return self.N_dec if self.N_dec is not None else self.N
 
+    def __post_init__(self) -> None:
+        self.validate()  # a config made in code is checked once, where it is made; files and overrides: Config.validate
+
     def validate(self) -> None:
         _check_numbers("model", self)
         for name, allowed in (("arch", ("transformer", "rnn", "conv")), ("rnn_cell", ("lstm", "gru")),

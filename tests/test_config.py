@@ -54,6 +54,18 @@ def test_overrides_are_typed_and_checked():
         apply_overrides(Config(), {"model.h": "7"}).validate()
 
 
+def test_a_model_config_made_in_code_is_checked_where_it_is_made():
+    """The model constructors no longer check their config: one made in code is checked when made,
+    one from a file or overrides by Config.validate (which train, load and the CLI call)."""
+    from aiayn.config import ModelConfig
+
+    with pytest.raises(ConfigError, match="divisible"):
+        ModelConfig(d_model=512, h=7)
+    with pytest.raises(ConfigError, match="p_drop"):
+        ModelConfig(p_drop=1.5)
+    assert ModelConfig(d_model=64, h=4).head_dim_k == 16
+
+
 def test_bad_yaml_names_the_file(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("model: [1, 2\n")

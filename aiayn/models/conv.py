@@ -68,7 +68,6 @@ class ConvS2S(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        cfg.validate()
         self.cfg = cfg
         f, V, k = cfg.d_model, cfg.vocab_size, cfg.conv_kernel
         c = cfg.conv_channels or f

@@ -147,7 +147,6 @@ class RecurrentModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        cfg.validate()
         self.cfg = cfg
         d, V, L = cfg.d_model, cfg.vocab_size, cfg.N
         self.lstm = cfg.rnn_cell == "lstm"

@@ -247,7 +247,6 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        cfg.validate()
         self.cfg = cfg
         d, V = cfg.d_model, cfg.vocab_size
         self.src_embed = nn.Embedding(V, d, padding_idx=cfg.pad_id)

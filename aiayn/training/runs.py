@@ -267,14 +267,15 @@ def git_commit() -> str | None:
         return None
 
 
-def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed: bool, per_update: int,
-                     precision_why: str = "") -> None:
-    """run.json: where the data is, and how each session of the run was started (command line,
-    versions, git commit, device and CPU class, threads, ranks, tokens per update, precision and why)."""
+def record_start(run: Run, data_dir: Path, cfg: Config, env: Dist, resumed: bool, per_update: int,
+                 precision_why: str = "") -> None:
+    """The run's record of this start: its config.yaml, and in run.json where the data is and how each
+    session of the run was started (command line, versions, git commit, device and CPU class,
+    threads, ranks, tokens per update, precision and why)."""
     import platform
     import sys
 
-
+    path = run.path / "run.json"
     try:
         record = json.loads(path.read_text()) if resumed and path.exists() else {}
         if not isinstance(record, dict) or not isinstance(record.get("sessions", []), list):
@@ -298,4 +299,5 @@ def write_provenance(path: Path, data_dir: Path, cfg: Config, env: Dist, resumed
         "update_freq": cfg.train.update_freq, "tokens_per_update": cfg.train.tokens_per_update,
         "batches_per_update": per_update, "max_tokens_per_update": cfg.data.max_tokens * per_update,
     })
+    run.save_config(cfg)
     atomic_write(path, json.dumps(record, indent=1).encode())

@@ -13,14 +13,13 @@ from ..config import Config, apply_overrides, load_yaml
 from ..data.prepare import check_vocabulary, vocabulary_size
 from ..device import TRAIN_PRECISIONS, cpu_label, inductor_cache, resolve_precision
 from ..files import hold_data, lock_run
-from .runs import Dist, Run, cpu_paths, leave, progress_log, setup, write_provenance
+from .runs import Dist, Run, cpu_paths, leave, progress_log, record_start, setup
 from .trainer import Trainer
 
 log = logging.getLogger("aiayn")
 
 
-def _start_run(run: Run, cfg: Config, data_dir: Path, env: Dist, trainer: Trainer, resume: bool,
-               resume_from: Path | None, locks: list, why: str) -> None:
+def _start_run(run: Run, data_dir: Path, resume: bool, locks: list) -> None:
     """Rank 0, before anything is written: lock the run (one trainer per run), hold the data
     (`prepare` will not replace it meanwhile), clear a killed process's leftovers."""
     locks.append(lock_run(run.path))
@@ -32,10 +31,18 @@ def _start_run(run: Run, cfg: Config, data_dir: Path, env: Dist, trainer: Traine
         log.debug("could not lock %s for reading", data_dir)
     for stale in run.ckpt_dir.glob(".*.tmp"):  # half-written files of a killed process
         stale.unlink(missing_ok=True)
+
+
+def _record_run(run: Run, cfg: Config, data_dir: Path, env: Dist, trainer: Trainer, resume: bool,
+                resume_from: Path | None, why: str) -> None:
+    """Rank 0, once the weights are in place (a refused resume changes nothing): the metrics after
+    the checkpoint dropped (none before the first), then config.yaml and a session in run.json."""
     if resume_from is None:
         run.forget_metrics_after(0)  # rows of a process killed before its first checkpoint
-        run.save_config(cfg)
-        write_provenance(run.path / "run.json", data_dir, cfg, env, resume is True, trainer.per_update, why)
+    else:
+        old = trainer.progress.saved_at is None  # a checkpoint that does not say whether it was validated
+        run.forget_metrics_after(trainer.progress.step, validated=old or trainer.made("validated_at"))
+    record_start(run, data_dir, cfg, env, resume is True, trainer.per_update, why)
 
 
 def _precision(cfg: Config, env: Dist, resumed: Path | None) -> str:
@@ -125,7 +132,7 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
     handler, locks = None, []
     try:
         if env.is_main:
-            _start_run(run, cfg, Path(data_dir), env, trainer, resume, resume_from, locks, why)
+            _start_run(run, Path(data_dir), resume, locks)
             handler = logging.FileHandler(run.path / "train.log")
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
             log.addHandler(handler)
@@ -133,16 +140,13 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
             progress_log.setLevel(logging.INFO)
             if log.getEffectiveLevel() > logging.INFO:
                 log.setLevel(logging.INFO)
-        if parent is not None:  # fine-tuning: the parent's weights, before the first update
-            load_into(trainer.model, parent, cfg.train.init_from)
         if resume_from is not None:
             trainer.restore(resume_from, force_batching)
-            if env.is_main:  # only once the checkpoint proved good: a refused resume changes nothing
-                old = trainer.progress.saved_at is None  # a checkpoint that does not say whether it was validated
-                run.forget_metrics_after(trainer.progress.step, validated=old or trainer.made("validated_at"))
-                run.save_config(cfg)
-                write_provenance(run.path / "run.json", Path(data_dir), cfg, env, True, trainer.per_update, why)
+        elif parent is not None:  # fine-tuning: the parent's weights, before the first update
+            load_into(trainer.model, parent, cfg.train.init_from)
         _log_setup(trainer, cfg, env, why)
+        if env.is_main:
+            _record_run(run, cfg, Path(data_dir), env, trainer, resume, resume_from, why)
         return trainer.loop()
     finally:
         if handler is not None:

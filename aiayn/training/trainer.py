@@ -80,13 +80,13 @@ class Trainer:
         if cfg.model.vocab_size != len(self.tokenizer):  # set from the data before (training.train)
             raise ConfigError(f"model.vocab_size {cfg.model.vocab_size}, {data_dir}'s {len(self.tokenizer)} pieces")
         cfg.validate()
+        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
+        self.model = build_any(cfg.model, self.tokenizer.pieces_list()).to(env.device)
         tags = cfg.model.tag_input  # §6.3 option: part-of-speech tags beside the words (tagger.py)
         self.train_data, self.valid_data = TokenData(data_dir, "train", tags), TokenData(data_dir, "valid", tags)
         self._batches: tuple[int, list[np.ndarray]] | None = None
         self.per_update = self._batches_per_update()
         self.progress = Progress(batching=self.batching())
-        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
-        self.model = build_any(cfg.model, self.tokenizer.pieces_list()).to(env.device)
         guided.setup(cfg, self.model, self.train_data, self.tokenizer)  # train.guided_alignment (off: nothing)
         seed_rank(cfg.train.seed, env.rank)  # a dropout stream per rank
         self.optimizer = make_optimizer(self.model, cfg.train)
@@ -136,7 +136,6 @@ class Trainer:
         weights_path = state_path.with_name(state_path.name.replace(".state.pt", ".safetensors"))
         tensors, meta = read_weights(weights_path)
         check_vocabulary(read_meta(meta, weights_path)[1].proto, self.data_dir)  # --resume RUN --data OTHER
-        load_into(self.model, tensors, weights_path)
         saved = load_state(state_path)
         check_state(saved, state_path)
         try:
@@ -155,6 +154,7 @@ class Trainer:
             log.warning("the checkpoint holds the random streams of %d rank(s), this run has %d: "
                         "dropout masks will differ from an uninterrupted run", len(rngs), self.env.world)
         self.window.restore(saved.get("window"), self.env.rank, self.env.world, self.progress.step)
+        load_into(self.model, tensors, weights_path)  # in place: the optimizer keeps these parameters
         log.info("resumed from %s at step %d (epoch %d, batch %d)", weights_path.name, self.progress.step,
                  self.progress.epoch, self.progress.batch)
 
