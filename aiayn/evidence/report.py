@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..files import atomic_write
+from .curves import curve_section
 from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedule, _plot_table1
 from .plan import converged_at
 from .stats import p_text, seed_test
@@ -44,15 +45,19 @@ def _test_bleu(r: dict, split: str = "test_2016_flickr") -> str:
 
 
 def _fmt_machine(rs: list[dict]) -> str:
-    seen = []
+    """Each machine the runs ran on (CPU family, model and class where recorded); with several, the
+    runs of each."""
+    seen: dict[str, list[str]] = {}
     for r in rs:
         m = r.get("machine", {})
-        cpu = m.get("cpu", "?") + (f" family {m['cpu_family']} model {m['cpu_model']}" if "cpu_family" in m else "")
+        cpu = m.get("cpu", "?") + (f" family {m['cpu_family']} model {m['cpu_model']}, {m.get('class', '?')}"
+                                   if "cpu_family" in m else ", family and model not recorded")
         desc = f"{m.get('gpu') or cpu} ({r.get('device', '?')}, {m.get('threads', '?')} threads, " \
                f"torch {m.get('torch', '?')})"
-        if desc not in seen:
-            seen.append(desc)
-    return "; ".join(seen) or "–"
+        seen.setdefault(desc, []).append(r.get("row", "?"))
+    if len(seen) < 2:
+        return "; ".join(seen) or "–"
+    return "; ".join(f"{d}: {', '.join(rows)}" for d, rows in seen.items())
 
 
 def budget_section(rs: list[dict], img: Path) -> list[str]:
@@ -67,7 +72,8 @@ def budget_section(rs: list[dict], img: Path) -> list[str]:
            + (f"**{at:,} updates** (NLL {dict(curve)[at]:.3f})." if at else "not reached within this run.")
            + " Its best validation NLL: {:.3f} at update {:,}.".format(*min((v, s) for s, v in curve))
            + " Every suite trains that many updates (`--steps`, default in `aiayn/evidence/plan.py`).", "",
-           "Made by `aiayn reproduce --suite budget --steps " f"{r['common']['train.max_steps']}`.", ""]
+           "Made by `aiayn reproduce --suite budget --steps " f"{r['common']['train.max_steps']}` at commit "
+           f"{(r.get('machine', {}).get('git') or 'not recorded')[:7]}.", ""]
     _plot_budget(curve, at, img / "budget.png")
     return out + ["![budget](img/budget.png)", ""]
 
@@ -299,7 +305,7 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
     if "budget" in results:
         out += budget_section(results["budget"], img)
     if "table3" in results:
-        out += table3_section(results["table3"], img, _fmt_machine)
+        out += table3_section(results["table3"], img, _fmt_machine) + curve_section(results["table3"])
     for suite in ("arch", "tune"):
         if suite in results:
             tp = report_dir / "results" / suite / "throughput" / "throughput.json"

@@ -101,3 +101,32 @@ def test_every_committed_result_config_rebuilds_its_parameter_count():
         assert sum(p.numel() for p in model.parameters()) == r["params"], f.name
         checked += 1
     assert checked >= 50
+
+
+def test_verdicts_along_the_curve_are_judged_at_each_point_and_name_the_moving_rows():
+    """Each point is judged on its own (the runs' NLL there, ln of the recorded PPL); a row that is worse
+    early and better late changes sign; a final verdict no late point shows is named."""
+    import math
+
+    from aiayn.evidence.curves import curve_nll, curve_section, verdicts_at
+
+    points = (100, 200, 300, 400)
+
+    def run(row: str, final: float, nlls: tuple[float, ...], **extra) -> dict:
+        return _result(row, final, curve=[[s, math.exp(v), 1.0] for s, v in zip(points, nlls)], **extra)
+
+    refs = [run(f"ref-s{i}", v, tuple(v + 0.5 - 0.1 * k for k in range(4)), seed=i) for i, v in enumerate(REF, 1)]
+    mean = statistics.mean(REF)
+    rows = [run("C-N1", 2.10, (mean + 0.6, mean + 0.5, mean + 0.4, mean + 0.3), paper=None),  # worse throughout
+            run("A-h1", mean + 0.1, (mean + 0.6, mean + 0.4, mean + 0.3, mean + 0.2)),  # claim worse: agrees
+            run("C-dmodel512", mean - 0.1, (mean + 0.7, mean + 0.5, mean + 0.1, mean))]  # claim better: flips
+    rs = refs + rows
+    assert curve_nll(rows[0])[100] == pytest.approx(mean + 0.6)
+    at = verdicts_at(rs, 100)
+    assert at["C-N1"].v_nll.reproduced is True and at["C-dmodel512"].v_nll.reproduced is False
+    assert verdicts_at(rs, 400)["C-dmodel512"].nll.delta == pytest.approx(-0.2)  # refs at mean + 0.2 there
+    text = "\n".join(curve_section(rs))
+    assert "| 100 | 200 | 300 | 400 | final |" in text
+    assert "| C-N1 | worse | agrees | agrees | agrees | agrees | agrees |" in text
+    assert "change sign along the curve (agree at one point, contradict at another): C-dmodel512." in text
+    assert curve_section(refs) == []  # no judged row: no section
