@@ -179,14 +179,15 @@ def table1_section(t1: dict, img: Path) -> list[str]:
     out = ["## Table 1: cost of one layer against sequence length", "",
            f"One layer of each type at d = {t1['d']}, batch {t1['batch']}, n = {min(t1['ns'])} … {max(t1['ns'])}; "
            f"forward + backward time (median of {t1['repeats']}, more repeats at small n), activation memory saved "
-           "for the backward pass, sequential steps (operations that must wait for the previous one), and the "
-           "maximum path length between positions 0 and n - 1 (counted on the layer's connections, checked by "
-           f"autograd). Slopes are fitted on log-log for n ≥ {t1['fit_from']}; a log-log slope mixes terms, so the "
+           "for the backward pass; and two columns that are **formulas, not measurements**: sequential steps "
+           "(operations that must wait for the previous one) and the maximum path length between positions 0 and "
+           "n - 1 (the formula's hops are checked in the tests against the depth at which autograd first connects "
+           f"the two positions in a stack of the layer). Slopes are fitted on log-log for n ≥ {t1['fit_from']}; a log-log slope mixes terms, so the "
            "time is also fitted as a·n² + b·n + c over every n (relative least squares) and the n² term's share of "
            f"the time at n = {top} is shown. Made by `aiayn reproduce --suite table1`.", "",
            f"| layer | Table 1: complexity / sequential / path | ms at n={mid} | ms at n={top} | time slope | "
-           f"a·n² + b·n + c (ms) | n² share at n={top} | memory slope | sequential steps at n={top} | "
-           f"path length at n={top} |", "|---|---|--:|--:|--:|---|--:|--:|--:|--:|"]
+           f"a·n² + b·n + c (ms) | n² share at n={top} | memory slope | sequential steps at n={top} (formula) | "
+           f"path length at n={top} (formula) |", "|---|---|--:|--:|--:|---|--:|--:|--:|--:|"]
     i_mid, i_top = t1["ns"].index(mid), t1["ns"].index(top)
     for name, L in t1["layers"].items():
         a, b, c = quadratic_fit(t1["ns"], L["time_ms"])
