@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -65,9 +66,12 @@ class HeadGates:
                 h.remove()
 
 
-def eval_batches(data: TokenData, cfg: Config, limit: int = 0) -> list:
-    out = make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, 0, 0)
-    return [collate(data, idx) for idx in (out[:limit] if limit else out)]
+def eval_batches(data: TokenData, cfg: Config, limit: int = 0, part: int | None = None) -> list:
+    """The split's batches; `part` 0 or 1: its even- or odd-numbered sentences only (heads ranked on one
+    half, the pruning curves measured on the other)."""
+    idx = np.arange(len(data)) if part is None else np.arange(part, len(data), 2)
+    out = make_batches(data.src_lens[idx], data.tgt_lens[idx], cfg.data.max_tokens, 0, 0)
+    return [collate(data, idx[b]) for b in (out[:limit] if limit else out)]
 
 
 def nll_per_token(model: nn.Module, batches: list, cfg: Config, device: torch.device) -> Tensor:
@@ -84,11 +88,11 @@ def nll_per_token(model: nn.Module, batches: list, cfg: Config, device: torch.de
 
 @torch.no_grad()
 def ablation_importance(model: nn.Module, data: TokenData, cfg: Config, device: torch.device,
-                        batches: int = 0) -> tuple[float, dict[str, Tensor]]:
+                        batches: int = 0, part: int | None = None) -> tuple[float, dict[str, Tensor]]:
     """The full model's validation NLL and, per sublayer type, (layers, h) NLL increases when that
-    one head is removed (gate 0)."""
+    one head is removed (gate 0); on half the sentences with `part` (eval_batches)."""
     model.eval()
-    bs = eval_batches(data, cfg, batches)
+    bs = eval_batches(data, cfg, batches, part)
     gates = HeadGates(model)
     with gates.applied():
         base = float(nll_per_token(model, bs, cfg, device))
@@ -105,12 +109,12 @@ def ablation_importance(model: nn.Module, data: TokenData, cfg: Config, device: 
 
 
 def gradient_importance(model: nn.Module, data: TokenData, cfg: Config, device: torch.device,
-                        batches: int = 0) -> dict[str, Tensor]:
+                        batches: int = 0, part: int | None = None) -> dict[str, Tensor]:
     """Michel et al. (2019): I_h = E_batches |∂L/∂g_h| at every gate 1, L the NLL per token."""
     model.eval()
     gates = HeadGates(model, requires_grad=True)
     total = {name: torch.zeros_like(g) for name, g in gates.gates.items()}
-    bs = eval_batches(data, cfg, batches)
+    bs = eval_batches(data, cfg, batches, part)
     with gates.applied(), torch.enable_grad():
         for b in bs:
             grads = torch.autograd.grad(nll_per_token(model, [b], cfg, device), list(gates.gates.values()))
@@ -221,12 +225,14 @@ def prune(model: nn.Module, heads: list[tuple[str, int, int]]) -> nn.Module:
     return model
 
 
-def pruning_curve(model: nn.Module, order: list[tuple[str, int, int]], evaluate) -> list[dict]:
+def pruning_curve(model: nn.Module, order: list[tuple[str, int, int]], evaluate,
+                  at: set[int] | None = None) -> list[dict]:
     """Remove heads in `order`, skipping any that is the last of its attention module (one head per
-    sublayer stays); after each removal, `evaluate()` (with the gates applied) gives the scores.
-    Returns one row per step: heads removed so far, the head, and the scores."""
+    sublayer stays); after each removal (or only after the counts in `at`), `evaluate()` (with the
+    gates applied) gives the scores. Returns one row per evaluation: heads removed so far, the last
+    head removed, and the scores."""
     gates = HeadGates(model)
-    rows = []
+    rows, removed = [], 0
     with gates.applied():
         rows.append({"removed": 0, "head": None, **evaluate()})
         for name, i, j in order:
@@ -234,8 +240,20 @@ def pruning_curve(model: nn.Module, order: list[tuple[str, int, int]], evaluate)
             if int(g.sum()) <= 1:
                 continue
             g[j] = 0.0
-            rows.append({"removed": len(rows), "head": [name, i, j], **evaluate()})
+            removed += 1
+            if at is None or removed in at:
+                rows.append({"removed": removed, "head": [name, i, j], **evaluate()})
     return rows
+
+
+def random_band(curves: list[list[dict]], key: str = "nll") -> list[dict]:
+    """The random orders' control at each count of heads removed: median and the 2.5-97.5 % range."""
+    out = []
+    for rows in zip(*curves):
+        v = np.array([r[key] for r in rows])
+        out.append({"removed": rows[0]["removed"], "median": float(np.median(v)),
+                    "lo": float(np.percentile(v, 2.5)), "hi": float(np.percentile(v, 97.5))})
+    return out
 
 
 # -- the syntactic role: encoder self-attention against dependency arcs ---------------------------

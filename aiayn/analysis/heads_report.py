@@ -1,9 +1,10 @@
 """`aiayn heads`: what the attention heads of a trained model do (§3.2.2, Figures 3-5, measured).
 
-On the validation split only: every head's importance (NLL with the head removed, and Michel et
-al.'s gradient proxy, with their rank correlation), its roles (heads.py), and the pruning curve
-(heads removed least important first, and in a random order as the control; validation NLL and
-beam-4 BLEU on a fixed subset after each removal). Writes heads.json and pictures to a folder.
+On the validation split only, ranked on one half and measured on the other: every head's importance
+(NLL with the head removed, and Michel et al.'s gradient proxy, with their rank correlation) on the
+even-numbered sentences, its roles (heads.py), and on the odd-numbered sentences the pruning curve
+(heads removed least important first: NLL and beam-4 BLEU after each removal) against 20 random
+orders as the control (NLL, their median and 95 % range). Writes heads.json and pictures to a folder.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from .heads import (  # noqa: E402
     prune,
     prune_order,
     pruning_curve,
+    random_band,
     role_table,
     syntactic_agreement,
 )
@@ -65,19 +67,39 @@ def _facts(data_dir: Path, tokenizer: Tokenizer) -> dict:
     return {"sinks": sinks, "src_freq": count(train.src_tok), "tgt_freq": count(train.tgt_tok)}
 
 
-def _evaluator(model, tokenizer: Tokenizer, cfg, valid: TokenData, src: list[str], ref: list[str]):
-    """A function giving validation NLL (all of it) and beam-4 BLEU (the fixed subset) as they are now."""
+RANKED, MEASURED = 0, 1  # heads ranked on the even-numbered validation sentences, curves measured on the odd
+
+
+def _evaluators(model, tokenizer: Tokenizer, cfg, valid: TokenData, src: list[str], ref: list[str]):
+    """Two functions of the model as it is now, on the MEASURED half of the validation split: NLL
+    and beam-4 BLEU (on `src`, its first sentences), and NLL alone (the random orders' control)."""
     device = torch.device("cpu")
-    batches = eval_batches(valid, cfg)
+    batches = eval_batches(valid, cfg, part=MEASURED)
     translator = Translator(model, tokenizer, cfg.decode, device, cfg.train.precision)
 
     @torch.no_grad()
-    def evaluate() -> dict:
-        nll = float(nll_per_token(model, batches, cfg, device))
+    def nll() -> dict:
+        return {"nll": float(nll_per_token(model, batches, cfg, device))}
+
+    @torch.no_grad()
+    def nll_and_bleu() -> dict:
         translator.model = model  # a fresh bf16 copy: it carries the gates' hooks now on the model
         hyps = translator.translate(src, beam=4)
-        return {"nll": nll, "bleu": sacrebleu.corpus_bleu(hyps, [ref]).score}
-    return evaluate
+        return {**nll(), "bleu": sacrebleu.corpus_bleu(hyps, [ref]).score}
+    return nll_and_bleu, nll
+
+
+def _pruning(model, order: list, evaluators, orders: int, seed: int) -> dict:
+    """The importance order's curve (NLL and BLEU after every removal) and `orders` random orders' (NLL
+    at about ten counts of heads removed), with the random orders' median and 2.5-97.5 % range."""
+    both, nll = evaluators
+    curves: dict = {"importance": pruning_curve(model, order, both)}
+    k = curves["importance"][-1]["removed"]
+    at = set(range(0, k + 1, max(1, round(k / 9)))) | {k}
+    shuffles = [random.Random(seed + s).sample(order, len(order)) for s in range(orders)]
+    curves["random"] = [pruning_curve(model, s, nll, at) for s in shuffles]
+    curves["random_band"] = random_band(curves["random"]) if orders else []
+    return curves
 
 
 def _removable(curve: list[dict], cost: float = 0.5) -> int:
@@ -119,8 +141,9 @@ def _syntactic(model, tokenizer: Tokenizer, cfg, trees: list, treebank: Path) ->
 
 
 def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentences: int = 100,
-            seed: int = 1, treebank: Path | None = None) -> dict:
-    """Every measurement of `aiayn heads`, as plain data."""
+            seed: int = 1, treebank: Path | None = None, random_orders: int = 20) -> dict:
+    """Every measurement of `aiayn heads`, as plain data: heads ranked (ablation, gradient) on half the
+    validation sentences, the pruning curves measured on the other half."""
     model, cfg, tokenizer, _ = load_checkpoint(checkpoint, build=build_any)
     model.eval()
     # in this CPU's precision, not the training machine's: bf16 emulated on an AVX2 CPU took > 10 minutes
@@ -130,13 +153,13 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
     check_vocabulary(tokenizer.proto, data_dir)
     trees = _trees(settings, treebank, sentences)
     valid = TokenData(data_dir, "valid")
-    src = read_text(data_dir, "valid", "src")[:bleu_sentences]
-    ref = read_text(data_dir, "valid", "tgt")[:bleu_sentences]
+    src = read_text(data_dir, "valid", "src")[MEASURED::2][:bleu_sentences]
+    ref = read_text(data_dir, "valid", "tgt")[MEASURED::2][:bleu_sentences]
     device = torch.device("cpu")
-    log.info("importance by ablation (one validation per head)")
-    base, ablation = ablation_importance(model, valid, cfg, device)
+    log.info("importance by ablation (one validation per head, the even-numbered sentences)")
+    _, ablation = ablation_importance(model, valid, cfg, device, part=RANKED)
     log.info("importance by the gate's gradient")
-    grad = gradient_importance(model, valid, cfg, device)
+    grad = gradient_importance(model, valid, cfg, device, part=RANKED)
     a = torch.cat([ablation[n].flatten() for n in SUBLAYERS]).numpy()
     g = torch.cat([grad[n].flatten() for n in SUBLAYERS]).numpy()
     log.info("roles over %d validation sentences", sentences)
@@ -144,16 +167,14 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
     syntactic = _syntactic(model, tokenizer, cfg, trees, treebank) if trees is not None else None
     if syntactic:
         roles["encoder_self"]["syntactic"] = torch.tensor(syntactic["accuracy"])
-    evaluate = _evaluator(model, tokenizer, cfg, valid, src, ref)
     order = prune_order(ablation)
-    shuffled = order[:]
-    random.Random(seed).shuffle(shuffled)
     examples = _examples(model, tokenizer, ablation, src, ref)  # the whole model's maps, before any pruning
-    log.info("pruning curves (%d heads), by importance and at random", len(order))
-    curves = {"importance": pruning_curve(model, order, evaluate), "random": pruning_curve(model, shuffled, evaluate)}
+    log.info("pruning curves (%d heads): by importance, and %d random orders", len(order), random_orders)
+    curves = _pruning(model, order, _evaluators(model, tokenizer, cfg, valid, src, ref), random_orders, seed)
     as_list = lambda d: {k: v.tolist() for k, v in d.items()}  # noqa: E731
-    removable = {k: _removable(c) for k, c in curves.items()}
-    return {"checkpoint": str(checkpoint), "data": str(data_dir), "valid_nll": base,
+    removable = {"importance": _removable(curves["importance"])}
+    return {"checkpoint": str(checkpoint), "data": str(data_dir), "valid_nll": curves["importance"][0]["nll"],
+            "split": "heads ranked on the even-numbered validation sentences, curves measured on the odd-numbered",
             "bleu_sentences": len(src), "role_sentences": min(sentences, len(valid)), "seed": seed,
             "ablation": as_list(ablation), "gradient": as_list(grad),
             "spearman_ablation_gradient": float(spearmanr(a, g).statistic),
@@ -222,11 +243,16 @@ def _roles_figure(result: dict, path: Path) -> None:
 
 def _pruning_figure(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for key, style in (("importance", "-o"), ("random", "--s")):
-        c = result["pruning"][key]
-        x = [r["removed"] for r in c]
-        axes[0].plot(x, [r["nll"] for r in c], style, ms=3, label=f"{key} order")
-        axes[1].plot(x, [r["bleu"] for r in c], style, ms=3, label=f"{key} order")
+    c = result["pruning"]["importance"]
+    x = [r["removed"] for r in c]
+    axes[0].plot(x, [r["nll"] for r in c], "-o", ms=3, label="importance order")
+    axes[1].plot(x, [r["bleu"] for r in c], "-o", ms=3, label="importance order")
+    band = result["pruning"].get("random_band")
+    if band:
+        xb = [b["removed"] for b in band]
+        axes[0].fill_between(xb, [b["lo"] for b in band], [b["hi"] for b in band], alpha=0.25, color="grey",
+                             label=f"{len(result['pruning']['random'])} random orders, 95 % range")
+        axes[0].plot(xb, [b["median"] for b in band], "--", color="grey", label="random orders, median")
     axes[1].axhline(result["pruning"]["importance"][0]["bleu"] - 0.5, color="grey", lw=0.8, label="full − 0.5 BLEU")
     labels = ("validation NLL per token", f"beam-4 BLEU, {result['bleu_sentences']} valid sentences")
     for ax, label in zip(axes, labels):

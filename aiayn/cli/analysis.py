@@ -46,10 +46,17 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
     print(f"wrote {len(files)} files to {args.output}")
 
 
+def _nll_at(result: dict, removed: int) -> float:
+    """The importance order's NLL with `removed` heads gone."""
+    return next(r["nll"] for r in result["pruning"]["importance"] if r["removed"] == removed)
+
+
 def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
     """What the attention heads do: importance, roles, pruning (validation split only)."""
     from ..analysis.heads_report import HEADS, measure, write
 
+    if args.random_orders < 0:
+        raise UserError(f"--random-orders must be >= 0, got {args.random_orders}")
     for name in ("sentences", "bleu_sentences"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -58,14 +65,16 @@ def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(f"--checkpoint {args.checkpoint}: no such file")
     try:
         result = measure(Path(args.checkpoint), Path(args.data), args.sentences, args.bleu_sentences, args.seed,
-                         Path(args.treebank) if args.treebank else None)
+                         Path(args.treebank) if args.treebank else None, args.random_orders)
     except (ValueError, OSError) as e:
         raise UserError(str(e)) from None
     out = write(result, Path(args.output))
-    r = result["removable_at_0.5_bleu"]
-    print(f"full model: valid NLL {result['valid_nll']:.4f}, BLEU {result['pruning']['importance'][0]['bleu']:.2f} "
-          f"({result['bleu_sentences']} sentences); heads removable at <= 0.5 BLEU: {r['importance']} by importance, "
-          f"{r['random']} at random; rank correlation of ablation and gradient importance "
+    r, band = result["removable_at_0.5_bleu"], result["pruning"]["random_band"]
+    at = (f"; after {band[1]['removed']} removed, NLL {_nll_at(result, band[1]['removed']):.3f} by importance, "
+          f"random orders {band[1]['median']:.3f} ({band[1]['lo']:.3f}-{band[1]['hi']:.3f})") if len(band) > 1 else ""
+    print(f"full model (odd-numbered validation sentences): valid NLL {result['valid_nll']:.4f}, BLEU "
+          f"{result['pruning']['importance'][0]['bleu']:.2f} ({result['bleu_sentences']} sentences); heads removable "
+          f"at <= 0.5 BLEU by importance: {r['importance']}{at}; rank correlation of ablation and gradient importance "
           f"{result['spearman_ablation_gradient']:.2f}")
     if result["syntactic"]:
         s = result["syntactic"]
@@ -95,7 +104,8 @@ def add_heads(sub) -> None:
     p.add_argument("--data", required=True, help="prepared data folder (its validation split is used)")
     p.add_argument("--sentences", type=int, default=200, help="validation sentences for the role statistics")
     p.add_argument("--bleu-sentences", type=int, default=100, help="validation sentences for BLEU while pruning")
-    p.add_argument("--seed", type=int, default=1, help="the random pruning order (the control)")
+    p.add_argument("--seed", type=int, default=1, help="the first random pruning order (the control)")
+    p.add_argument("--random-orders", type=int, default=20, help="random pruning orders, the control (default 20)")
     p.add_argument("--treebank", help="Penn Treebank .mrg folder or NLTK's treebank.zip: the encoder's syntactic "
                                       "role against dependency arcs of its development trees (English sources)")
     p.add_argument("-o", "--output", required=True, help="folder for heads.json and pictures")

@@ -182,7 +182,8 @@ def table1_section(t1: dict, img: Path) -> list[str]:
            "for the backward pass; and two columns that are **formulas, not measurements**: sequential steps "
            "(operations that must wait for the previous one) and the maximum path length between positions 0 and "
            "n - 1 (the formula's hops are checked in the tests against the depth at which autograd first connects "
-           f"the two positions in a stack of the layer). Slopes are fitted on log-log for n ≥ {t1['fit_from']}; a log-log slope mixes terms, so the "
+           f"the two positions in a stack of the layer). Slopes are fitted on log-log for n ≥ {t1['fit_from']}; a "
+           "log-log slope mixes terms, so the "
            "time is also fitted as a·n² + b·n + c over every n (relative least squares) and the n² term's share of "
            f"the time at n = {top} is shown. Made by `aiayn reproduce --suite table1`.", "",
            f"| layer | Table 1: complexity / sequential / path | ms at n={mid} | ms at n={top} | time slope | "
@@ -228,25 +229,45 @@ def _step_noise(r: dict) -> float:
     return statistics.median(abs(a - b) for a, b in zip(c, c[1:])) if len(c) > 1 else 0.0
 
 
+def _pruning_words(r: dict, n_heads: int) -> str:
+    """The pruning bullet: heads that go at <= 0.5 BLEU, and the importance order against the random
+    orders' 95 % range (results of the older protocol, one random order, say so)."""
+    imp, k = r["pruning"]["importance"], r["removable_at_0.5_bleu"]["importance"]
+    end = (f"with one head left per attention (the curve's end) NLL is {imp[-1]['nll']:.2f} and BLEU "
+           f"{imp[-1]['bleu']:.1f}.")
+    band = r["pruning"].get("random_band")
+    if not band:
+        return (f"- **Pruning** (older protocol: heads ranked and measured on the same sentences, one random order "
+                f"as the control): {k} of {n_heads} heads go at a cost of at most 0.5 BLEU when removed least "
+                f"important first, {r['removable_at_0.5_bleu']['random']} in the random order; {end}")
+    nll = {x["removed"]: x["nll"] for x in imp}
+    mid = band[len(band) // 3]
+    inner = band[1:-1]
+    below = sum(nll[b["removed"]] < b["lo"] for b in inner)
+    return (f"- **Pruning** ({r['split']}): {k} of {n_heads} heads go at a cost of at most 0.5 BLEU when removed "
+            f"least important first. With {mid['removed']} removed, NLL is {nll[mid['removed']]:.3f} against "
+            f"{len(r['pruning']['random'])} random orders' {mid['median']:.3f} (95 % range {mid['lo']:.3f}-"
+            f"{mid['hi']:.3f}); the importance order lies below the random range at {below} of {len(inner)} "
+            f"counts between the first and the last; {end}")
+
+
 def heads_section(rs: list[dict]) -> list[str]:
     """Figures 3-5, measured: `aiayn heads` results (results/heads/NAME.json, pictures beside in img/)."""
     out = ["## Figures 3-5, measured: what the heads do", "",
            "The paper shows attention maps and reads syntax and anaphora into some heads (§6, Figures 3-5). "
            "`aiayn heads` measures instead, on the validation split only: each head's importance (validation NLL "
            "with the head removed; Michel et al.'s gradient proxy beside it), role statistics per head, and the "
-           "pruning curve (heads removed least important first; a random order as the control).", ""]
+           "pruning curve (heads removed least important first; random orders as the control).", ""]
     for r in rs:
         name = r.get("name", Path(r["checkpoint"]).stem)
         full = r["pruning"]["importance"][0]
-        k, kr = r["removable_at_0.5_bleu"]["importance"], r["removable_at_0.5_bleu"]["random"]
         n_heads = sum(len(t) * len(t[0]) for t in r["ablation"].values())
         out += [f"### {name}", "", f"{r.get('about', r['checkpoint'])}. Validation NLL {r['valid_nll']:.4f}, "
-                f"beam-4 BLEU {full['bleu']:.2f} on the first {r['bleu_sentences']} validation sentences.", "",
-                f"- **Pruning**: {k} of {n_heads} heads go at a cost of at most 0.5 BLEU when removed least important "
-                f"first, {kr} in a random order; with one head left per attention (the curve's end) NLL is "
-                f"{r['pruning']['importance'][-1]['nll']:.2f} and BLEU {r['pruning']['importance'][-1]['bleu']:.1f}. "
-                f"BLEU on {r['bleu_sentences']} sentences moves by {_step_noise(r):.2f} (median) between "
-                "neighbouring steps of the first ten, so read the NLL curve for the trend.",
+                f"beam-4 BLEU {full['bleu']:.2f} on the first {r['bleu_sentences']} validation sentences"
+                f"{' of the odd-numbered half' if r.get('split') else ''}.", "",
+                _pruning_words(r, n_heads) + f" BLEU on {r['bleu_sentences']} sentences moves by "
+                f"{_step_noise(r):.2f} (median) between neighbouring steps of the first ten, so read the NLL curve "
+                "for the trend.",
                 f"- **Importance**: the rank correlation of ablation and gradient importance is "
                 f"{r['spearman_ablation_gradient']:.2f} (Spearman, {n_heads} heads). Most important: "
                 + ", ".join(f"{sub} {_where(t)[1]} (+{_where(t)[0]:.3f} nats)" for sub, t in r["ablation"].items())

@@ -133,6 +133,19 @@ def test_alignment_agreement_and_prune_order_by_hand():
                                    ("decoder_self", 0, 0), ("encoder_self", 0, 0), ("cross", 0, 1)]
 
 
+def test_heads_are_ranked_on_one_half_of_the_sentences_and_measured_on_the_other(toy_prepared):
+    from aiayn.analysis.heads import eval_batches, random_band
+    from aiayn.config import Config
+
+    data, cfg = TokenData(toy_prepared, "valid"), Config()
+    halves = [[tuple(row[row != 0].tolist()) for b in eval_batches(data, cfg, part=p) for row in b.src] for p in (0, 1)]
+    every = [tuple(row[row != 0].tolist()) for b in eval_batches(data, cfg) for row in b.src]
+    assert sorted(halves[0] + halves[1]) == sorted(every) and len(halves[0]) == (len(data) + 1) // 2
+    assert set(halves[0]) == {tuple(data.src(i).tolist()) + (3,) for i in range(0, len(data), 2)}  # + EOS
+    curves = [[{"removed": 0, "nll": 1.0}, {"removed": 3, "nll": v}] for v in range(1, 42)]  # 1 .. 41
+    assert random_band(curves)[1] == {"removed": 3, "median": 21.0, "lo": 2.0, "hi": 40.0}
+
+
 def test_pruning_keeps_a_head_per_sublayer_and_leaves_the_others_alone():
     """Every step removes one head, never the last of its attention; the heads still kept send
     W^O exactly what they sent in the full model (removing a head changes only its own input
@@ -300,14 +313,24 @@ def test_heads_command_end_to_end(toy_prepared, tmp_path, capsys, monkeypatch, c
     k = r["removable_at_0.5_bleu"]["importance"]
     assert len(r["pruned_heads"]) == k
     with torch.no_grad():
-        nll = float(nll_per_token(pruned.eval(), eval_batches(TokenData(toy_prepared, "valid"), cfg), cfg,
-                                  torch.device("cpu")))
+        nll = float(nll_per_token(pruned.eval(), eval_batches(TokenData(toy_prepared, "valid"), cfg, part=1), cfg,
+                                  torch.device("cpu")))  # the curves are measured on the odd-numbered sentences
     assert nll == pytest.approx(r["pruning"]["importance"][k]["nll"], rel=1e-4)
-    # the full model's NLL by two paths: the ablation's baseline and the pruning curve's first point
-    assert r["pruning"]["importance"][0]["nll"] == pytest.approx(r["valid_nll"], rel=1e-6)
-    assert len(r["pruning"]["random"]) == len(r["pruning"]["importance"]) == 1 + 3 * 2 * 3
+    assert r["pruning"]["importance"][0]["nll"] == r["valid_nll"] and "even-numbered" in r["split"]
+    assert len(r["pruning"]["importance"]) == 1 + 3 * 2 * 3
+    # the control: 20 random orders, each measured at the same counts of heads removed (0 and the last
+    # among them), and their median within the 95 % range at each count
+    counts = {str([x["removed"] for x in c]) for c in r["pruning"]["random"]}
+    assert len(r["pruning"]["random"]) == 20 and len(counts) == 1
+    band = r["pruning"]["random_band"]
+    assert [b["removed"] for b in band] == [x["removed"] for x in r["pruning"]["random"][0]]
+    assert band[0]["removed"] == 0 and band[-1]["removed"] == 3 * 2 * 3
+    assert band[0]["lo"] == band[0]["hi"] == pytest.approx(r["valid_nll"])  # nothing removed yet: no spread
+    assert all(b["lo"] <= b["median"] <= b["hi"] for b in band)
     printed = capsys.readouterr().out
-    assert "heads removable at <= 0.5 BLEU" in printed and "syntactic role" in printed
+    assert "heads removable at <= 0.5 BLEU by importance" in printed and "random orders" in printed
+    assert "syntactic role" in printed
+    assert main([*args, "--random-orders", "-1"]) != 0 and "--random-orders must be >= 0" in capsys.readouterr().err
     # arcs by hand (head - dependent): A->man +1, man->rides +1, a->bike +1, bike->rides -2; Dogs->run +1,
     # in->run -1, the->park +1, park->in -2; roots and the two full stops are not scored
     syn = r["syntactic"]
