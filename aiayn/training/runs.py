@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import json
 import logging
 import os
@@ -74,6 +75,7 @@ def leave(env: Dist) -> None:
     """Leave the process group that `setup` joined, while Python is still whole, as PyTorch asks of
     every run (a group left to interpreter shutdown can abort a rank); a caller's own group stays."""
     if env.owns_group and dist.is_initialized():
+        gc.collect()  # a DDP wrapper caught in a reference cycle would free the group's threads at exit
         dist.destroy_process_group()
 
 

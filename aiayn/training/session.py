@@ -155,4 +155,5 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
             handler.close()
         for lock in locks:
             lock.release()
+        trainer.fwd_model = trainer.model  # DDP's wrapper holds the process group: it goes before the group
         leave(env)
