@@ -46,7 +46,10 @@ CLAIMS: dict[str, Claim] = {
     "C-N6": Claim(None, None, "2× the reference's depth, where the paper's step (N=8 over 6) is 1.33× (C-N4 is "
                   "that step); it did not train at the suite's rate", kind="observation"),
     "C-dmodel128": Claim(WORSE, WORSE, f"Table 3 (C) d_model=256; {_BIGGER}"),
-    "C-dmodel512": Claim(BETTER, BETTER, f"Table 3 (C) d_model=1024; {_BIGGER}"),
+    "C-dmodel512": Claim(BETTER, BETTER, f"Table 3 (C) d_model=1024; {_BIGGER}; its peak rate is 1.25e-3, "
+                         "the reference's 1.77e-3 (Eq. 3's d_model^-0.5)"),
+    "C-dmodel512-rate": Claim(None, None, "C-dmodel512 at the reference's peak rate (lr_scale ×√2): the same "
+                              "claim, reported beside it and not counted twice", kind="observation"),
     "C-dff512": Claim(WORSE, WORSE, f"Table 3 (C) d_ff=1024; {_BIGGER}"),
     "C-dff2048": Claim(BETTER, BETTER, f"Table 3 (C) d_ff=4096; {_BIGGER}"),
     "D-pdrop0.0": Claim(WORSE, WORSE, f"Table 3 (D) P_drop=0.0; {_DROPOUT}"),

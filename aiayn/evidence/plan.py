@@ -153,6 +153,10 @@ def table3_rows(seeds: int = 5, depth_scale: float | None = None) -> list[Row]:
             paper=_P("C d_model=256, d_k=32", 5.75, 24.5), group="C"),
         Row("C-dmodel512", "d_model=512, d_k=128", {"model.d_model": 512},
             paper=_P("C d_model=1024, d_k=128", 4.66, 26.0), group="C"),
+        # Eq. 3's d_model^-0.5 lowers the wider row's peak rate by √2: the same row at the reference's peak
+        Row("C-dmodel512-rate", "d_model=512, d_k=128, at the reference's peak rate",
+            {"model.d_model": 512, "train.lr_scale": round(preset("multi30k").train.lr_scale * math.sqrt(2), 6)},
+            paper=_P("C d_model=1024, d_k=128", 4.66, 26.0), group="C"),
         Row("C-dff512", "d_ff=512", {"model.d_ff": 512}, paper=_P("C d_ff=1024", 5.12, 25.4), group="C"),
         Row("C-dff2048", "d_ff=2048", {"model.d_ff": 2048}, paper=_P("C d_ff=4096", 4.75, 26.2), group="C"),
         Row("D-pdrop0.0", "P_drop=0.0", {"model.p_drop": 0.0}, paper=_P("D P_drop=0.0", 5.77, 24.6), group="D"),

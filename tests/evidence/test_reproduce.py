@@ -214,6 +214,14 @@ def test_table3_rows_are_valid_configs_and_the_reference_runs_five_seeds():
     assert all(row_config(r, {}).train.lr_scale == 0.4 for r in depth)
     assert not any(r.name in ("C-N1", "C-N2", "C-N4", "C-N6") and r.family == "main" for r in table3_rows(5, 0.4))
     assert protocol(BUDGET_UPDATES)["train.valid_every"] == 275  # a tenth, as the committed rows ran
+    from aiayn.training.optim import noam_lr
+
+    def peak(name: str) -> float:
+        t = row_config(next(r for r in rows if r.name == name), {}).train
+        d = row_config(next(r for r in rows if r.name == name), {}).model.d_model
+        return noam_lr(t.warmup_steps, d, t.warmup_steps, t.lr_scale, t.peak_lr)
+    assert peak("C-dmodel512") == pytest.approx(peak("ref-s1") / 2 ** 0.5)  # Eq. 3's d_model^-0.5
+    assert peak("C-dmodel512-rate") == pytest.approx(peak("ref-s1"), rel=1e-6)  # the same row at the reference's
     assert protocol(5000, 250)["train.valid_every"] == 250  # a long rerun's finer curve
 
 
@@ -453,11 +461,24 @@ def test_the_heads_section_reads_its_numbers_from_the_result(tmp_path):
     (tmp_path / "results" / "heads" / "toy.json").write_text(json.dumps(r))
     text = render(tmp_path).read_text()
     assert "### toy" in text
-    assert "1 of 12 heads go at a cost of at most 0.5 BLEU when removed least important first, 0 in a random" in text
+    assert "older protocol: heads ranked and measured on the same sentences, one random order" in text
+    assert "1 of 12 heads go at a cost of at most 0.5 BLEU when removed least important first, 0 in the random" in text
     assert "cross L1 H1 (+0.300 nats)" in text and "encoder_self L1 H2 (+0.200 nats)" in text
     assert "encoder_self L1 H2 attends to the previous token (0.70)" in text and "cross L2 H1 rests on" in text
     assert "decoder_self L2 H1 attends to the current token (0.99)" in text
     assert "(L2 H1) does so for 50.0% of 1,234 arcs" in text and "the word +1 away gets 30.0%" in text
+    # today's protocol: ranked on one half, measured on the other, random orders with their 95 % range
+    curve = [{"removed": k, "nll": 1.5 + 0.1 * k, "bleu": 40.0 - k} for k in range(4)]
+    band = [{"removed": 0, "median": 1.5, "lo": 1.5, "hi": 1.5}, {"removed": 1, "median": 1.9, "lo": 1.7, "hi": 2.1},
+            {"removed": 2, "median": 2.2, "lo": 1.6, "hi": 2.9}, {"removed": 3, "median": 3.0, "lo": 2.5, "hi": 3.5}]
+    new = {**r, "name": "halves", "split": "heads ranked on the even-numbered validation sentences, curves measured "
+           "on the odd-numbered", "removable_at_0.5_bleu": {"importance": 0},
+           "pruning": {"importance": curve, "random": [[], []], "random_band": band}}
+    (tmp_path / "results" / "heads" / "toy.json").write_text(json.dumps(new))
+    text = render(tmp_path).read_text()
+    assert "(heads ranked on the even-numbered validation sentences, curves measured on the odd-numbered)" in text
+    assert "With 1 removed, NLL is 1.600 against 2 random orders' 1.900 (95 % range 1.700-2.100)" in text
+    assert "below the random range at 1 of 2 counts between the first and the last" in text  # 1.6 < 1.7; 1.7 > 1.6
 
 
 def test_equal_time_reads_the_slower_model_at_its_share_of_the_updates():
