@@ -228,13 +228,14 @@ def prune(model: nn.Module, heads: list[tuple[str, int, int]]) -> nn.Module:
 def pruning_curve(model: nn.Module, order: list[tuple[str, int, int]], evaluate,
                   at: set[int] | None = None) -> list[dict]:
     """Remove heads in `order`, skipping any that is the last of its attention module (one head per
-    sublayer stays); after each removal (or only after the counts in `at`), `evaluate()` (with the
-    gates applied) gives the scores. Returns one row per evaluation: heads removed so far, the last
-    head removed, and the scores."""
+    sublayer stays); before the first and after each removal (or only at the counts in `at`),
+    `evaluate()` (with the gates applied) gives the scores. Returns one row per evaluation: heads
+    removed so far, the last head removed, and the scores."""
     gates = HeadGates(model)
     rows, removed = [], 0
     with gates.applied():
-        rows.append({"removed": 0, "head": None, **evaluate()})
+        if at is None or 0 in at:
+            rows.append({"removed": 0, "head": None, **evaluate()})
         for name, i, j in order:
             g = gates.gates[name][i]
             if int(g.sum()) <= 1:

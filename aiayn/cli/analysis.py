@@ -70,8 +70,8 @@ def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(str(e)) from None
     out = write(result, Path(args.output))
     r, band = result["removable_at_0.5_bleu"], result["pruning"]["random_band"]
-    at = (f"; after {band[1]['removed']} removed, NLL {_nll_at(result, band[1]['removed']):.3f} by importance, "
-          f"random orders {band[1]['median']:.3f} ({band[1]['lo']:.3f}-{band[1]['hi']:.3f})") if len(band) > 1 else ""
+    at = (f"; after {band[0]['removed']} removed, NLL {_nll_at(result, band[0]['removed']):.3f} by importance, "
+          f"random orders {band[0]['median']:.3f} ({band[0]['lo']:.3f}-{band[0]['hi']:.3f})") if band else ""
     print(f"full model (odd-numbered validation sentences): valid NLL {result['valid_nll']:.4f}, BLEU "
           f"{result['pruning']['importance'][0]['bleu']:.2f} ({result['bleu_sentences']} sentences); heads removable "
           f"at <= 0.5 BLEU by importance: {r['importance']}{at}; rank correlation of ablation and gradient importance "

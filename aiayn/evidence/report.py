@@ -241,8 +241,8 @@ def _pruning_words(r: dict, n_heads: int) -> str:
                 f"as the control): {k} of {n_heads} heads go at a cost of at most 0.5 BLEU when removed least "
                 f"important first, {r['removable_at_0.5_bleu']['random']} in the random order; {end}")
     nll = {x["removed"]: x["nll"] for x in imp}
-    mid = band[len(band) // 3]
-    inner = band[1:-1]
+    inner = [b for b in band if 0 < b["removed"] < imp[-1]["removed"]]
+    mid = inner[len(inner) // 2] if inner else band[-1]
     below = sum(nll[b["removed"]] < b["lo"] for b in inner)
     return (f"- **Pruning** ({r['split']}): {k} of {n_heads} heads go at a cost of at most 0.5 BLEU when removed "
             f"least important first. With {mid['removed']} removed, NLL is {nll[mid['removed']]:.3f} against "

@@ -469,15 +469,15 @@ def test_the_heads_section_reads_its_numbers_from_the_result(tmp_path):
     assert "(L2 H1) does so for 50.0% of 1,234 arcs" in text and "the word +1 away gets 30.0%" in text
     # today's protocol: ranked on one half, measured on the other, random orders with their 95 % range
     curve = [{"removed": k, "nll": 1.5 + 0.1 * k, "bleu": 40.0 - k} for k in range(4)]
-    band = [{"removed": 0, "median": 1.5, "lo": 1.5, "hi": 1.5}, {"removed": 1, "median": 1.9, "lo": 1.7, "hi": 2.1},
-            {"removed": 2, "median": 2.2, "lo": 1.6, "hi": 2.9}, {"removed": 3, "median": 3.0, "lo": 2.5, "hi": 3.5}]
+    band = [{"removed": 1, "median": 1.9, "lo": 1.7, "hi": 2.1}, {"removed": 2, "median": 2.2, "lo": 1.6, "hi": 2.9},
+            {"removed": 3, "median": 3.0, "lo": 2.5, "hi": 3.5}]
     new = {**r, "name": "halves", "split": "heads ranked on the even-numbered validation sentences, curves measured "
            "on the odd-numbered", "removable_at_0.5_bleu": {"importance": 0},
            "pruning": {"importance": curve, "random": [[], []], "random_band": band}}
     (tmp_path / "results" / "heads" / "toy.json").write_text(json.dumps(new))
     text = render(tmp_path).read_text()
     assert "(heads ranked on the even-numbered validation sentences, curves measured on the odd-numbered)" in text
-    assert "With 1 removed, NLL is 1.600 against 2 random orders' 1.900 (95 % range 1.700-2.100)" in text
+    assert "With 2 removed, NLL is 1.700 against 2 random orders' 2.200 (95 % range 1.600-2.900)" in text
     assert "below the random range at 1 of 2 counts between the first and the last" in text  # 1.6 < 1.7; 1.7 > 1.6
 
 
