@@ -70,8 +70,8 @@ PRESETS["parse"] = {**PRESETS["multi30k"], "model.N": 4, "model.p_drop": 0.3, "m
 PRESETS["parse-paper"] = {**PRESETS["parse"], "model.pointer_input": False, "model.tag_input": False}
 # The recurrent attention baselines (baselines/rnn.py) on the same data, batches and warm-up: 2 layers,
 # hidden 512, their own peak rate (not tied to d_model) and gradient clipping as Bahdanau et al. (1.0).
-# Rate and clipping are to be chosen on validation by `aiayn reproduce --suite tune`; until its
-# results are in docs/reproduction, these are the grid's middle choice, not a measured optimum.
+# Rate and clipping are chosen on validation by `aiayn reproduce --suite tune` (every family on one
+# grid, plan.TUNE_RATES × TUNE_CLIPS); these are one of its settings, not a measured optimum.
 PRESETS["multi30k-rnn"] = {**PRESETS["multi30k"], "model.arch": "rnn", "model.d_model": 512, "model.N": 2,
                            "model.p_drop": 0.3, "model.rnn_variant": "luong", "model.rnn_attention": "dot",
                            "train.lr_scale": 1.0, "train.peak_lr": 1e-3, "train.clip_norm": 1.0}
@@ -80,8 +80,8 @@ PRESETS["multi30k-rnn"] = {**PRESETS["multi30k"], "model.arch": "rnn", "model.d_
 # 256 channels (7.4M parameters, the Transformer's 7.6M), dropout 0.2 and clipping 0.1 as Gehring et al.;
 # Adam with its own peak rate instead of their Nesterov SGD (lr 0.25, momentum 0.99): every family here
 # trains with the same optimizer and schedule shape, so the comparison is about the architecture.
-# Depth and rate are to be chosen on validation by `aiayn reproduce --suite tune`; until its results are in
-# docs/reproduction, these are a reasoned choice, not a measured optimum.
+# Rate and clipping are chosen on validation by `aiayn reproduce --suite tune` (its grid has no 0.1: that
+# clip was SGD's); these are a reasoned choice, not a measured optimum.
 PRESETS["multi30k-conv"] = {**PRESETS["multi30k"], "model.arch": "conv", "model.d_model": 256, "model.N": 5,
                             "model.conv_kernel": 3, "model.conv_channels": 256, "model.p_drop": 0.2,
                             "train.lr_scale": 1.0, "train.peak_lr": 1e-3, "train.clip_norm": 0.1}

@@ -53,8 +53,9 @@ def add_reproduce(sub) -> None:
                        "convolutional families, Table 1) by updates, and a generated report")
     p.add_argument("--suite", required=True, choices=list(SUITES),
                    help="budget: the reference trained long, to choose the update budget; table3: Table 3's rows "
-                   "after a stability check of N=6; arch: the architecture families; tune: the baselines' rate, "
-                   "clipping and depth on validation; table1: layer costs; quick: all at toy sizes")
+                   "after a stability check of N=6; arch: the architecture families; tune: every family's rate and "
+                   "clipping chosen on validation, then 3 seeds at each choice; table1: layer costs; "
+                   "quick: all at toy sizes")
     p.add_argument("--data", help="prepared data folder (from `aiayn prepare`); every suite but table1 trains on it")
     p.add_argument("--work", default="runs/reproduce", help="folder for the run directories (default runs/reproduce)")
     p.add_argument("--report", help="folder for REPORT.md, its plots and results/ (default docs/reproduction; "

@@ -199,8 +199,8 @@ def stability_rows(scales: tuple[float, ...] = (1.0, 0.5, 0.25), base: dict[str,
 
 
 def arch_rows() -> list[Row]:
-    """The three families at one update budget: Table 2's comparison at small scale (the recurrent
-    rate and clipping are the multi30k-rnn preset's, chosen by the tune suite)."""
+    """The three families at one update budget: Table 2's comparison at small scale, each at its
+    preset's rate and clipping (the tune suite chooses every family's own on validation)."""
     luong = {"model.rnn_variant": "luong", "model.rnn_attention": "dot"}
     return [
         Row("transformer", "Transformer (multi30k preset)", group="transformer"),
@@ -216,22 +216,30 @@ def arch_rows() -> list[Row]:
     ]
 
 
+# The tune suite's grid, the same for every family: peak rates (Eq. 3's shape, warm-up 800) × clipping
+# (0 = none, the paper's; 1.0). The presets' settings: the Transformer 1.77e-3 unclipped, the recurrent
+# models 1e-3 at 1.0, ConvS2S 1e-3 at 0.1 (Gehring et al.'s, with SGD).
+TUNE_RATES, TUNE_CLIPS = (1e-3, 2e-3), (0.0, 1.0)
+TUNED = {"transformer": ("multi30k", "Transformer", {}),
+         "bahdanau": ("multi30k-rnn", "Bahdanau et al.", {"model.rnn_variant": "bahdanau",
+                                                            "model.rnn_attention": "additive"}),
+         "luong": ("multi30k-rnn", "Luong et al.", {"model.rnn_variant": "luong", "model.rnn_attention": "dot"}),
+         "conv": ("multi30k-conv", "ConvS2S", {})}
+
+
 def tune_rows() -> list[Row]:
-    """The baselines' own settings, chosen on validation NLL: the recurrent peak rate and clipping,
-    {1e-3, 2e-3} × {none, 1.0} per decoder; ConvS2S's rate and depth, {1e-3, 2e-3} × {3, 5} layers
-    (clipping 0.1, Gehring et al.'s)."""
-    out = []
-    for variant, att in (("bahdanau", "additive"), ("luong", "dot")):
-        for lr in (1e-3, 2e-3):
-            for clip in (0.0, 1.0):
-                out.append(Row(f"{variant}-lr{lr:g}-clip{clip:g}", f"{variant}, peak lr {lr:g}, clip {clip:g}",
-                               {"model.rnn_variant": variant, "model.rnn_attention": att, "train.peak_lr": lr,
-                                "train.clip_norm": clip}, preset="multi30k-rnn", group=variant))
-    for lr in (1e-3, 2e-3):
-        for n in (3, 5):
-            out.append(Row(f"conv-lr{lr:g}-N{n}", f"ConvS2S, peak lr {lr:g}, {n} + {n} layers",
-                           {"train.peak_lr": lr, "model.N": n}, preset="multi30k-conv", group="conv"))
-    return out
+    """Every family's peak rate and clipping chosen on validation NLL, the Transformer's included
+    (§5.3's schedule shape at each rate; §5 does not clip): one seed a setting, the same grid for all."""
+    return [Row(f"{fam}-lr{lr:g}-clip{clip:g}", f"{words}, peak lr {lr:g}, clip {clip:g}",
+                {**over, "train.lr_scale": 1.0, "train.peak_lr": lr, "train.clip_norm": clip}, preset=name, group=fam)
+            for fam, (name, words, over) in TUNED.items() for lr in TUNE_RATES for clip in TUNE_CLIPS]
+
+
+def equal_flops(row: Row, updates: int) -> Row:
+    """A tune suite's choice trained to `updates`: where its training FLOPs equal the Transformer's at
+    the suite's budget (a family that spends fewer per update trains longer; the same schedule)."""
+    return Row(f"{row.name}-flops", f"{row.change}, {updates:,} updates (the Transformer's training FLOPs)",
+               {**row.overrides, "train.max_steps": updates}, row.preset, row.seed, row.paper, row.group, "flops")
 
 
 def protocol(steps: int, valid_every: int | None = None) -> dict[str, Any]:
@@ -263,5 +271,6 @@ def quick_rows() -> dict[str, list[Row]]:
     arch = [Row(r.name, r.change, TINY if r.preset == "multi30k" else
                 {**tiny_rnn, **r.overrides, "model.d_model": 40 if "model.d_model" in r.overrides else 32},
                 r.preset, group=r.group) for r in arch_rows()]
-    tune = [Row(r.name, r.change, {**tiny_rnn, **r.overrides}, r.preset, group=r.group) for r in tune_rows()[:1]]
+    tune = [Row(r.name, r.change, {**(TINY if r.preset == "multi30k" else tiny_rnn), **r.overrides}, r.preset,
+                group=r.group) for r in tune_rows() if r.name in ("transformer-lr0.002-clip0", "conv-lr0.002-clip1")]
     return {"table3": t3, "arch": arch, "tune": tune}

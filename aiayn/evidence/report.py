@@ -15,12 +15,13 @@ from typing import Any
 
 from ..files import atomic_write
 from .curves import curve_section
+from .families import seed_lines, tuned_lines
 from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedule, _plot_table1
 from .plan import converged_at
-from .stats import p_text, seed_test
+from .stats import p_text
 from .summary import summary_section
 from .table1 import path_length, quadratic_fit, sequential_steps
-from .verdicts import data_words, schedule_words, table3_section, with_repeats
+from .verdicts import data_words, schedule_words, table3_section
 
 
 def is_report(folder: Path) -> bool:
@@ -98,36 +99,13 @@ def _at_compute(r: dict, ref: dict, cost: dict[str, float] | None = None) -> str
     return f"– (needs {target:,.0f})"
 
 
-def _seed_lines(rs: list[dict]) -> list[str]:
-    """Models run with several seeds: mean ± sd of validation NLL and BLEU, and the difference from
-    the Transformer's seeds (pooled two-sample t test, stats.seed_test)."""
-
-    groups = {g[0]["row"]: g for g in with_repeats(rs)}
-    base = groups.get("transformer", [])
-    out = []
-    for name, g in groups.items():
-        if len(g) < 2:
-            continue
-        nll, bleu = [r["valid_nll"] for r in g], [r["bleu"]["valid"]["bleu"] for r in g]
-        line = (f"- **{name}**, {len(g)} seeds: valid NLL {statistics.mean(nll):.4f} ± {statistics.stdev(nll):.4f}, "
-                f"valid BLEU {statistics.mean(bleu):.2f} ± {statistics.stdev(bleu):.2f} (mean ± sd)")
-        if name != "transformer" and len(base) > 1:
-            t = seed_test(nll, [r["valid_nll"] for r in base])
-            tb = seed_test(bleu, [r["bleu"]["valid"]["bleu"] for r in base])
-            line += (f"; against the Transformer's {len(base)}: ΔNLL {t.delta:+.4f} ± {t.pi95:.4f} (p {p_text(t.p)}), "
-                     f"ΔBLEU {tb.delta:+.2f} ± {tb.pi95:.2f} (p {p_text(tb.p)})")
-        out.append(line + ".")
-    return ["", "Over seeds (± the 95 % interval of the difference under no change; p two-sided):", ""] + out \
-        if out else []
-
-
 def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str = "arch") -> list[str]:
     """The families at one update budget, at equal compute, and their clean throughput."""
     rs = sorted(rs, key=lambda r: (r["group"] != "transformer", r["row"]))
     ref = next((r for r in rs if r["row"] == "transformer"), rs[0])
     tp = (throughput or {}).get("models", {})
     title = ("## Transformer, recurrent and convolutional models (Table 2's comparison at small scale)"
-             if suite == "arch" else "## The baselines' rate, clipping and depth, chosen on validation")
+             if suite == "arch" else "## Every family's rate and clipping, chosen on validation; seeds at its choice")
     out = [title, "", f"Every model trains {ref['updates']:,} updates on {data_words(ref)}, the same batches, "
            "checkpoints at the same "
            "spacing, the last 5 averaged, beam 4, α 0.6. Training FLOPs per target token count one forward and "
@@ -153,11 +131,9 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
     reused = [f"{r['row']} is {r['reused']}" for r in rs if r.get("reused")]
     out += ["", f"The same training (config, data, commit) was run once and counted twice: {'; '.join(reused)}."] \
         if reused else []
-    if suite == "tune":
-        for variant in sorted({r["group"] for r in rs}):
-            best = min((r for r in rs if r["group"] == variant), key=lambda r: r["valid_nll"])
-            out += ["", f"Lowest validation NLL for {variant}: **{best['row']}** ({best['valid_nll']:.4f})."]
-    out += _seed_lines(rs)
+    out += tuned_lines(rs) if suite == "tune" else seed_lines(
+        rs, "transformer", "Over seeds (family minus Transformer: mean, Δ ± 95 % interval of the difference, p of "
+        "the pooled t test; a model run once: the prediction test against the Transformer's seeds):")
     if throughput:
         out += ["", f"Throughput: {throughput['updates']} updates × {throughput['rounds']} rounds, "
                 f"{throughput['tgt_tokens_per_update']:.0f} target tokens per update, {throughput['precision']}."]

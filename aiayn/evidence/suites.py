@@ -3,8 +3,9 @@
 Suites (their rows are data, plan.py): ``budget`` (the reference trained long, to choose the
 update budget), ``table3`` (Table 3's variations, after a stability check of the deepest row),
 ``arch`` (Transformer, recurrent and convolutional models at one update budget, with their clean
-throughput: Table 2's comparison at small scale), ``tune`` (the baselines' rate, clipping and depth,
-chosen on validation), ``table1`` (per-layer costs, table1.py) and ``quick`` (their machinery at
+throughput: Table 2's comparison at small scale), ``tune`` (every family's peak rate and
+clipping, the Transformer's included, chosen on validation; then seeds at each choice, and at equal
+FLOPs), ``table1`` (per-layer costs, table1.py) and ``quick`` (their machinery at
 toy sizes, for the tests). Every row is a normal run directory (WORK/SUITE/ROW) that writes
 ``result.json`` once trained and evaluated; finished rows are skipped and interrupted ones resume,
 so a suite survives a stopped machine. A suite's rows come from one commit. The report
@@ -21,6 +22,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..files import atomic_write
+from .families import FLOPS, chosen
 from .machine import _code_commit
 from .plan import (
     BUDGET_UPDATES,
@@ -31,6 +33,7 @@ from .plan import (
     arch_rows,
     depth_rows,
     diverged,
+    equal_flops,
     protocol,
     quick_rows,
     repeat,
@@ -63,8 +66,10 @@ def planned(report_dir: Path, arch_seeds: int = 3) -> dict[str, int]:
     depth_refs = sum(r.group == "ref" for r in depth_rows(seeds, 1.0, q["table3"])) if any(
         unstable(r) for r in stab) else 0
     families = len({r.group for r in q["arch"]})
+    longer = {r.get("of") or r["row"] for r in results.get("tune", []) if r.get("family") == FLOPS}
     return {"table3": len(q["table3"]) + len(stab) + depth_refs,
-            "arch": len(q["arch"]) + families * (arch_seeds - 1), "tune": len(q["tune"])}
+            "arch": len(q["arch"]) + families * (arch_seeds - 1),
+            "tune": len(q["tune"]) + len({r.group for r in q["tune"]}) * (arch_seeds - 1) + len(longer) * arch_seeds}
 
 
 # -- the suites ----------------------------------------------------------------------------------
@@ -139,9 +144,10 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
     elif suite == "table3":
         _table3(table3_rows(seeds), stability_rows(), seeds, protocol(steps, valid_every), ctx, rows, render_report,
                 extra_seeds)
-    elif suite in ("arch", "tune"):
-        _arch(suite, arch_rows() if suite == "arch" else tune_rows(), protocol(steps, valid_every), ctx, rows,
-              render_report)
+    elif suite == "arch":
+        _arch(suite, arch_rows(), protocol(steps, valid_every), ctx, rows, render_report)
+    elif suite == "tune":
+        _tune(tune_rows(), protocol(steps, valid_every), ctx, rows, render_report)
     if suite in ("table1", "quick"):
         _table1(results, suite == "quick", device)
     return render(report_dir, command, planned(report_dir))
@@ -214,6 +220,47 @@ def _arch(suite: str, rows: list[Row], common: dict[str, Any], ctx: dict[str, An
     render_report()
 
 
+def _tune(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], only: list[str] | None, render_report,
+          seeds: int = 3) -> None:
+    """The grid (one seed a setting); once a family's grid is done, seeds 2..`seeds` at its choice (the
+    lowest validation NLL); then, for a family that spends fewer training FLOPs per update than the
+    Transformer's choice, its choice's seeds again to the Transformer's FLOPs at the budget."""
+
+    _run_rows("tune", rows, common, ctx, only, render_report)
+    if only and ARCH_SEEDS not in only:
+        return render_report()
+    picks = tune_choices(rows, ctx["results"])
+    _run_rows("tune", [repeat(r, s) for r in picks.values() for s in range(2, seeds + 1)], common, ctx, None,
+              render_report)
+    longer = [equal_flops(r, n) for r, n in flops_parity(picks, ctx["results"], common["train.max_steps"])]
+    _run_rows("tune", [x for r in longer for x in [r] + [repeat(r, s) for s in range(2, seeds + 1)]], common, ctx,
+              None, render_report)
+    render_report()
+
+
+def tune_choices(rows: list[Row], results: Path) -> dict[str, Row]:
+    """Each family's choice among its finished grid (lowest validation NLL), for families whose whole
+    grid has run: a resumed suite picks the same."""
+    rs = load_results(results).get("tune", [])
+    done, names, out = chosen(rs), {r["row"] for r in rs}, {}
+    for group in dict.fromkeys(r.group for r in rows):
+        grid = [r for r in rows if r.group == group]
+        if group in done and all(r.name in names for r in grid):
+            out[group] = next(r for r in grid if r.name == done[group]["row"])
+    return out
+
+
+def flops_parity(picks: dict[str, Row], results: Path, budget: int) -> list[tuple[Row, int]]:
+    """The choices that spend fewer training FLOPs per target token than the Transformer's, with the
+    updates at which they have spent what it spent in `budget` updates (the same batches)."""
+    rs = {r["row"]: r for r in load_results(results).get("tune", [])}
+    if "transformer" not in picks:
+        return []
+    f_t = rs[picks["transformer"].name]["flops_per_token"]
+    return [(r, round(budget * f_t / rs[r.name]["flops_per_token"])) for g, r in picks.items()
+            if g != "transformer" and rs[r.name]["flops_per_token"] < f_t]
+
+
 def _same_seed_transformer(r: dict) -> str | None:
     """The architecture comparison pairs each run with the Transformer of the same seed."""
     if r["group"] == "transformer":
@@ -228,7 +275,7 @@ def _quick(ctx: dict[str, Any], only: list[str] | None, render_report) -> None:
     stab = stability_rows((1.0, 0.02), TINY, lr_scale=40.0)  # diverges at ×1 on purpose, trains at 0.8
     _table3(q["table3"], stab, QUICK_SEEDS, common, ctx, only, render_report, extra_seeds=1)
     _arch("arch", q["arch"], common, ctx, only, render_report, updates=2, rounds=1, seeds=QUICK_SEEDS)
-    _arch("tune", q["tune"], common, ctx, only, render_report)
+    _tune(q["tune"], common, ctx, only, render_report, QUICK_SEEDS)
 
 
 def _table1(results: Path, quick: bool, device: str | None) -> None:
@@ -253,7 +300,7 @@ def _check_rows(suite: str, rows: list[str] | None, seeds: int) -> None:
              "arch": [r.name for r in arch_rows()], "tune": [r.name for r in tune_rows()],
              "quick": [r.name for rs in q.values() for r in rs]}[suite]
     known += ["ref"] if suite in ("table3", "quick") else []  # a group: every reference seed
-    known += {"table3": [SECOND_SEEDS], "arch": [ARCH_SEEDS]}.get(suite, [])
+    known += {"table3": [SECOND_SEEDS], "arch": [ARCH_SEEDS], "tune": [ARCH_SEEDS]}.get(suite, [])
     unknown = [r for r in rows or [] if r not in known]
     if unknown:
         raise ConfigError(f"unknown row(s) {', '.join(unknown)} in suite {suite}; "

@@ -3,12 +3,11 @@ are inconclusive and how many more seeds would settle them; the Transformer agai
 
 from __future__ import annotations
 
-import statistics
-
 from .claims import SAME, judged
+from .families import comparison_words, tuned_words
 from .plan import NLL_MARGIN
 from .power import POWER, judged_count
-from .stats import p_text, seed_test, seeds_to_settle
+from .stats import seeds_to_settle
 from .verdicts import RowVerdict, analyse_all, families, with_repeats
 
 
@@ -90,33 +89,24 @@ def table3_words(rs: list[dict]) -> str:
 
 
 def arch_words(rs: list[dict], tuned: bool) -> str:
-    """The Transformer against each family: the first seeds' paired bootstrap, and the seeds' t test;
-    `tuned`: whether the tune suite's results (the baselines' rate and clipping) are in the report."""
+    """Each family against the Transformer at the same updates over seeds (family minus Transformer: mean,
+    Δ ± 95 % interval, p of the pooled t test; a model run once: the prediction test against the
+    Transformer's seeds), validation and test alike; `tuned`: whether the tune suite's choices are in."""
     groups = {g[0]["row"]: g for g in with_repeats(rs)}
     base = groups.get("transformer")
     if not base or len(groups) < 2:
         return ""
-    parts = []
-    for name, g in groups.items():
-        if name == "transformer":
-            continue
-        pbs = g[0].get("paired_bs")
-        part = f"{name} (valid NLL {statistics.mean(r['valid_nll'] for r in g):.4f}) " + (
-            f"{-pbs['delta']:+.2f} BLEU (p {p_text(pbs['p'])})" if pbs else "no paired bootstrap yet")
-        if len(g) > 1 and len(base) > 1:
-            t = seed_test([r["valid_nll"] for r in g], [r["valid_nll"] for r in base])
-            part += f", over {len(g)} and {len(base)} seeds ΔNLL {-t.delta:+.4f} (p {p_text(t.p)})"
-        parts.append(part)
-    nll = statistics.mean(r["valid_nll"] for r in base)
-    return (f"The Transformer (valid NLL {nll:.4f}) against each family at the same updates, Transformer minus "
-            "family (valid BLEU by sacreBLEU's paired bootstrap of the first seeds; NLL by the pooled t test where "
-            "both have seeds): " + "; ".join(parts) + "." + ("" if tuned else " The baselines train at their presets' "
-            "rate and clipping, not chosen on validation (the tune suite has not run; the presets' settings are in "
-            "its grid), so tuned, their validation NLL can only match or beat the one shown."))
+    parts = [f"{name}, {len(g)} seed{'s' * (len(g) > 1)}: {comparison_words(g, base)}"
+             for name, g in groups.items() if name != "transformer"]
+    return (f"The Transformer ({len(base)} seeds: {comparison_words(base, [], ('valid NLL', 'valid BLEU'))}) against "
+            f"each family at the same {base[0]['updates']:,} updates, family minus Transformer (mean, Δ ± 95 % "
+            "interval, p of the pooled t test; a model run once: the prediction test against the Transformer's "
+            "seeds). " + ". ".join(parts) + "." + ("" if tuned else " The baselines train at their presets' rate "
+            "and clipping, not chosen on validation (the tune suite has not run)."))
 
 
 def summary_section(results: dict[str, list[dict]]) -> list[str]:
     """The report's opening summary, from the same results as its tables."""
-    arch = arch_words(results.get("arch", []), "tune" in results)
+    arch = tuned_words(results.get("tune", [])) or arch_words(results.get("arch", []), "tune" in results)
     words = [w for w in (table3_words(results.get("table3", [])), arch) if w]
     return ["## Summary", "", " ".join(words), ""] if words else []

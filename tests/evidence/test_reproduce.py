@@ -57,8 +57,16 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     best_rnn = min(("bahdanau", "luong", "luong-7.6M"), key=lambda r: results[f"arch/{r}"]["valid_nll"])
     seeds = {"transformer-s2", f"{best_rnn}-s2", "conv-s2"}  # seed 2 of the Transformer and each family's best
     extra = {n for n, r in results.items() if n.startswith("table3/") and r["of"] != r["row"]}
+    # tune: the grid (one setting a family here), seed 2 at each choice, and the choice that spends fewer
+    # training FLOPs per token than the Transformer's again, to the Transformer's FLOPs (both seeds)
+    t, c = "transformer-lr0.002-clip0", "conv-lr0.002-clip1"
+    grid, fpt = {t, c}, {n: results[f"tune/{n}"]["flops_per_token"] for n in (t, c)}
+    longer = {f"{c}-flops", f"{c}-flops-s2"} if fpt[c] < fpt[t] else set()
+    tune = grid | {f"{n}-s2" for n in grid} | longer
     assert set(results) - extra == ({f"table3/{r}" for r in table3} | {f"arch/{r}" for r in arch | seeds}
-                                    | {"tune/bahdanau-lr0.001-clip0", "table1/quick"})
+                                    | {f"tune/{r}" for r in tune} | {"table1/quick"})
+    for name in longer:  # the same FLOPs as the Transformer's 8 updates, by the recorded FLOPs per token
+        assert results[f"tune/{name}"]["updates"] == round(8 * fpt[t] / fpt[c]) > 8
     # Table 3's seed rule, by hand: a row's NLL change between 1 and 2.5 half-widths of its family's 95 %
     # prediction interval (t quantile from scipy) gets a seed-2 run; the quick suite allows one
     near = set()
@@ -80,7 +88,9 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
         if name.startswith("table1"):
             continue
         # protocol by updates: every row the same number, checkpoints at the same spacing, 5 averaged
-        assert r["updates"] == 8 and r["averaged"] == 5 and r["step"] == 8 and r["config"]["train"]["save_every"] == 1
+        steps = 8 if "-flops" not in name else r["updates"]
+        assert r["updates"] == steps and r["averaged"] == 5 and r["step"] == steps
+        assert r["config"]["train"]["save_every"] == 1
         assert r["config"]["train"]["max_minutes"] == 0 and r["machine"]["git"] == commit  # one commit
         assert set(r["bleu"]) == {"valid", "test"} and r["bleu"]["valid"]["sentences"] == 20
         assert r["flops_per_token"] > 0 and r["params"] > 0 and r["curve"]
@@ -115,10 +125,13 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     assert set(tp["models"]) == arch and all(m["s_per_update"] > 0 for m in tp["models"].values())
     text = (report / "REPORT.md").read_text()
     progress = (f"table3 {len(table3)} of {len(table3)} rows{f' (+{len(extra)} second seed)' if extra else ''}, "
-                f"arch {len(arch | seeds)} of {len(arch | seeds)} rows, tune 1 of 1 rows, table1 done.")
+                f"arch {len(arch | seeds)} of {len(arch | seeds)} rows, tune {len(tune)} of {len(tune)} rows, "
+                "table1 done.")
     assert progress in text  # the quick suite's own plan, not the full suites'
     for heading in ("## Table 3 at small scale", "### Depth rows at their own rate", "## Table 1",
-                    "## Transformer, recurrent and convolutional models", "## The baselines' rate, clipping and depth",
+                    "## Transformer, recurrent and convolutional models",
+                    "## Every family's rate and clipping, chosen on validation",
+                    "Each family's choice (lowest validation NLL", "At the choices, over seeds",
                     "ΔNLL ± 95 % PI (p)", "paired bootstrap ΔBLEU (p)", "stability-N6-x1: diverged",
                     "### What the paper claims, row by row", "### What each row could show", "updates on Multi30k",
                     "Reference, 3 seeds: NLL", "training pairs", "PPL at equal time", "Over seeds",
@@ -332,6 +345,32 @@ def test_second_seeds_resumed_pick_the_same_rows(tmp_path):
     assert first == ["A-h16-s2", "A-h1-s2"]  # nearest the line first; E lies inside the interval
     put("A-h16-s2", rows["A-h16"].group, 2.0)  # the first finished, then the suite was killed
     assert [r.name for r in second_seeds(list(rows.values()), out)[:2]] == first
+
+
+def test_the_tune_suite_seeds_a_family_only_once_its_grid_is_done_and_matches_the_transformers_flops(tmp_path):
+    """Seeds go to a family's lowest validation NLL once its whole grid has run (a resumed suite picks the
+    same); a family spending fewer training FLOPs per token than the Transformer's choice trains to the
+    updates where it has spent the Transformer's FLOPs at the budget; one spending more does not."""
+    from aiayn.evidence.plan import tune_rows
+    from aiayn.evidence.suites import flops_parity, tune_choices
+
+    rows = tune_rows()
+    out = tmp_path / "results" / "tune"
+    out.mkdir(parents=True)
+    assert len(rows) == 16 and {r.group for r in rows} == {"transformer", "bahdanau", "luong", "conv"}
+    cost = {"transformer": 3.0e7, "bahdanau": 6.0e7, "luong": 5.0e7, "conv": 2.7e7}
+    for i, r in enumerate(rows):
+        if r.group == "luong" and r.name.endswith("clip1"):
+            continue  # luong's grid half done
+        nll = 1.9 - 0.01 * (i % 4) if r.group != "transformer" else 1.7 - 0.01 * (i % 3)
+        (out / f"{r.name}.json").write_text(json.dumps({"row": r.name, "of": r.name, "group": r.group,
+                                                        "family": "main", "valid_nll": nll, "valid_ppl": 6.0,
+                                                        "flops_per_token": cost[r.group], "curve": []}))
+    picks = tune_choices(rows, out.parent)
+    assert {g: r.name for g, r in picks.items()} == {"transformer": "transformer-lr0.002-clip0",
+                                                     "bahdanau": "bahdanau-lr0.002-clip1", "conv": "conv-lr0.002-clip1"}
+    assert picks["conv"].overrides["train.peak_lr"] == 2e-3 and picks["conv"].overrides["train.clip_norm"] == 1.0
+    assert [(r.name, n) for r, n in flops_parity(picks, out.parent, 2750)] == [("conv-lr0.002-clip1", 3056)]
 
 
 def test_restricted_attention_equals_masked_full_attention():

@@ -65,8 +65,7 @@ def test_the_summary_names_agreeing_contradicted_open_and_unjudged_rows_and_thei
             _result("A-h1", 1.90, 5.29),  # claim worse, ours significantly better: contradicts
             _result("B-dk16", 2.03, 5.16),  # +0.03: inside the prediction interval
             _result("A-h2", 2.10, 5.00)]  # no claim: reported, not judged
-    arch = [_result("transformer", 1.6, paired_bs=None), _result("luong", 1.8, paired_bs={"delta": -2.5, "p": 0.001})]
-    arch[0].pop("paired_bs")
+    arch = [_result("transformer", 1.6), _result("luong", 1.8)]
     text = "\n".join(summary_section({"table3": refs + rows, "arch": arch}))
     assert "of the paper's 3 Table 3 claims" in text and "**1 agrees** (C-N1)" in text
     assert "**1 contradicts** (A-h1 (ours better, paper worse))" in text and "**1 is inconclusive** (B-dk16)" in text
@@ -74,10 +73,60 @@ def test_the_summary_names_agreeing_contradicted_open_and_unjudged_rows_and_thei
     more = int(re.search(r"B-dk16 (\d+);", text).group(1))
     alpha = 0.05 / 3  # Holm's first step over the 3 judged rows
     assert _power(0.03, more + 1, alpha) >= 0.75 and _power(0.03, more, alpha) < 0.8
-    assert "luong (valid NLL 1.8000) +2.50 BLEU (p 0.001)" in text  # Transformer minus family
-    assert "the tune suite has not run" in text
+    assert "the tune suite has not run" in text and "luong, 1 seed: valid NLL 1.8000" in text
     tuned = "\n".join(summary_section({"table3": refs + rows, "arch": arch, "tune": [arch[1]]}))
-    assert "the tune suite has not run" not in tuned and "luong (valid NLL 1.8000)" in tuned
+    assert "the tune suite has not run" not in tuned and "luong, 1 seed: valid NLL 1.8000" in tuned
+
+
+def _seeds(row: str, group: str, nlls: list[float], bleus: list[float], family: str = "main", **extra) -> list[dict]:
+    return [{"row": row if s == 1 else f"{row}-s{s}", "of": row, "seed": s, "group": group, "family": family,
+             "valid_nll": v, "valid_ppl": 7.0, "updates": 2750, "change": row, "params": 7.6e6, "curve": [],
+             "bleu": {"valid": {"bleu": b}, "test_2016_flickr": {"bleu": b - 1}}, **extra}
+            for s, (v, b) in enumerate(zip(nlls, bleus), 1)]
+
+
+def test_the_families_are_compared_over_seeds_with_scipys_pooled_t_test_on_validation_and_test():
+    """Family minus Transformer over seeds: the mean difference, scipy's pooled-variance t test's p, and the
+    95 % interval's half-width (t quantile × the pooled standard error), for NLL and BLEU alike."""
+    base = _seeds("transformer", "transformer", [1.67, 1.68, 1.66], [39.6, 39.3, 40.0])
+    conv = _seeds("conv", "convolutional", [1.92, 1.925, 1.918], [38.2, 38.1, 38.3])
+    luong = _seeds("luong", "recurrent", [1.93], [38.6])
+    text = "\n".join(summary_section({"arch": base + conv + luong}))
+    for xs, ys, digits in (([r["valid_nll"] for r in conv], [r["valid_nll"] for r in base], 4),
+                           ([38.2, 38.1, 38.3], [39.6, 39.3, 40.0], 2), ([37.2, 37.1, 37.3], [38.6, 38.3, 39.0], 2),
+                           ([38.6], [39.6, 39.3, 40.0], 2)):
+        t = scipy_stats.ttest_ind(xs, ys) if len(xs) > 1 else None
+        n, m = len(ys), len(xs)
+        s_p = (((n - 1) * statistics.variance(ys) + (m - 1) * (statistics.variance(xs) if m > 1 else 0))
+               / (n + m - 2)) ** 0.5
+        half = scipy_stats.t.ppf(0.975, n + m - 2) * s_p * (1 / m + 1 / n) ** 0.5
+        delta = statistics.mean(xs) - statistics.mean(ys)
+        expected = f"({delta:+.{digits}f} ± {half:.{digits}f}, p "
+        assert expected in text, expected
+        if t is not None:
+            p = t.pvalue
+            assert (f"{expected}{p:.3f})" in text) or (p < 0.001 and f"{expected}< 0.001)" in text)
+    assert "conv, 3 seeds: valid NLL 1.9210" in text and "test2016 BLEU 37.20 (-1.43" in text
+    assert "luong, 1 seed: valid NLL 1.9300" in text  # one run: the prediction test against the seeds
+
+
+def test_the_tune_suite_chooses_each_familys_lowest_validation_nll_and_compares_its_seeds():
+    """The choice is the grid's lowest validation NLL (seeds and equal-FLOPs runs never choose); the
+    summary compares the chosen seeds, and the equal-FLOPs seeds, with the chosen Transformer's."""
+    from aiayn.evidence.families import chosen
+
+    grid = (_seeds("transformer-lr0.001-clip0", "transformer", [1.70], [39.0])
+            + _seeds("transformer-lr0.002-clip0", "transformer", [1.66, 1.67, 1.68], [39.6, 39.3, 40.0])
+            + _seeds("conv-lr0.001-clip1", "conv", [1.95], [38.0])
+            + _seeds("conv-lr0.002-clip1", "conv", [1.91, 1.50, 1.40], [38.2, 38.1, 38.3])
+            + _seeds("conv-lr0.002-clip1-flops", "conv", [1.80, 1.81, 1.79], [39.0, 39.1, 38.9], family="flops"))
+    picks = chosen(grid)
+    assert {f: r["row"] for f, r in picks.items()} == {"transformer": "transformer-lr0.002-clip0",
+                                                        "conv": "conv-lr0.002-clip1"}  # not -s2/-s3, not -flops
+    text = "\n".join(summary_section({"tune": grid}))
+    assert "family minus the Transformer (transformer-lr0.002-clip0, 3 seeds" in text
+    assert "conv, 3 seeds: valid NLL 1.6033 (-0.0667" in text  # the mean of 1.91, 1.50, 1.40 against 1.67
+    assert "conv at the Transformer's training FLOPs (2,750 updates), 3 seeds: valid NLL 1.8000 (+0.1300" in text
 
 
 def test_every_committed_result_config_rebuilds_its_parameter_count():

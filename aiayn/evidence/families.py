@@ -1,0 +1,125 @@
+"""The families against the Transformer over seeds (§6.1, Table 2's comparison at small scale): each
+model's seeds pooled, family minus Transformer by the pooled t test, with its 95 % interval, on the
+validation NLL and on validation and test BLEU; the tune suite's choices (lowest validation NLL)."""
+
+from __future__ import annotations
+
+import statistics
+
+from .stats import SeedTest, p_text, seed_test
+from .verdicts import with_repeats
+
+# What is compared: (label, BLEU split or None for the validation NLL, decimals)
+SCORES = (("valid NLL", None, 4), ("valid BLEU", "valid", 2), ("test2016 BLEU", "test_2016_flickr", 2),
+          ("test2017 BLEU", "test_2017_flickr", 2))
+FLOPS = "flops"  # the family of the runs trained to the Transformer's training FLOPs (tune suite)
+
+
+def score(r: dict, split: str | None) -> float | None:
+    """A run's validation NLL (split None) or its BLEU on a split; None where it was not scored."""
+    if split is None:
+        return float(r["valid_nll"])
+    b = r.get("bleu", {}).get(split)
+    return float(b["bleu"]) if b else None
+
+
+def compare(runs: list[dict], base: list[dict]) -> dict[str, tuple[float, SeedTest | None]]:
+    """Each score's mean over `runs` and the test of runs minus `base` (the Transformer's seeds; one
+    run: seed_test's prediction test); the test is None with fewer than two base seeds."""
+    out = {}
+    for label, split, _ in SCORES:
+        xs, ys = [score(r, split) for r in runs], [score(r, split) for r in base]
+        if None in xs or not xs:
+            continue
+        ys = [y for y in ys if y is not None]
+        out[label] = (statistics.mean(xs), seed_test(xs, ys) if len(ys) > 1 else None)
+    return out
+
+
+def comparison_words(runs: list[dict], base: list[dict], labels: tuple[str, ...] | None = None) -> str:
+    """"valid NLL 1.9192 (+0.2453 ± 0.0297, p < 0.001); valid BLEU ...": mean, Δ ± 95 % interval, p."""
+    parts, tests = [], compare(runs, base)
+    for label, split, digits in SCORES:
+        got = tests.get(label)
+        if got is None or (labels and label not in labels):
+            continue
+        mean, t = got
+        sd = [score(r, split) for r in runs]
+        spread = f" (sd {statistics.stdev(sd):.{digits}f})" if len(sd) > 1 and not base else ""
+        parts.append(f"{label} {mean:.{digits}f}{spread}" + (
+            f" ({t.delta:+.{digits}f} ± {t.pi95:.{digits}f}, p {p_text(t.p)})" if t else ""))
+    return "; ".join(parts)
+
+
+def seed_lines(rs: list[dict], base_name: str, heading: str) -> list[str]:
+    """One line per model: its seeds' means and each against `base_name`'s seeds (family minus Transformer)."""
+    groups = {g[0]["row"]: g for g in with_repeats(rs)}
+    base = groups.get(base_name, [])
+    out = []
+    for name, g in groups.items():
+        if name == base_name:
+            out.append(f"- **{name}**, {len(g)} seed{'s' * (len(g) > 1)}: " + comparison_words(g, []) + ".")
+        elif len(base) > 1:
+            out.append(f"- **{name}**, {len(g)} seed{'s' * (len(g) > 1)}, against the {len(base)} of {base_name}: "
+                       + comparison_words(g, base) + ".")
+    return ["", heading, ""] + out if len(out) > 1 else []
+
+
+def chosen(rs: list[dict]) -> dict[str, dict]:
+    """The tune suite's choice per family: the grid run (first seed, trained to the suite's budget) with
+    the lowest validation NLL."""
+    out: dict[str, dict] = {}
+    for r in rs:
+        if r.get("of", r["row"]) != r["row"] or r.get("family", "main") != "main":
+            continue
+        if r["group"] not in out or r["valid_nll"] < out[r["group"]]["valid_nll"]:
+            out[r["group"]] = r
+    return out
+
+
+def tuned_groups(rs: list[dict]) -> tuple[list[dict], dict[str, list[dict]], dict[str, list[dict]]]:
+    """The tune suite's chosen Transformer's seeds, and each other family's chosen seeds at equal updates
+    and at the Transformer's FLOPs (the NAME-flops runs), by family."""
+    groups = {g[0]["row"]: g for g in with_repeats(rs)}
+    picks = chosen(rs)
+    base = groups.get(picks["transformer"]["row"], []) if "transformer" in picks else []
+    updates = {f: groups[r["row"]] for f, r in picks.items() if f != "transformer"}
+    flops = {f: groups[f"{r['row']}-{FLOPS}"] for f, r in picks.items() if f"{r['row']}-{FLOPS}" in groups}
+    return base, updates, flops
+
+
+def tuned_lines(rs: list[dict]) -> list[str]:
+    """The tune section's comparison: the choices, then over seeds at equal updates and equal FLOPs."""
+    picks = chosen(rs)
+    if not picks:
+        return []
+    out = ["", "Each family's choice (lowest validation NLL of its grid, one seed a setting): "
+           + "; ".join(f"{f} **{r['row']}** ({r['valid_nll']:.4f})" for f, r in sorted(picks.items())) + "."]
+    base, updates, flops = tuned_groups(rs)
+    if len(base) < 2:
+        return out
+    out += ["", f"At the choices, over seeds (family minus the Transformer's {len(base)} seeds of "
+            f"{base[0]['row']}: mean, Δ ± 95 % interval of the difference, p of the pooled t test):", "",
+            f"- **{base[0]['row']}** (Transformer), {len(base)} seeds: {comparison_words(base, [])}."]
+    for f, g in sorted(updates.items()):
+        out.append(f"- **{g[0]['row']}** ({f}), {len(g)} seeds, {g[0]['updates']:,} updates: "
+                   f"{comparison_words(g, base)}.")
+    for f, g in sorted(flops.items()):
+        out.append(f"- **{g[0]['row']}** ({f} at the Transformer's training FLOPs), {len(g)} seeds, "
+                   f"{g[0]['updates']:,} updates: {comparison_words(g, base)}.")
+    return out
+
+
+def tuned_words(rs: list[dict]) -> str:
+    """The summary's sentence on the families, from the tune suite's choices and their seeds."""
+    base, updates, flops = tuned_groups(rs)
+    seeded = {f: g for f, g in updates.items() if len(g) > 1}
+    if len(base) < 2 or not seeded:
+        return ""
+    parts = [f"{f}, {len(g)} seeds: {comparison_words(g, base)}" for f, g in sorted(seeded.items())]
+    parts += [f"{f} at the Transformer's training FLOPs ({g[0]['updates']:,} updates), {len(g)} seeds: "
+              f"{comparison_words(g, base)}"
+              for f, g in sorted(flops.items()) if len(g) > 1]
+    return (f"Every family tuned on validation (peak rate × clipping, one seed a setting) and run with seeds at its "
+            f"choice, family minus the Transformer ({base[0]['row']}, {len(base)} seeds; mean, Δ ± 95 % interval, "
+            f"p of the pooled t test) at {base[0]['updates']:,} updates on Multi30k. " + ". ".join(parts) + ".")
