@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The paper's evidence at small scale: bash scripts/reproduce.sh SUITE [aiayn reproduce options]
 #   SUITE: budget (the reference trained long: the update budget), table3 (Table 3 rows), arch
-#   (Transformer vs recurrent and convolutional models), tune (the baselines' settings), table1, quick.
+#   (Transformer vs recurrent and convolutional models), tune (every family's rate and clipping), table1, quick.
 # Prepares Multi30k EN->DE like the main job, runs the suite (resumable: re-run to continue),
 # and writes docs/reproduction/REPORT.md. Run directories go to $WORK (default runs/reproduce).
 set -euo pipefail
