@@ -15,7 +15,7 @@ from typing import Any
 
 from ..files import atomic_write
 from .curves import curve_section
-from .families import seed_lines, tuned_lines
+from .families import chosen, seed_lines, tuned_lines
 from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedule, _plot_table1
 from .plan import converged_at
 from .stats import p_text
@@ -102,11 +102,14 @@ def _at_compute(r: dict, ref: dict, cost: dict[str, float] | None = None) -> str
 def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str = "arch") -> list[str]:
     """The families at one update budget, at equal compute, and their clean throughput."""
     rs = sorted(rs, key=lambda r: (r["group"] != "transformer", r["row"]))
-    ref = next((r for r in rs if r["row"] == "transformer"), rs[0])
+    ref = chosen(rs).get("transformer", rs[0]) if suite == "tune" else next(
+        (r for r in rs if r["row"] == "transformer"), rs[0])  # tune: the Transformer's choice
     tp = (throughput or {}).get("models", {})
     title = ("## Transformer, recurrent and convolutional models (Table 2's comparison at small scale)"
              if suite == "arch" else "## Every family's rate and clipping, chosen on validation; seeds at its choice")
-    out = [title, "", f"Every model trains {ref['updates']:,} updates on {data_words(ref)}, the same batches, "
+    longer = " (the NAME-flops runs longer: to the Transformer's training FLOPs)" if any(
+        r.get("family") == "flops" for r in rs) else ""
+    out = [title, "", f"Every model trains {ref['updates']:,} updates{longer} on {data_words(ref)}, the same batches, "
            "checkpoints at the same "
            "spacing, the last 5 averaged, beam 4, α 0.6. Training FLOPs per target token count one forward and "
            "backward step (PyTorch's FlopCounterMode); *at equal FLOPs* reads each model's validation PPL at the "
