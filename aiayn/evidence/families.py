@@ -4,8 +4,10 @@ validation NLL and on validation and test BLEU; the tune suite's choices (lowest
 
 from __future__ import annotations
 
+import math
 import statistics
 
+from .plan import diverged
 from .stats import SeedTest, p_text, seed_test
 from .verdicts import with_repeats
 
@@ -67,10 +69,12 @@ def seed_lines(rs: list[dict], base_name: str, heading: str) -> list[str]:
 
 def chosen(rs: list[dict]) -> dict[str, dict]:
     """The tune suite's choice per family: the grid run (first seed, trained to the suite's budget) with
-    the lowest validation NLL."""
+    the lowest validation NLL; a run that diverged or ended non-finite is never chosen."""
     out: dict[str, dict] = {}
     for r in rs:
         if r.get("of", r["row"]) != r["row"] or r.get("family", "main") != "main":
+            continue
+        if not math.isfinite(r["valid_nll"]) or diverged(r):
             continue
         if r["group"] not in out or r["valid_nll"] < out[r["group"]]["valid_nll"]:
             out[r["group"]] = r

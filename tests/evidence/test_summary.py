@@ -117,6 +117,8 @@ def test_the_tune_suite_chooses_each_familys_lowest_validation_nll_and_compares_
 
     grid = (_seeds("transformer-lr0.001-clip0", "transformer", [1.70], [39.0])
             + _seeds("transformer-lr0.002-clip0", "transformer", [1.66, 1.67, 1.68], [39.6, 39.3, 40.0])
+            + _seeds("conv-lr0.001-clip0", "conv", [float("nan")], [0.0])  # non-finite: never chosen
+            + _seeds("conv-lr0.002-clip0", "conv", [1.30], [12.0], curve=[[275, 3.0], [2750, 9.0]])  # diverged
             + _seeds("conv-lr0.001-clip1", "conv", [1.95], [38.0])
             + _seeds("conv-lr0.002-clip1", "conv", [1.91, 1.50, 1.40], [38.2, 38.1, 38.3])
             + _seeds("conv-lr0.002-clip1-flops", "conv", [1.80, 1.81, 1.79], [39.0, 39.1, 38.9], family="flops"))
