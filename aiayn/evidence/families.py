@@ -97,8 +97,11 @@ def tuned_lines(rs: list[dict]) -> list[str]:
     picks = chosen(rs)
     if not picks:
         return []
-    out = ["", "Each family's choice (lowest validation NLL of its grid, one seed a setting): "
-           + "; ".join(f"{f} **{r['row']}** ({r['valid_nll']:.4f})" for f, r in sorted(picks.items())) + "."]
+    ran = {f: sum(1 for r in rs if r["group"] == f and r.get("of", r["row"]) == r["row"]
+                  and r.get("family", "main") == "main") for f in picks}
+    out = ["", "Each family's choice (lowest validation NLL of its grid, one seed a setting; the settings run so "
+           "far): " + "; ".join(f"{f} **{r['row']}** ({r['valid_nll']:.4f}; of {ran[f]})"
+                                for f, r in sorted(picks.items())) + "."]
     base, updates, flops = tuned_groups(rs)
     if len(base) < 2:
         return out
