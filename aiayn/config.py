@@ -199,7 +199,7 @@ class TrainConfig:
     guided_alignment: float = 0.0
     guided_layer: int = -2  # decoder layer (negative: from the top; Garg et al.: the penultimate)
     guided_head: int = 0
-    precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32: device.py) | fp32 | bf16
+    precision: str = "auto"  # auto (bf16 where native, fp16 on older GPUs, else fp32: device.py) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the model
     threads: int = 0  # CPU threads; 0 = all cores
     log_every: int = 50
@@ -220,8 +220,8 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         _check_positive("train", self, "adam_eps", "log_every", "dist_timeout_minutes")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise ConfigError(f"train.precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
+        if self.precision not in ("auto", "fp32", "bf16", "fp16"):
+            raise ConfigError(f"train.precision must be 'auto', 'fp32', 'bf16' or 'fp16', got {self.precision!r}")
         if self.update_freq < 1:
             raise ConfigError(f"train.update_freq must be >= 1, got {self.update_freq}")
         if self.tokens_per_update < 0:

@@ -26,7 +26,7 @@ from .errors import ConfigError
 
 log = logging.getLogger("aiayn")
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
-TRAIN_PRECISIONS = ("auto", "fp32", "bf16")
+TRAIN_PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # fp16: with dynamic loss scaling (training/scaling.py)
 _NATIVE_BF16 = {"avx512_bf16", "amx_bf16"}  # x86 flags of processors that compute bf16 products natively
 _VNNI = {"avx512_vnni", "avx_vnni", "amx_int8"}  # int8 products with 32-bit sums
 _AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
@@ -130,8 +130,10 @@ def resolve_precision(precision: str, device: torch.device, flags: set[str] | No
     if device.type == "cuda":
         if precision != "auto":
             return precision, "asked for"
-        if torch.cuda.is_bf16_supported():
+        if torch.cuda.is_bf16_supported(including_emulation=False):
             return "bf16", "auto: this GPU computes bf16 natively"
+        if "fp16" in choices:
+            return "fp16", "auto: this GPU has no native bf16 (before Ampere); fp16 with dynamic loss scaling"
         return "fp32", "auto: this GPU has no native bf16"
     flags = cpu_flags() if flags is None else flags
     if precision == "int8":
@@ -145,8 +147,8 @@ def resolve_precision(precision: str, device: torch.device, flags: set[str] | No
     if precision == "bf16":
         return "bf16", "asked for" + ("" if native_bf16(flags) else
                                       "; this CPU has no native bf16 (AVX-512 BF16 or AMX): emulated, slower than fp32")
-    if precision == "fp32":
-        return "fp32", "asked for"
+    if precision in ("fp32", "fp16"):
+        return precision, "asked for" + ("; on a CPU fp16 is emulated, slower than fp32" if precision == "fp16" else "")
     native = native_bf16(flags)
     if native:
         return "bf16", f"auto: the CPU computes bf16 natively ({', '.join(native)})"
@@ -171,11 +173,11 @@ def pick_device(name: str | torch.device | None) -> torch.device:
 
 
 def autocast(device: torch.device, precision: str):
-    """bf16 autocast for a bf16 run, nothing for fp32 (`auto` resolved here as resolve_precision does)."""
+    """bf16 (fp16) autocast for a bf16 (fp16) run, nothing for fp32 (`auto` resolved as resolve_precision does)."""
     if precision == "auto":
         precision = resolve_precision("auto", device, choices=TRAIN_PRECISIONS)[0]
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision in ("bf16", "fp16"):
+        return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
     return contextlib.nullcontext()
 
 

@@ -6,6 +6,11 @@ import torch
 from torch import Tensor
 
 _ROWS = 64  # rows per chunk: a chunk of fp32 logits stays in cache (128 was 2x slower: bench/README.md)
+_GPU_ROWS = 8192  # on a GPU a chunk is a launch: few, large ones (8,192 x 37k fp32 logits: 1.2 GB at most)
+
+
+def _rows(x: Tensor) -> int:
+    return _ROWS if x.device.type == "cpu" else _GPU_ROWS
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
@@ -25,13 +30,13 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         lse = torch.empty(n, device=logits.device)
         loss = torch.zeros((), device=logits.device)
         nll = torch.zeros((), device=logits.device)
-        keep = target != pad_id
-        for s in range(0, n, _ROWS):
-            x, t, m = logits[s:s + _ROWS], target[s:s + _ROWS], keep[s:s + _ROWS]
+        keep, R = target != pad_id, _rows(logits)
+        for s in range(0, n, R):
+            x, t, m = logits[s:s + R], target[s:s + R], keep[s:s + R]
             top = x.amax(-1, keepdim=True).float()
             # logsumexp as torch.logsumexp computes it, reading bf16 logits without an fp32 copy
             l = torch.sub(x, top).exp_().sum(-1).log_().add_(top[:, 0])
-            lse[s:s + _ROWS] = l
+            lse[s:s + R] = l
             nll_rows = torch.where(m, l - x.gather(1, t[:, None])[:, 0].float(), 0.0)
             smooth_rows = torch.where(m, l - x.mean(-1, dtype=torch.float32), 0.0)  # -(1/V) Σ_v log p_v
             nll += nll_rows.sum()
@@ -47,16 +52,16 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         eps, V = ctx.epsilon, logits.size(-1)
         grad = logits if ctx.reuse else torch.empty_like(logits)
         weight = grad_loss * (target != ctx.pad_id)  # 0 on padding rows
-        inplace = grad.dtype == torch.float32  # softmax, then (p - q)·g, in the gradient's own rows
-        for s in range(0, logits.size(0), _ROWS):
-            t, w = target[s:s + _ROWS, None], weight[s:s + _ROWS, None]
-            out = grad[s:s + _ROWS] if inplace else None  # bf16 logits: the softmax in fp32, rounded once
-            p = torch.sub(logits[s:s + _ROWS], lse[s:s + _ROWS, None], out=out).exp_()
+        inplace, R = grad.dtype == torch.float32, _rows(logits)  # softmax, then (p - q)·g, in the gradient's rows
+        for s in range(0, logits.size(0), R):
+            t, w = target[s:s + R, None], weight[s:s + R, None]
+            out = grad[s:s + R] if inplace else None  # bf16 logits: the softmax in fp32, rounded once
+            p = torch.sub(logits[s:s + R], lse[s:s + R, None], out=out).exp_()
             p.scatter_add_(1, t, torch.full(t.shape, -(1.0 - eps), dtype=p.dtype, device=p.device))
             if inplace:
                 p.sub_(eps / V).mul_(w)
             else:
-                torch.addcmul(w * (-eps / V), p, w, out=grad[s:s + _ROWS])
+                torch.addcmul(w * (-eps / V), p, w, out=grad[s:s + R])
         return grad, None, None, None, None
 
 

@@ -154,7 +154,8 @@ class LossWindow:
     def __init__(self, step: int = 0):
         self.loss, self.nll, self.tokens, self.start, self.step = 0.0, 0.0, 0, time.perf_counter(), step
 
-    def add(self, loss: float, nll: float, tokens: int) -> None:
+    def add(self, loss: float | torch.Tensor, nll: float | torch.Tensor, tokens: int) -> None:
+        """Sums kept as the step returned them (tensors on a GPU: no wait for it until `sums`)."""
         self.loss, self.nll, self.tokens = self.loss + loss, self.nll + nll, self.tokens + tokens
 
     def pause(self, seconds: float) -> None:
@@ -163,7 +164,7 @@ class LossWindow:
 
     def sums(self) -> list:
         """This rank's loss and nll sums, all ranks' target tokens, and the seconds so far."""
-        return [self.loss, self.nll, self.tokens, time.perf_counter() - self.start]
+        return [float(self.loss), float(self.nll), self.tokens, time.perf_counter() - self.start]
 
     def restore(self, saved: object, rank: int, world: int, step: int) -> None:
         """Reopen the window a checkpoint saved; one saved before windows were, or by another number

@@ -22,19 +22,23 @@ from . import guided
 from .loss import label_smoothed_loss
 from .optim import set_lr
 from .runs import Dist
+from .scaling import LossScaler
 
 log = logging.getLogger("aiayn")
 
 
 # -- one update ----------------------------------------------------------------------------
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list[tuple[Batch, float]],
-               total_tokens: int, cfg: Config, lr: float, world: int, device: torch.device
-               ) -> tuple[float, float]:
+               total_tokens: int, cfg: Config, lr: float, world: int, device: torch.device,
+               scaler: LossScaler | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer update from this rank's micro-batches, each with a weight (0 for a stand-in
     batch that only keeps DDP's collective calls in step). The loss is the label-smoothed sum
-    divided by the update's global target-token count. Returns (loss sum, NLL sum) of this rank."""
+    divided by the update's global target-token count; `scaler` scales it in fp16 (scaling.py).
+    Returns (loss sum, NLL sum) of this rank as float64 tensors on the device: reading them
+    (float()) waits for the GPU, so the trainer reads them only when it logs."""
     model.train()
-    loss_total, nll_total = 0.0, 0.0
+    scaler = scaler or LossScaler(device, "fp32")
+    loss_total = nll_total = torch.zeros((), dtype=torch.float64, device=device)
     align_layer = guided.layer(cfg)  # None: the paper's loss alone
     for j, (batch, weight) in enumerate(batches):
         batch = batch.to(device)
@@ -49,13 +53,11 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list
             total = loss if attention is None else loss + cfg.train.guided_alignment * guided.alignment_loss(
                 attention[:, cfg.train.guided_head], batch.align)
             # DDP averages gradients over ranks; scaling by world makes that a global-token mean.
-            (total * (weight * world / total_tokens)).backward()
-        loss_total += weight * loss.item()
-        nll_total += weight * nll.item()
-    if cfg.train.clip_norm > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip_norm)
+            scaler.scale(total * (weight * world / total_tokens)).backward()
+        loss_total = loss_total + weight * loss.detach().double()
+        nll_total = nll_total + weight * nll.double()
     set_lr(optimizer, lr)
-    optimizer.step()
+    scaler.step(model, optimizer, cfg.train.clip_norm)
     optimizer.zero_grad(set_to_none=True)
     return loss_total, nll_total
 
@@ -100,7 +102,8 @@ def valid_bleu(model: nn.Module, tokenizer: Tokenizer, src: list[str], ref: list
     """Greedy-search sacreBLEU on validation sentences (cheap enough to run during training);
     under DDP each rank translates every world-th sentence and all gather the translations."""
     env = env or Dist(device=device)
-    mine = Translator(model, tokenizer, cfg.decode, device, cfg.train.precision).translate(
+    precision = "auto" if cfg.train.precision == "fp16" else cfg.train.precision  # decoding has no fp16
+    mine = Translator(model, tokenizer, cfg.decode, device, precision).translate(
         src[env.rank::env.world], beam=1)
     shares: list = [mine]
     if env.world > 1:

@@ -1,10 +1,9 @@
 """The training loop (§5): token-count batches, Adam + Eq. 3, label smoothing, checkpoints, DDP.
 
-One code path for one process and for `torchrun` (PyTorch DDP): every rank builds the same
-batch order from (seed, epoch), takes its share of each update's batches, and normalizes its
-loss by the update's global target-token count, so N ranks compute exactly the update that one
-process would on all their batches. Validation is shared by the ranks; only rank 0 logs and
-writes checkpoints.
+One code path for one process and for `torchrun` (PyTorch DDP): every rank builds the same batch order
+from (seed, epoch), takes its share of each update's batches, and normalizes its loss by the update's
+global target-token count, so N ranks compute exactly the update that one process would on all their
+batches. Validation is shared by the ranks; only rank 0 logs and writes checkpoints.
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ from .runs import (
     seed_rank,
     set_rng_state,
 )
+from .scaling import LossScaler
 from .step import epoch_batches, shard, train_step, valid_bleu, validate
 
 log = logging.getLogger("aiayn")
@@ -90,6 +90,7 @@ class Trainer:
         guided.setup(cfg, self.model, self.train_data, self.tokenizer)  # train.guided_alignment (off: nothing)
         seed_rank(cfg.train.seed, env.rank)  # a dropout stream per rank
         self.optimizer = make_optimizer(self.model, cfg.train)
+        self.scaler = LossScaler(env.device, cfg.train.precision)  # fp16: dynamic loss scaling; else a plain step
         self.fwd_model: nn.Module = torch.compile(self.model) if cfg.train.compile else self.model
         if env.world > 1:
             self.fwd_model = nn.parallel.DistributedDataParallel(
@@ -154,6 +155,7 @@ class Trainer:
             log.warning("the checkpoint holds the random streams of %d rank(s), this run has %d: "
                         "dropout masks will differ from an uninterrupted run", len(rngs), self.env.world)
         self.window.restore(saved.get("window"), self.env.rank, self.env.world, self.progress.step)
+        self.scaler.load_state_dict(saved.get("scaler"))
         load_into(self.model, tensors, weights_path)  # in place: the optimizer keeps these parameters
         log.info("resumed from %s at step %d (epoch %d, batch %d)", weights_path.name, self.progress.step,
                  self.progress.epoch, self.progress.batch)
@@ -193,7 +195,8 @@ class Trainer:
         total = int(sum(self.train_data.tgt_lens[b].sum() for b in group))
         mine = [(collate(self.train_data, b), w) for b, w in shard(group, env.rank, env.world)]
         lr = learning_rate(state.step + 1, self.cfg.model.d_model, t_cfg)
-        loss, nll = train_step(self.fwd_model, self.optimizer, mine, total, self.cfg, lr, env.world, env.device)
+        loss, nll = train_step(self.fwd_model, self.optimizer, mine, total, self.cfg, lr, env.world, env.device,
+                               self.scaler)
         state.step += 1
         state.batch += len(group)
         self.window.add(loss, nll, total)
@@ -279,7 +282,7 @@ class Trainer:
                      self.task)
         save_state(run.ckpt_dir / f"{name}.state.pt",
                    {"optimizer": self.optimizer.state_dict(), "progress": state.to_dict(), "rng": rngs,
-                    "window": window})
+                    "window": window, "scaler": self.scaler.state_dict()})
         if best:
             save_weights(run.ckpt_dir / "best.safetensors", tensors, self.cfg, self.tokenizer, state.step,
                          self.task)

@@ -47,7 +47,8 @@ def test_explicit_precisions_and_refusals():
         resolve_precision("int8", torch.device("cuda"))
     with pytest.raises(ValueError, match="auto, fp32, bf16, int8"):
         resolve_precision("fp16", CPU)
-    with pytest.raises(ValueError, match="auto, fp32, bf16, got 'int8'"):
+    assert resolve_precision("fp16", CPU, {"avx512_bf16"}, choices=TRAIN_PRECISIONS)[1].endswith("slower than fp32")
+    with pytest.raises(ValueError, match="auto, fp32, bf16, fp16, got 'int8'"):
         resolve_precision("int8", CPU, {"avx512_vnni"}, choices=TRAIN_PRECISIONS)  # training has no int8
 
 
