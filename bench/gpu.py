@@ -271,6 +271,8 @@ def train_cmd(args, run: Path, preset_name: str, *extra: str) -> list[str]:
     if args.tiny:
         cmd += [x for k, v in TINY.items() if k != "model.vocab_size" for x in (f"--{k}", str(v))]
         cmd += ["--data.max_tokens", "400", "--train.warmup_steps", "20", "--train.threads", "1"]
+    else:
+        cmd += ["--train.threads", "2"]  # several runs share the machine's CPU; the GPU does the work
     return cmd
 
 
