@@ -195,7 +195,11 @@ def build_runners(args, device: torch.device, precision: str) -> dict:
                 runners[(name, label)] = {"skipped": f"{e}"}
                 print(f"{name} {label}: skipped ({e})", flush=True)
                 continue
-            runners[(name, label)] = {"step": step, "cfg": cfg, **warm(step, args.batches, device)}
+            try:
+                runners[(name, label)] = {"step": step, "cfg": cfg, **warm(step, args.batches, device)}
+            except Exception as e:  # this variant's row says why; the others go on
+                traceback.print_exc()
+                runners[(name, label)] = {"error": f"{type(e).__name__}: {e}"[:500]}
     return runners
 
 
@@ -468,7 +472,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480.0, help="sections that no longer fit are skipped")
     ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--m30k-steps", type=int, default=2750)
-    ap.add_argument("--m30k-minutes", type=float, default=3.0)
+    ap.add_argument("--m30k-minutes", type=float, default=4.5)
     ap.add_argument("--decode-rounds", type=int, default=2)
     ap.add_argument("--test", default="test_2016_flickr", help="test split: DATA/NAME.{en,de}.txt")
     args = ap.parse_args()
@@ -495,12 +499,13 @@ def main() -> None:
     rec.section("learning", lambda: {k: run_summary(args.work / k, rc) for k, rc in returncodes.items()})
     rec.section("fp16_vs_bf16", lambda: compare_precisions(rec.data["learning"]))
     rec.section("torchrun_resume", lambda: resume or {"error": "did not finish in the budget"})
-    rec.section("training", lambda: _timed(args, device), need_s=20)
-    rec.section("paper_budget_projection", lambda: projection(rec.data["training"]))
     src = read_lines(args.data / f"{args.test}.en.txt", 40 if args.tiny else 100000)
     ref = read_lines(args.data / f"{args.test}.de.txt", len(src))
-    ckpt = _last_checkpoint(args.work / "base-multi30k")
-    rec.section("decoding", lambda: decode_bench(args, ckpt, src, ref), need_s=20)
+    rec.section("decoding", lambda: decode_bench(args, _last_checkpoint(args.work / "base-multi30k"), src, ref),
+                need_s=20)
+    rec.section("training", lambda: _timed(args, device), need_s=20)
+    rec.section("paper_budget_projection", lambda: projection(rec.data["training"]))
+    rec.section("profile", lambda: profile(args, device), need_s=30)
     print_table(rec.data)
 
 
@@ -527,6 +532,28 @@ def _timed(args, device: torch.device) -> dict:
     return {"precision": "bf16 autocast", "rounds": 2 if args.tiny else 3, "updates_per_round": steps,
             "batch": {"sentences": args.batches[0][0].src.size(0), "padded_length": args.batches[0][0].src.size(1)},
             "peak_flops": peak, **training_table(_RUNNERS, seconds, args.batches, steps, peak)}
+
+
+def profile(args, device: torch.device) -> dict:
+    """Where a base update's time goes (torch.profiler, 2 updates each of eager and compiled): the
+    kernels by self time, for the next lever."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    out = {}
+    for label in ("aiayn eager", "aiayn compiled"):
+        r = _RUNNERS.get(("base", label), {})
+        if "step" not in r:
+            continue
+        with prof(activities=acts) as p:
+            for b, _ in args.batches[:2]:
+                r["step"](b)
+            sync(device)
+        out[label] = p.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=70)
+        print(out[label], flush=True)
+    return out
 
 
 def _last_checkpoint(run: Path) -> Path:

@@ -67,9 +67,10 @@ class FusedState:
         self.cross, self.pad, self.group, self.n = cross, pad, group, 0  # pad: (B, 1, 1, S), True at padding
         self.not_word: Tensor | None = None  # (B, 1, S) True at EOS and padding, while alignments are taken
         self.attended: Tensor | None = None  # (R,): the source position each row attended to most, last step
-        self.k = [torch.empty(capacity, rows, L.heads[0], L.heads[1], dtype=dtype) for L in layers]
-        self.v = [torch.empty(capacity, rows, L.heads[0], L.heads[2], dtype=dtype) for L in layers]
-        self.idx = torch.empty(capacity, rows, dtype=torch.long)
+        dev = pad.device  # the buffers live where the model runs (a GPU's decoding failed on CPU buffers)
+        self.k = [torch.empty(capacity, rows, L.heads[0], L.heads[1], dtype=dtype, device=dev) for L in layers]
+        self.v = [torch.empty(capacity, rows, L.heads[0], L.heads[2], dtype=dtype, device=dev) for L in layers]
+        self.idx = torch.empty(capacity, rows, dtype=torch.long, device=dev)
 
     def grow(self) -> None:
         """Double the capacity, keeping what is filled."""

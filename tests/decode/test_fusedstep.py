@@ -218,3 +218,17 @@ def test_the_compiled_step_has_the_batch_sizes_as_symbols_and_the_weights_sizes_
     state = [(name, shape) for name, shape in seen if not name.startswith("L['self']")]
     assert len(weights) >= 15 and all(isinstance(n, int) for _, shape in weights for n in shape), weights
     assert any(isinstance(n, torch.SymInt) for _, shape in state for n in shape), state  # rows etc. stay dynamic
+
+
+def test_the_search_state_lives_on_the_sources_device():
+    """Its key/value buffers and index table sit where the model runs: on a GPU, CPU buffers broke
+    every decode (found by bench/gpu.py's first run). A meta device stands in for the GPU here."""
+    from types import SimpleNamespace
+
+    from aiayn.decode.fused import FusedState
+
+    pad = torch.zeros(2, 1, 1, 5, dtype=torch.bool, device="meta")
+    state = FusedState([], pad, 1, 2, [SimpleNamespace(heads=(2, 4, 4, 2, 4, 4))] * 3, torch.bfloat16, capacity=8)
+    assert {t.device.type for t in (*state.k, *state.v, state.idx)} == {"meta"}
+    state.grow()
+    assert {t.device.type for t in (*state.k, *state.v, state.idx)} == {"meta"}
