@@ -43,6 +43,7 @@ from aiayn.config import Config, preset  # noqa: E402
 from aiayn.data.batches import Batch  # noqa: E402
 from aiayn.evidence.mfu import model_flops, peak_flops, step_flops  # noqa: E402
 from aiayn.models.build import build_model  # noqa: E402
+from aiayn.training import loss as loss_module  # noqa: E402
 from aiayn.training.optim import make_optimizer  # noqa: E402
 from aiayn.training.scaling import LossScaler  # noqa: E402
 from aiayn.training.step import train_step  # noqa: E402
@@ -125,8 +126,10 @@ def synthetic_batches(vocab: int, tokens: int, length: int, n: int, seed: int, d
     return out
 
 
-def aiayn_runner(name: str, cfg: Config, device: torch.device, compiled: bool, precision: str):
-    """One training step of aiayn's own path (train_step: loss, fused Adam on a GPU, scaler)."""
+def aiayn_runner(name: str, cfg: Config, device: torch.device, compiled: bool, precision: str,
+                 fused_loss: bool = True):
+    """One training step of aiayn's own path (train_step: loss, fused Adam on a GPU, scaler);
+    fused_loss False: the loss in 8,192-row chunks on a GPU, as before its fused kernels."""
     torch.manual_seed(1)
     cfg.train.precision = precision
     model = build_model(cfg.model).to(device)
@@ -135,7 +138,11 @@ def aiayn_runner(name: str, cfg: Config, device: torch.device, compiled: bool, p
     fwd = torch.compile(model, dynamic=False) if compiled else model
 
     def step(b: Batch) -> None:
-        train_step(fwd, opt, [(b, 1.0)], b.n_tokens, cfg, 1e-4, 1, device, scaler)
+        loss_module.GPU_FUSED = fused_loss
+        try:
+            train_step(fwd, opt, [(b, 1.0)], b.n_tokens, cfg, 1e-4, 1, device, scaler)
+        finally:
+            loss_module.GPU_FUSED = True
     return step
 
 
@@ -183,14 +190,17 @@ def build_runners(args, device: torch.device, precision: str) -> dict:
     for name in ("base", "big"):
         variants = {"aiayn eager (fp32 logits, the preset)": ("aiayn", False, True),
                     "aiayn eager": ("aiayn", False, False), "aiayn compiled": ("aiayn", True, False),
+                    "aiayn compiled, chunked loss": ("chunked", True, False),
                     "HF Marian eager": ("hf", False, False)}
         for label, (who, compiled, fp32_logits) in variants.items():
+            if who == "chunked" and device.type != "cuda":
+                continue  # the CPU has the chunks only
             if compiled and args.skip_compile:
                 continue
             cfg = model_cfg(name, args.tiny, fp32_logits)
             try:
-                step = (aiayn_runner(name, cfg, device, compiled, precision) if who == "aiayn"
-                        else hf_runner(cfg, device, precision))
+                step = (hf_runner(cfg, device, precision) if who == "hf"
+                        else aiayn_runner(name, cfg, device, compiled, precision, fused_loss=who == "aiayn"))
             except ImportError as e:
                 runners[(name, label)] = {"skipped": f"{e}"}
                 print(f"{name} {label}: skipped ({e})", flush=True)
@@ -401,6 +411,14 @@ def decode_bench(args, checkpoint: Path, src: list[str], ref: list[str]) -> dict
     systems, out = {}, {}
     t = Translator.load(checkpoint, device=args.device, precision="bf16" if cuda else "fp32")
     systems["aiayn " + t.precision] = lambda s: t.translate(s, beam=4, alpha=0.6)
+    if cuda:  # the fused step through torch.compile (Translator's `compiled`)
+        try:
+            tc = Translator.load(checkpoint, device=args.device, precision="bf16", compiled=True)
+            out["aiayn bf16 compiled"] = {"compile_s": round(tc.compile_now(), 1)}
+            systems["aiayn bf16 compiled"] = lambda s: tc.translate(s, beam=4, alpha=0.6)
+        except Exception as e:
+            traceback.print_exc()
+            out["aiayn bf16 compiled"] = {"error": f"{type(e).__name__}: {e}"[:500]}
     for compute in (("float16", "int8_float16") if cuda else ("float32", "int8")):
         try:
             systems[f"CTranslate2 {compute}"] = ct2_system(args, checkpoint, compute)
@@ -417,7 +435,8 @@ def decode_bench(args, checkpoint: Path, src: list[str], ref: list[str]) -> dict
             hyps[name] = run(src)
             seconds[name].append(time.perf_counter() - began)
     for name, s in seconds.items():
-        out[name] = {"sent_s": round(len(src) / statistics.median(s), 1), "rounds_s": [round(x, 3) for x in s],
+        out[name] = {**out.get(name, {}), "sent_s": round(len(src) / statistics.median(s), 1),
+                     "rounds_s": [round(x, 3) for x in s],
                      "bleu": round(sacrebleu.corpus_bleu(hyps[name], [ref]).score, 2)}
     first = "aiayn " + t.precision
     for name in out:

@@ -1,16 +1,52 @@
-"""Label-smoothed cross-entropy (§5.4), as a pure function."""
+"""Label-smoothed cross-entropy (§5.4), as a pure function.
+
+Two implementations of one formula: on a CPU, 64-row chunks that stay in cache; on a GPU, the
+row functions below compiled by TorchInductor into a couple of fused kernels (forward: one read of
+the logits; backward: one read, one write), because there the chunks' many elementwise passes over
+the logits took ~30 % of a compiled base update (bench/README.md, H200 profile).
+"""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
 
 _ROWS = 64  # rows per chunk: a chunk of fp32 logits stays in cache (128 was 2x slower: bench/README.md)
 _GPU_ROWS = 8192  # on a GPU a chunk is a launch: few, large ones (8,192 x 37k fp32 logits: 1.2 GB at most)
+GPU_FUSED = True  # the fused kernels on a GPU; False: the chunks there too (bench/gpu.py compares them)
 
 
 def _rows(x: Tensor) -> int:
     return _ROWS if x.device.type == "cpu" else _GPU_ROWS
+
+
+def rows_forward(x: Tensor, t: Tensor, keep: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row: logsumexp (fp32), then the sums over kept rows of the NLL and of the smoothed loss."""
+    xf = x.float()
+    lse = torch.logsumexp(xf, -1)
+    nll_rows = torch.where(keep, lse - xf.gather(1, t[:, None])[:, 0], 0.0)
+    smooth_rows = torch.where(keep, lse - xf.mean(-1), 0.0)  # -(1/V) Σ_v log p_v
+    return lse, nll_rows.sum(), (1 - eps) * nll_rows.sum() + eps * smooth_rows.sum()
+
+
+def rows_backward(x: Tensor, t: Tensor, lse: Tensor, w: Tensor, eps: float) -> Tensor:
+    """(softmax(x) - q) · w per row, q = (1-ε)·onehot(t) + ε/V, in the logits' dtype."""
+    V = x.size(-1)
+    onehot = torch.arange(V, device=x.device)[None, :] == t[:, None]
+    p = torch.exp(x.float() - lse[:, None])
+    return ((p - eps / V - (1 - eps) * onehot) * w[:, None]).to(x.dtype)
+
+
+def _fused_here(x: Tensor) -> bool:
+    return x.is_cuda and GPU_FUSED
+
+
+@functools.cache
+def _fused(name: str):
+    """The row function compiled for any number of rows (dynamic shapes: token-count batches)."""
+    return torch.compile({"forward": rows_forward, "backward": rows_backward}[name], dynamic=True)
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
@@ -27,6 +63,13 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int, reuse: bool = False
                 ) -> tuple[Tensor, Tensor]:
         n, V = logits.shape
+        ctx.epsilon, ctx.pad_id, ctx.reuse = epsilon, pad_id, reuse
+        ctx.fused = _fused_here(logits)
+        if ctx.fused:
+            lse, nll, loss = _fused("forward")(logits, target, target != pad_id, epsilon)
+            ctx.save_for_backward(logits, target, lse)
+            ctx.mark_non_differentiable(nll)
+            return loss, nll
         lse = torch.empty(n, device=logits.device)
         loss = torch.zeros((), device=logits.device)
         nll = torch.zeros((), device=logits.device)
@@ -42,7 +85,6 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             nll += nll_rows.sum()
             loss += (1 - epsilon) * nll_rows.sum() + epsilon * smooth_rows.sum()
         ctx.save_for_backward(logits, target, lse)
-        ctx.epsilon, ctx.pad_id, ctx.reuse = epsilon, pad_id, reuse
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
@@ -50,6 +92,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         logits, target, lse = ctx.saved_tensors
         eps, V = ctx.epsilon, logits.size(-1)
+        if ctx.fused:  # a new gradient tensor: on a GPU memory is not what the reuse saves
+            grad = _fused("backward")(logits, target, lse, grad_loss * (target != ctx.pad_id), eps)
+            return grad, None, None, None, None
         grad = logits if ctx.reuse else torch.empty_like(logits)
         weight = grad_loss * (target != ctx.pad_id)  # 0 on padding rows
         inplace, R = grad.dtype == torch.float32, _rows(logits)  # softmax, then (p - q)·g, in the gradient's rows

@@ -98,3 +98,50 @@ def test_reused_logits_get_the_same_gradient_in_their_own_storage(dtype):
     assert torch.equal(h0, h1) and torch.equal(w0, w1)
     assert not torch.equal(kept, overwritten)  # the storage now holds the gradient
     assert torch.all(overwritten[:, ::5] == 0)  # padding rows: zero gradient
+
+
+def _gpu_path(monkeypatch, compiled: bool) -> None:
+    """The GPU's fused path, taken on the CPU: its row functions as they are (or compiled)."""
+    from aiayn.training import loss as L
+
+    monkeypatch.setattr(L, "_fused_here", lambda x: True)
+    if not compiled:
+        monkeypatch.setattr(L, "_fused", lambda name: {"forward": L.rows_forward, "backward": L.rows_backward}[name])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_the_gpus_fused_loss_equals_the_formula(monkeypatch, eps, dtype):
+    _gpu_path(monkeypatch, compiled=False)
+    torch.manual_seed(3)
+    logits = torch.randn(130, 37).to(dtype).requires_grad_()
+    target = torch.randint(0, 37, (130,))
+    target[::6] = 0
+    loss, nll, n = label_smoothed_loss(logits, target, eps, pad_id=0)
+    fp32 = logits.detach().float().requires_grad_()
+    ref = direct_smoothed_loss(fp32, target, eps, 0)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5) and n == int((target != 0).sum())
+    assert nll.item() == pytest.approx(direct_smoothed_loss(fp32, target, 0.0, 0).item(), rel=1e-5)
+    (2.0 * loss).backward()
+    (2.0 * ref).backward()
+    assert logits.grad.dtype == dtype and torch.all(logits.grad[::6] == 0)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(logits.grad.float(), fp32.grad, atol=tol, rtol=tol)
+
+
+@pytest.mark.slow
+def test_the_gpus_fused_loss_compiles_for_any_number_of_rows(monkeypatch):
+    """torch.compile(dynamic=True) of the row functions (TorchInductor on the CPU here): two batch
+    sizes, one graph each way, the same values as the formula."""
+    _gpu_path(monkeypatch, compiled=True)
+    for rows in (40, 57):
+        torch.manual_seed(rows)
+        logits = torch.randn(rows, 29, requires_grad=True)
+        target = torch.randint(0, 29, (rows,))
+        loss, _, _ = label_smoothed_loss(logits, target, 0.1, pad_id=0)
+        ref_in = logits.detach().clone().requires_grad_()
+        ref = direct_smoothed_loss(ref_in, target, 0.1, 0)
+        assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+        loss.backward()
+        ref.backward()
+        torch.testing.assert_close(logits.grad, ref_in.grad, atol=1e-6, rtol=1e-4)
