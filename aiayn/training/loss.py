@@ -120,7 +120,14 @@ def label_smoothed_loss(
     reuse_logits: backward overwrites the logits with their gradient (a training step that reads
     them no more after the loss: one fresh tokens x vocabulary tensor a step instead of two).
     """
+    loss, nll = smoothed_sums(logits, target, epsilon, pad_id, reuse_logits)
+    return loss, nll, int((target != pad_id).reshape(-1).sum())
+
+
+def smoothed_sums(logits: Tensor, target: Tensor, epsilon: float, pad_id: int, reuse_logits: bool = False
+                  ) -> tuple[Tensor, Tensor]:
+    """`label_smoothed_loss` without the token count, whose reading waits for a GPU: a training
+    step knows its count from the batch and goes on without waiting."""
     logits = logits.reshape(-1, logits.size(-1))
-    target = target.reshape(-1)
-    loss, nll = _SmoothedCrossEntropy.apply(logits, target, float(epsilon), pad_id, reuse_logits)
-    return loss, nll.detach(), int((target != pad_id).sum())
+    loss, nll = _SmoothedCrossEntropy.apply(logits, target.reshape(-1), float(epsilon), pad_id, reuse_logits)
+    return loss, nll.detach()

@@ -19,7 +19,7 @@ from ..data.tokenizer import Tokenizer
 from ..decode.translator import Translator
 from ..device import autocast
 from . import guided
-from .loss import label_smoothed_loss
+from .loss import label_smoothed_loss, smoothed_sums
 from .optim import set_lr
 from .runs import Dist
 from .scaling import LossScaler
@@ -47,8 +47,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list
             with autocast(device, cfg.train.precision):
                 out = model(*batch.inputs()) if align_layer is None else model(*batch.inputs(), align_layer=align_layer)
             logits, attention = (out, None) if align_layer is None else out
-            loss, nll, _ = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, cfg.model.pad_id,
-                                               reuse_logits=True)
+            loss, nll = smoothed_sums(logits, batch.tgt_out, cfg.train.label_smoothing, cfg.model.pad_id,
+                                      reuse_logits=True)
             del logits, out  # its storage now holds its gradient
             total = loss if attention is None else loss + cfg.train.guided_alignment * guided.alignment_loss(
                 attention[:, cfg.train.guided_head], batch.align)
