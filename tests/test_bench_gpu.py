@@ -1,25 +1,32 @@
-"""bench/gpu.py's CPU dry run (`--device cpu --tiny`): every section of the GPU bench runs end to end
-in its own process — training throughput beside HF Marian, the paper-budget projection, bf16 and fp16
-runs of the CLI, the torchrun SIGKILL-resume, decoding beside CTranslate2 — so the GPU run is one command."""
+"""bench/gpu.py's CPU dry run (`--device cpu --tiny`), through bench/gpu_run.sh as a GPU visit runs it:
+every section of the GPU bench runs end to end in its own process — training throughput beside HF
+Marian, the paper-budget projection, bf16 and fp16 runs of the CLI, the torchrun SIGKILL-resume,
+decoding beside CTranslate2, the profile — so the GPU run is one command."""
 
 import json
+import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
+RUN = Path(__file__).resolve().parents[1] / "bench" / "gpu_run.sh"
 
 
 @pytest.mark.slow
 def test_gpu_bench_dry_run_on_the_cpu(toy_prepared, tmp_path):
-    out = tmp_path / "gpu_cpu.json"
-    res = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--skip-compile", "--data",
-                          str(toy_prepared), "--test", "test", "--out", str(out), "--work", str(tmp_path / "work"),
-                          "--decode-rounds", "1"], capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    r = json.loads(out.read_text())
+    env = dict(os.environ, OUT=str(tmp_path / "out"), WORK=str(tmp_path / "work"), LIMIT_S="500",
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))  # python3: this one
+    res = subprocess.run(["bash", str(RUN), "--device", "cpu", "--tiny", "--skip-compile", "--data", str(toy_prepared),
+                          "--test", "test", "--decode-rounds", "1"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    log = (tmp_path / "out" / "log.txt").read_text()
+    assert res.returncode == 0, res.stdout[-3000:] + log[-3000:]
+    with tarfile.open(tmp_path / "out" / "logs.tgz") as logs:  # every training run's own log comes back
+        assert {"./multi30k-fp16-s1.log", "./base-multi30k.log", "./torchrun-broken.log"} <= set(logs.getnames())
+    r = json.loads((tmp_path / "out" / "gpu.json").read_text())
     assert not [k for k, v in r.items() if isinstance(v, dict) and ("error" in v or "skipped" in v)], r
     for name in ("base", "big"):
         rows = r["training"][name]
@@ -38,4 +45,5 @@ def test_gpu_bench_dry_run_on_the_cpu(toy_prepared, tmp_path):
     dec = r["decoding"]
     assert dec["sentences"] == 20 and dec["aiayn fp32"]["sent_s"] > 0 and "bleu" in dec["aiayn fp32"]
     assert {"CTranslate2 float32", "CTranslate2 int8"} <= set(dec)  # measured, or skipped with the reason
-    assert "| base | aiayn eager |" in res.stdout
+    assert "| base | aiayn eager |" in log and "[" in res.stdout  # the table in the log, the sections printed
+    assert "aiayn eager" in r["profile"]

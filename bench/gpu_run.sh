@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# On a GPU machine (issue #64), from the working tree, after bench/gpu_carry.sh made .whl and .gpudata
+# here: installs the carried wheels into /tmp/site, lets CTranslate2's CUDA 12 build load a CUDA 13
+# cuBLAS (libcublas.so.12 -> libcublas.so.13 links in /tmp/cu12: the only difference it meets, seen
+# working on an H200), runs bench/gpu.py and leaves its JSON, log and the runs' logs in OUT.
+#   OUT=/some/dir bash bench/gpu_run.sh [bench/gpu.py options, e.g. --budget-s 540 or --decode-only]
+# (python3 is the machine's, the one with PyTorch; the device tool's call: carry .whl and .gpudata,
+# command `OUT=$OUT bash bench/gpu_run.sh --budget-s 540`, timeout 600.)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-out}
+WORK=${WORK:-/tmp/aiayn-gpu-work}
+mkdir -p "$OUT" /tmp/cu12
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/smi.txt" 2>&1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  > "$OUT/pip.txt" 2>&1 || echo "wheels not installed (see pip.txt): peers will be skipped"
+export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+for lib in libcublas libcublasLt; do
+  found=$(find /opt /usr/local /usr/lib -name "$lib.so.13*" 2>/dev/null | head -1)
+  [ -n "$found" ] && ln -sf "$found" "/tmp/cu12/$lib.so.12"
+done
+export LD_LIBRARY_PATH=/tmp/cu12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+PYTHONUNBUFFERED=1 timeout "${LIMIT_S:-585}" python3 bench/gpu.py --data .gpudata/multi30k-en-de \
+  --out "$OUT/gpu.json" --work "$WORK" "$@" > "$OUT/log.txt" 2>&1
+rc=$?
+(cd "$WORK" && tar czf "$OUT/logs.tgz" ./*.log) 2>/dev/null
+grep -E '^\[' "$OUT/log.txt" | cut -c1-600
+exit $rc
