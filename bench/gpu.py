@@ -439,6 +439,7 @@ def decode_bench(args, checkpoint: Path, src: list[str], ref: list[str]) -> dict
                      "rounds_s": [round(x, 3) for x in s],
                      "bleu": round(sacrebleu.corpus_bleu(hyps[name], [ref]).score, 2)}
     first = "aiayn " + t.precision
+    out["profile"] = profile_decoding(systems[first], src[:200], torch.device(args.device))
     for name in out:
         if "sent_s" in out[name] and name != first:
             out[name]["aiayn_over_this"] = round(out[first]["sent_s"] / out[name]["sent_s"], 3)
@@ -448,6 +449,18 @@ def decode_bench(args, checkpoint: Path, src: list[str], ref: list[str]) -> dict
 _CT2_PROBE = """import sys, ctranslate2
 t = ctranslate2.Translator(sys.argv[1], device=sys.argv[2], compute_type=sys.argv[3])
 print(t.translate_batch([["▁a", "</s>"]], beam_size=4)[0].hypotheses[0])"""
+
+
+def profile_decoding(run, src: list[str], device: torch.device) -> str:
+    """Where beam search's time goes (torch.profiler over 200 sentences): GPU kernels and the host's
+    waits on them (cudaStreamSynchronize, item) side by side — the next lever for decoding."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as p:
+        run(src)
+        sync(device)
+    return p.key_averages().table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60)
 
 
 def ct2_system(args, checkpoint: Path, compute: str):
