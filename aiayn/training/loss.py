@@ -9,12 +9,14 @@ the logits took ~30 % of a compiled base update (bench/README.md, H200 profile).
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 from torch import Tensor
 
 _ROWS = 64  # rows per chunk: a chunk of fp32 logits stays in cache (128 was 2x slower: bench/README.md)
 _GPU_ROWS = 8192  # on a GPU a chunk is a launch: few, large ones (8,192 x 37k fp32 logits: 1.2 GB at most)
+log = logging.getLogger("aiayn")
 GPU_FUSED = True  # the fused kernels on a GPU; False: the chunks there too (bench/gpu.py compares them)
 
 
@@ -45,8 +47,24 @@ def _fused_here(x: Tensor) -> bool:
 
 @functools.cache
 def _fused(name: str):
-    """The row function compiled for any number of rows (dynamic shapes: token-count batches)."""
-    return torch.compile({"forward": rows_forward, "backward": rows_backward}[name], dynamic=True)
+    """The row function compiled for any number of rows (dynamic shapes: token-count batches); where
+    TorchInductor cannot compile it (no Triton for this GPU, say), the same function uncompiled,
+    with one warning."""
+    fn = {"forward": rows_forward, "backward": rows_backward}[name]
+    compiled = torch.compile(fn, dynamic=True)
+
+    def run(*args):
+        nonlocal compiled
+        try:
+            return compiled(*args)
+        except Exception as e:  # compiler errors come in many classes; the formula does not change
+            if compiled is fn:
+                raise
+            log.warning("the fused loss (%s) could not be compiled, running it uncompiled: %s", name,
+                        f"{type(e).__name__}: {e}".splitlines()[0][:300])
+            compiled = fn
+            return fn(*args)
+    return run
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):

@@ -1,5 +1,6 @@
 """§5.3 Eq. 3 and §5.4 label smoothing against their formulas."""
 
+import functools
 import math
 
 import pytest
@@ -145,3 +146,28 @@ def test_the_gpus_fused_loss_compiles_for_any_number_of_rows(monkeypatch):
         loss.backward()
         ref.backward()
         torch.testing.assert_close(logits.grad, ref_in.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_the_fused_loss_runs_uncompiled_where_the_compiler_fails(monkeypatch, caplog):
+    """A GPU without a working TorchInductor (no Triton, say) trains on: the same rows, uncompiled, one warning."""
+    from aiayn.training import loss as L
+
+    def broken(fn, **kw):
+        def call(*a):
+            raise RuntimeError("no Triton here\nsecond line")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(L, "_fused_here", lambda x: True)
+    monkeypatch.setattr(L, "_fused", functools.cache(L._fused.__wrapped__))  # a fresh cache under the broken compiler
+    logits = torch.randn(20, 13, requires_grad=True)
+    target = torch.randint(1, 13, (20,))
+    with caplog.at_level("WARNING", logger="aiayn"):
+        loss, _, _ = label_smoothed_loss(logits, target, 0.1, 0)
+        loss.backward()
+    ref_in = logits.detach().clone().requires_grad_()
+    ref = direct_smoothed_loss(ref_in, target, 0.1, 0)
+    ref.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    torch.testing.assert_close(logits.grad, ref_in.grad, atol=1e-6, rtol=1e-4)
+    assert [r.getMessage().endswith("RuntimeError: no Triton here") for r in caplog.records] == [True, True]
