@@ -411,6 +411,9 @@ def decode_bench(args, checkpoint: Path, src: list[str], ref: list[str]) -> dict
     systems, out = {}, {}
     t = Translator.load(checkpoint, device=args.device, precision="bf16" if cuda else "fp32")
     systems["aiayn " + t.precision] = lambda s: t.translate(s, beam=4, alpha=0.6)
+    if cuda:  # batches of 16k source tokens (4k is decode.max_tokens' default): fewer, fuller steps
+        tb = Translator.load(checkpoint, device=args.device, precision="bf16", max_tokens=16384)
+        systems["aiayn bf16, 16k-token batches"] = lambda s: tb.translate(s, beam=4, alpha=0.6)
     if cuda:  # the fused step through torch.compile (Translator's `compiled`)
         try:
             tc = Translator.load(checkpoint, device=args.device, precision="bf16", compiled=True)
