@@ -543,6 +543,8 @@ def main() -> None:
     rec.section("decoding", lambda: decode_bench(args, _last_checkpoint(args.work / "base-multi30k"), src, ref),
                 need_s=20)
     if not args.decode_only:
+        rec.section("test_bleu", lambda: test_bleu(args, src, ref), need_s=20)
+    if not args.decode_only:
         rec.section("training", lambda: _timed(args, device), need_s=20)
         rec.section("paper_budget_projection", lambda: projection(rec.data["training"]))
         rec.section("profile", lambda: profile(args, device), need_s=30)
@@ -572,6 +574,20 @@ def _timed(args, device: torch.device) -> dict:
     return {"precision": "bf16 autocast", "rounds": 2 if args.tiny else 3, "updates_per_round": steps,
             "batch": {"sentences": args.batches[0][0].src.size(0), "padded_length": args.batches[0][0].src.size(1)},
             "peak_flops": peak, **training_table(_RUNNERS, seconds, args.batches, steps, peak)}
+
+
+def test_bleu(args, src: list[str], ref: list[str]) -> dict:
+    """It learns: each `multi30k` run's last checkpoint translates the test split (beam 4, α 0.6, bf16
+    on a GPU), sacreBLEU against the references."""
+    import sacrebleu
+
+    from aiayn.decode.translator import Translator
+
+    out = {}
+    for run in sorted(p for p in args.work.glob("multi30k-*") if p.is_dir()):
+        t = Translator.load(_last_checkpoint(run), device=args.device)
+        out[run.name] = round(sacrebleu.corpus_bleu(t.translate(src, beam=4, alpha=0.6), [ref]).score, 2)
+    return {"split": args.test, "bleu": out}
 
 
 def profile(args, device: torch.device) -> dict:

@@ -42,6 +42,8 @@ def test_gpu_bench_dry_run_on_the_cpu(toy_prepared, tmp_path):
     p = r["fp16_vs_bf16"]
     assert p["fp16_minus_bf16"] == pytest.approx(sum(p["valid_nll"]["fp16"]) / 2 - sum(p["valid_nll"]["bf16"]) / 2)
     assert r["torchrun_resume"]["bit_identical"] is True and r["torchrun_resume"]["killed_after_checkpoints"] >= 2
+    assert set(r["test_bleu"]["bleu"]) == {"multi30k-bf16-s1", "multi30k-bf16-s2", "multi30k-fp16-s1",
+                                           "multi30k-fp16-s2"}
     dec = r["decoding"]
     assert dec["sentences"] == 20 and dec["aiayn fp32"]["sent_s"] > 0 and "bleu" in dec["aiayn fp32"]
     assert {"CTranslate2 float32", "CTranslate2 int8"} <= set(dec)  # measured, or skipped with the reason
