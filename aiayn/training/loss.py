@@ -61,7 +61,7 @@ def _fused(name: str):
             if compiled is fn:
                 raise
             log.warning("the fused loss (%s) could not be compiled, running it uncompiled: %s", name,
-                        f"{type(e).__name__}: {e}".splitlines()[0][:300])
+                        f"{type(e).__name__}: {e}".split("\n")[0][:300])
             compiled = fn
             return fn(*args)
     return run
