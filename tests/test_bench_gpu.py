@@ -28,7 +28,7 @@ def test_gpu_bench_dry_run_on_the_cpu(toy_prepared, tmp_path):
         assert {"./multi30k-fp16-s1.log", "./base-multi30k.log", "./torchrun-broken.log"} <= set(logs.getnames())
     r = json.loads((tmp_path / "out" / "gpu.json").read_text())
     assert not [k for k, v in r.items() if isinstance(v, dict) and ("error" in v or "skipped" in v)], r
-    for name in ("base", "big"):
+    for name in ("base",):  # --tiny measures base only (big is the same code)
         rows = r["training"][name]
         assert set(rows) == {"aiayn eager (fp32 logits, the preset)", "aiayn eager", "HF Marian eager"}
         assert all(x["tgt_tok_s"] > 0 and 400 < x["tgt_tokens_per_update"] < 650 for x in rows.values())
