@@ -8,16 +8,19 @@ Writes bench/gpu_<device>.json section by section (what finished survives a time
   time of the paper's budgets (§5.2: base 100k updates, big 300k, of ~25k target tokens) on this GPU;
 - learning: `aiayn train` (the CLI) on Multi30k with the `multi30k` preset in bf16 and in fp16 (dynamic
   loss scaling), 2 seeds each, and a base-sized model for decoding, all at once on the one GPU; their
-  validation NLL and BLEU;
-- decoding: beam 4 (α 0.6) of test2016 by the base-sized model, aiayn bf16 against CTranslate2 on the
-  GPU (float16, int8_float16), the same weights; sentences/s and BLEU;
+  validation NLL and BLEU, and test BLEU (beam 4) of each `multi30k` run;
+- decoding: beam 4 (α 0.6) of test2016 by the base-sized model, aiayn bf16 (4k- and 16k-token
+  batches, eager and compiled) against CTranslate2 on the GPU (float16, int8_float16), the same
+  weights; sentences/s and BLEU; a profile of beam search;
 - resume: `torchrun --nproc_per_node 1` (NCCL), SIGKILL after a checkpoint, resume, final weights
-  compared with an uninterrupted run.
+  compared with an uninterrupted run;
+- profile: where a base update's GPU time goes (eager and compiled), for the next lever.
 Runs from a working tree with no install: PYTHONPATH is this checkout. Peers that are not installed
 are skipped with the reason printed. `--device cpu --tiny` is the CPU dry run that CI runs.
 
   python bench/gpu.py --data DIR                       # on a GPU: bench/gpu_<device>.json
   python bench/gpu.py --device cpu --tiny --data DIR --out /tmp/gpu_cpu.json
+On a GPU machine without a registry: bench/gpu_carry.sh here, bench/gpu_run.sh there.
 """
 
 from __future__ import annotations
