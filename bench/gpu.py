@@ -517,6 +517,9 @@ def main() -> None:
     ap.add_argument("--decode-only", action="store_true", help="train the base-sized model and decode; nothing else")
     ap.add_argument("--test", default="test_2016_flickr", help="test split: DATA/NAME.{en,de}.txt")
     args = ap.parse_args()
+    if not (args.data / "manifest.json").is_file():
+        ap.error(f"--data {args.data}: not a prepared folder (no manifest.json; make one with aiayn prepare, "
+                 "or bench/gpu_carry.sh)")
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True

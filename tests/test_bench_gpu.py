@@ -49,3 +49,10 @@ def test_gpu_bench_dry_run_on_the_cpu(toy_prepared, tmp_path):
     assert {"CTranslate2 float32", "CTranslate2 int8"} <= set(dec)  # measured, or skipped with the reason
     assert "| base | aiayn eager |" in log and "[" in res.stdout  # the table in the log, the sections printed
     assert "aiayn eager" in r["profile"]
+
+
+def test_a_folder_that_is_not_prepared_data_gets_one_line(tmp_path):
+    res = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(tmp_path), "--device", "cpu"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and f"--data {tmp_path}: not a prepared folder" in res.stderr.strip().splitlines()[-1]
+    assert not list(tmp_path.iterdir())  # nothing written
