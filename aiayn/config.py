@@ -200,7 +200,8 @@ class TrainConfig:
     guided_layer: int = -2  # decoder layer (negative: from the top; Garg et al.: the penultimate)
     guided_head: int = 0
     precision: str = "auto"  # auto (bf16 where native, fp16 on older GPUs, else fp32: device.py) | fp32 | bf16 | fp16
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile the model (PyTorch's automatic dynamic shapes)
+    compile_buckets: bool = False  # with compile: lengths padded to a ladder, one graph per length (batches.py)
     threads: int = 0  # CPU threads; 0 = all cores
     log_every: int = 50
     valid_every: int = 1000  # steps; 0 = only at the end
@@ -216,7 +217,7 @@ class TrainConfig:
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
         for name in ("max_steps", "max_epochs", "max_minutes", "threads", "valid_every", "valid_bleu_sentences",
-                     "save_every", "save_every_minutes", "clip_norm", "patience"):
+                     "save_every", "save_every_minutes", "clip_norm", "patience", "tokens_per_update"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         _check_positive("train", self, "adam_eps", "log_every", "dist_timeout_minutes")
@@ -224,8 +225,6 @@ class TrainConfig:
             raise ConfigError(f"train.precision must be 'auto', 'fp32', 'bf16' or 'fp16', got {self.precision!r}")
         if self.update_freq < 1:
             raise ConfigError(f"train.update_freq must be >= 1, got {self.update_freq}")
-        if self.tokens_per_update < 0:
-            raise ConfigError(f"train.tokens_per_update must be >= 0, got {self.tokens_per_update}")
         if self.tokens_per_update and self.update_freq != 1:
             raise ConfigError(
                 f"train.update_freq ({self.update_freq}) and train.tokens_per_update ({self.tokens_per_update}) "

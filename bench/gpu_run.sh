@@ -6,6 +6,8 @@
 #   OUT=/some/dir bash bench/gpu_run.sh [bench/gpu.py options, e.g. --budget-s 540 or --decode-only]
 # (python3 is the machine's, the one with PyTorch; the device tool's call: carry .whl and .gpudata,
 # command `OUT=$OUT bash bench/gpu_run.sh --budget-s 540`, timeout 600.)
+#   BENCH=compile_shapes OUT=/some/dir bash bench/gpu_run.sh --preset base --max-tokens 8192
+# runs bench/compile_shapes.py instead (train.compile's bucketed shapes against automatic dynamic ones).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-out}
@@ -20,6 +22,11 @@ for lib in libcublas libcublasLt; do
   [ -n "$found" ] && ln -sf "$found" "/tmp/cu12/$lib.so.12"
 done
 export LD_LIBRARY_PATH=/tmp/cu12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if [ "${BENCH:-gpu}" = compile_shapes ]; then
+  PYTHONUNBUFFERED=1 timeout "${LIMIT_S:-585}" python3 bench/compile_shapes.py --data .gpudata/multi30k-en-de \
+    --device cuda --out "$OUT/compile_shapes.json" "$@" 2>&1 | tee "$OUT/log.txt" | grep -v Warning
+  exit "${PIPESTATUS[0]}"
+fi
 PYTHONUNBUFFERED=1 timeout "${LIMIT_S:-585}" python3 bench/gpu.py --data .gpudata/multi30k-en-de \
   --out "$OUT/gpu.json" --work "$WORK" "$@" > "$OUT/log.txt" 2>&1
 rc=$?

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config import Config
-from ..data.batches import Batch, TokenData, collate, make_batches
+from ..data.batches import Batch, TokenData, bucket_length, collate, make_batches
 from ..data.tokenizer import Tokenizer
 from ..decode.translator import Translator
 from ..device import autocast
@@ -42,6 +42,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list
     align_layer = guided.layer(cfg)  # None: the paper's loss alone
     for j, (batch, weight) in enumerate(batches):
         batch = batch.to(device)
+        if bucketed(cfg):
+            bucketed_shapes(batch.inputs())
         sync = j == len(batches) - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
         with (contextlib.nullcontext() if sync else model.no_sync()):
             with autocast(device, cfg.train.precision):
@@ -60,6 +62,29 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list
     scaler.step(model, optimizer, cfg.train.clip_norm)
     optimizer.zero_grad(set_to_none=True)
     return loss_total, nll_total
+
+
+def compile_model(model: nn.Module) -> nn.Module:
+    """`train.compile`: the model under torch.compile, with room for one graph per length of the
+    bucket ladder (train.compile_buckets; data.batches.bucket_length: 21 up to 256 subwords)."""
+    limit = 2 * len({bucket_length(n) for n in range(1, 1025)})  # 29 lengths up to 1,024, and room
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, limit)
+    return torch.compile(model)
+
+
+def bucketed(cfg: Config) -> bool:
+    """Whether batches are padded to the bucket ladder: `train.compile` with `train.compile_buckets`."""
+    return cfg.train.compile and cfg.train.compile_buckets
+
+
+def bucketed_shapes(inputs: tuple[torch.Tensor, ...]) -> None:
+    """Tell torch.compile what varies in bucketed batches: the sentences in a batch (dynamic), not
+    their padded length (static, one of the ladder's): one specialized graph per length, whatever
+    the batch size, instead of one graph generic in every dimension."""
+    for x in inputs:
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_static(x, 1)
 
 
 def epoch_batches(data: TokenData, cfg: Config, epoch: int) -> list[np.ndarray]:

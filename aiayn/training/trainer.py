@@ -53,7 +53,7 @@ from .runs import (
     set_rng_state,
 )
 from .scaling import LossScaler
-from .step import epoch_batches, shard, train_step, valid_bleu, validate
+from .step import bucketed, compile_model, epoch_batches, shard, train_step, valid_bleu, validate
 
 log = logging.getLogger("aiayn")
 
@@ -91,7 +91,7 @@ class Trainer:
         seed_rank(cfg.train.seed, env.rank)  # a dropout stream per rank
         self.optimizer = make_optimizer(self.model, cfg.train)
         self.scaler = LossScaler(env.device, cfg.train.precision)  # fp16: dynamic loss scaling; else a plain step
-        self.fwd_model: nn.Module = torch.compile(self.model) if cfg.train.compile else self.model
+        self.fwd_model: nn.Module = compile_model(self.model) if cfg.train.compile else self.model
         if env.world > 1:
             self.fwd_model = nn.parallel.DistributedDataParallel(
                 self.fwd_model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
@@ -193,7 +193,7 @@ class Trainer:
         batches = self.epoch_batches()
         group = batches[state.batch:state.batch + self.per_update]
         total = int(sum(self.train_data.tgt_lens[b].sum() for b in group))
-        mine = [(collate(self.train_data, b), w) for b, w in shard(group, env.rank, env.world)]
+        mine = [(collate(self.train_data, b, bucketed(self.cfg)), w) for b, w in shard(group, env.rank, env.world)]
         lr = learning_rate(state.step + 1, self.cfg.model.d_model, t_cfg)
         loss, nll = train_step(self.fwd_model, self.optimizer, mine, total, self.cfg, lr, env.world, env.device,
                                self.scaler)
