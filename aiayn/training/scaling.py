@@ -29,39 +29,58 @@ class LossScaler:
     (scale 1, nothing skipped, no host-device synchronisation)."""
 
     def __init__(self, device: torch.device, precision: str, init_scale: float = 2.0 ** 16,
-                 growth_interval: int = 2000, min_scale: float = MIN_SCALE):
+                 growth_interval: int = 2000, min_scale: float = MIN_SCALE, check_every: int = 50):
         self.enabled = precision == "fp16"
         self.scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_interval=growth_interval,
                                            enabled=self.enabled)
-        self.min_scale, self.skipped = min_scale, 0  # skipped: updates skipped since the run began
+        self.min_scale, self.check_every, self.steps = min_scale, check_every, 0
+        # Updates skipped since the run began, counted on the device: reading it waits for the GPU, so
+        # `check` reads it every `check_every` updates (the log's cadence), not every update.
+        self._skips = torch.zeros((), dtype=torch.int64, device=device)
+        self._reported = 0
+
+    @property
+    def skipped(self) -> int:
+        return int(self._skips)
+
+    @skipped.setter
+    def skipped(self, n: int) -> None:
+        self._skips.fill_(n)
+        self._reported = n
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss)
 
-    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float) -> bool:
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float) -> None:
         """Unscale the gradients, clip them (clip_norm > 0), take the optimizer step unless they
-        overflowed, and update the scale. Returns whether the update was applied."""
+        overflowed, and update the scale; every `check_every` updates, `check`. No host-device
+        synchronisation in between: with a fused optimizer (on a GPU) the skip happens on the device."""
         if not self.enabled:
             if clip_norm > 0:
                 nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
             optimizer.step()
-            return True
+            return
         self.scaler.unscale_(optimizer)
         if clip_norm > 0:
             nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-        before = self.scaler.get_scale()
+        before = self.scaler._get_scale_async().clone()  # the scale as a tensor (get_scale() would wait)
         self.scaler.step(optimizer)  # skipped when an unscaled gradient is inf or NaN
-        self.scaler.update()
-        after = self.scaler.get_scale()
-        if after >= before:
-            return True
-        self.skipped += 1
-        log.warning("fp16: gradients overflowed; update skipped, loss scale %g -> %g (%d skipped so far)",
-                    before, after, self.skipped)
-        if after < self.min_scale:
-            raise Diverged(f"fp16 training diverged: the loss scale fell to {after:g} (below {self.min_scale:g}) "
+        self.scaler.update()  # halves the scale after an overflow
+        self._skips += self.scaler._get_scale_async() < before
+        self.steps += 1
+        if self.steps % self.check_every == 0:
+            self.check()
+
+    def check(self) -> None:
+        """Log the updates skipped since the last check, and end a run whose scale has collapsed."""
+        skipped, scale = self.skipped, self.scaler.get_scale()
+        if skipped > self._reported:
+            log.warning("fp16: gradients overflowed; %d update(s) skipped since the last check, loss scale now %g "
+                        "(%d skipped so far)", skipped - self._reported, scale, skipped)
+            self._reported = skipped
+        if scale < self.min_scale:
+            raise Diverged(f"fp16 training diverged: the loss scale fell to {scale:g} (below {self.min_scale:g}) "
                            "with gradients still overflowing; train in bf16 or fp32, or lower the learning rate")
-        return False
 
     def state_dict(self) -> dict:
         return {**self.scaler.state_dict(), "skipped": self.skipped} if self.enabled else {}

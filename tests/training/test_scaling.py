@@ -56,7 +56,7 @@ def test_an_overflowing_update_is_skipped_and_the_scale_halved():
 
 
 def test_a_collapsed_scale_ends_the_run_in_one_line():
-    scaler = LossScaler(CPU, "fp16", init_scale=2.0, min_scale=1.5)
+    scaler = LossScaler(CPU, "fp16", init_scale=2.0, min_scale=1.5, check_every=1)
     with pytest.raises(Diverged, match="fp16 training diverged: the loss scale fell to 1"):
         tiny_step(config(), scaler, a_batch(), loss_factor=float("inf"))
 
