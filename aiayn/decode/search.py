@@ -57,25 +57,33 @@ def max_lengths(src: Tensor, a: float, b: int, limit: int) -> Tensor:
     return (a * n_src + b).long().clamp(1, limit)
 
 
-def _top_lprobs(logits: Tensor, n: int, at_max: Tensor, chunk_bytes: int = 1 << 20) -> tuple[Tensor, Tensor]:
+def _top_lprobs(logits: Tensor, n: int, at_max: Tensor, chunk_bytes: int = 1 << 20,
+                branchless: bool | None = None) -> tuple[Tensor, Tensor]:
     """The n best next tokens of each row and their log-probabilities, (R, n) each.
 
     Log-probabilities are log_softmax over the whole vocabulary; PAD and BOS are never chosen,
     and rows where ``at_max`` is set may only end (EOS keeps its own log-probability). The
     vocabulary-wide work runs on blocks of rows small enough to stay in cache: on a 2-core CPU
     this is about twice as fast as one log_softmax and one top-k over the full (R, V) tensor.
+    `branchless` (None: off a CPU) forces EOS without asking whether any row needs it: asking
+    would wait for the GPU.
     """
     R, V = logits.shape
     n = min(n, V)
     vals = torch.empty(R, n, device=logits.device)
     idx = torch.empty(R, n, dtype=torch.long, device=logits.device)
-    step = R if logits.device.type != "cpu" else max(1, chunk_bytes // (4 * V))
+    on_cpu = logits.device.type == "cpu"
+    step = R if not on_cpu else max(1, chunk_bytes // (4 * V))
     for s in range(0, R, step):
         lp = torch.log_softmax(logits[s:s + step], dim=-1, dtype=torch.float32)
         lp[:, PAD] = float("-inf")
         lp[:, BOS] = float("-inf")
         rows = at_max[s:s + step]
-        if rows.any():
+        if not on_cpu if branchless is None else branchless:
+            only_eos = torch.full_like(lp, float("-inf"))
+            only_eos[:, EOS] = lp[:, EOS]
+            lp = torch.where(rows[:, None], only_eos, lp)
+        elif rows.any():
             eos = lp[rows, EOS]
             lp[rows] = float("-inf")
             lp[rows, EOS] = eos
@@ -85,6 +93,7 @@ def _top_lprobs(logits: Tensor, n: int, at_max: Tensor, chunk_bytes: int = 1 << 
 
 Abandoned = Callable[[Tensor], Tensor]  # sentence ids (B,) -> which of them nobody waits for now
 ABANDON_EVERY = 8  # steps between two looks at `abandoned`
+LOOK_EVERY = 4  # steps between two looks at which sentences are done, off a CPU (ABANDON_EVERY's divisor)
 
 
 def _wanted(abandoned: Abandoned | None, t: int, active: Tensor) -> Tensor | None:
@@ -139,15 +148,18 @@ def _hypothesis(tokens: list[int], score: float, attended: list[int] | None) -> 
 
 @torch.no_grad()
 def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: float = 0.6, max_len_a: float = 1.0,
-                max_len_b: int = 50, nbest: int = 1, limit: int = 1023, abandoned: Abandoned | None = None
-                ) -> list[list[Hypothesis]]:
+                max_len_b: int = 50, nbest: int = 1, limit: int = 1023, abandoned: Abandoned | None = None,
+                look_every: int | None = None) -> list[list[Hypothesis]]:
     """Batched beam search (§6.1) over src (B, S); returns the `nbest` best hypotheses per row.
 
     Each step expands every live beam, keeps the 2·beam best candidates, sets aside those that end
     in EOS among the top `beam`, and continues with the best `beam` that do not (bookkeeping in
     tensors: no per-sentence Python work per step). A sentence stops as `_open` says and leaves the
-    batch; so does one that `abandoned` names (every ABANDON_EVERY steps), with what it finished."""
+    batch; so does one that `abandoned` names (every ABANDON_EVERY steps), with what it finished.
+    Which stop is read every `look_every` steps (None: 1 on a CPU, LOOK_EVERY off it: a read waits
+    for the GPU); in between, a done sentence searches on without changing its n best (`_open`)."""
     B, k, dev = src.size(0), beam, src.device
+    look_every = look_every or (1 if dev.type == "cpu" else LOOK_EVERY)
     max_len = max_lengths(src, max_len_a, max_len_b, limit)  # (B,)
     L = int(max_len.max()) + 1
     cache = model.start_decoding(src, group=k)  # rows g·k .. g·k + k - 1: the beams of sentence g
@@ -174,30 +186,37 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         top_beam, top_tok = top_idx // c, row_tok.view(n, k * c).gather(1, top_idx)
         is_eos = (top_tok == EOS) & torch.isfinite(top_scores)
         row_base = torch.arange(n, device=dev).unsqueeze(1) * k
-        if is_eos[:, :k].any():
+        if look_every > 1 or is_eos[:, :k].any():  # without looking, set aside (maybe nothing) every step
             rows = (row_base + top_beam[:, :k]).view(-1)
             _merge_finished(fin_score, fins, active, top_scores[:, :k], [h[rows] for h in hists], is_eos[:, :k],
                             length_penalty(t + 1, alpha))
         new_scores, new_tok, src_rows = _live(top_scores, top_tok, top_beam, is_eos, row_base, k)
-        keep = _open(fin_score[active, nbest - 1], new_scores[:, 0], bound_lp[active], t >= max_len[active])
-        wanted = _wanted(abandoned, t, active[keep])
-        if wanted is not None:
-            keep = keep[wanted]
-        if not keep.numel():
-            break
-        dropped = keep.numel() < n
+        keep = None  # None: no look this step, every sentence stays
+        if t % look_every == look_every - 1 or t >= L - 1:  # the last step always looks: all are done
+            keep = _open(fin_score[active, nbest - 1], new_scores[:, 0], bound_lp[active], t >= max_len[active])
+            keep = keep if (wanted := _wanted(abandoned, t, active[keep])) is None else keep[wanted]
+            if not keep.numel():
+                break
+        dropped = keep is not None and keep.numel() < n
         if dropped:
             src_rows = src_rows.view(n, k)[keep].view(-1)
             new_scores, new_tok, active = new_scores[keep], new_tok[keep], active[keep]
-        hists = [h.index_select(0, src_rows) for h in hists]
-        hists[0][:, t] = new_tok.view(-1)
-        if len(hists) > 1:  # where the row each beam continues attended
-            hists[1][:, t] = cache.attended[src_rows]
+        hists = _extended(hists, src_rows, new_tok, cache, t)
         t += 1
         # Beams move only within their sentence, so the encoder side is selected only on a drop.
         cache.reorder(src_rows, keep if dropped else None)
         scores, tokens = new_scores, new_tok.view(-1)
     return _results(fin_score[:, :nbest], [f[:, :nbest] for f in fins])
+
+
+def _extended(hists: list[Tensor], src_rows: Tensor, new_tok: Tensor, cache, t: int) -> list[Tensor]:
+    """The live beams' histories, each continuing row `src_rows`, with step t's token (and where
+    that row attended, when alignments are asked for)."""
+    hists = [h.index_select(0, src_rows) for h in hists]
+    hists[0][:, t] = new_tok.view(-1)
+    if len(hists) > 1:
+        hists[1][:, t] = cache.attended[src_rows]
+    return hists
 
 
 def _results(fin_score: Tensor, fins: list[Tensor]) -> list[list[Hypothesis]]:

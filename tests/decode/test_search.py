@@ -111,6 +111,26 @@ def test_batch_equals_one_by_one():
             assert a.score == pytest.approx(b.score, abs=1e-4)
 
 
+@pytest.mark.parametrize("look_every", [2, 3, 4])
+def test_looking_at_done_sentences_every_few_steps_finds_the_same_hypotheses(look_every):
+    """On a GPU the search reads which sentences are done every few steps (each read waits for the
+    GPU); in between, done sentences search on. Every hypothesis is the one of looking every step:
+    sentences that end early, ones cut at their maximum length, n-best lists, any α."""
+    srcs = [[4, 5, 6, 7, 8, 9, EOS], [10, 11, EOS], [12, 4, 4, 5, EOS], [6, EOS], [7, 7, 8, 9, 10, EOS]]
+    S = max(map(len, srcs))
+    batch = torch.tensor([s + [PAD] * (S - len(s)) for s in srcs])
+    ends = set()
+    for seed, (beam, nbest, alpha, max_b) in enumerate([(4, 2, 0.6, 5), (2, 1, 0.0, 2), (5, 5, 1.0, 9)]):
+        model = random_model(vocab=13, seed=seed)
+        every = beam_search(model, batch, beam, alpha, 1.0, max_b, nbest, look_every=1)
+        few = beam_search(model, batch, beam, alpha, 1.0, max_b, nbest, look_every=look_every)
+        for a, b in zip(every, few):
+            assert [h.tokens for h in a] == [h.tokens for h in b]
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+        ends |= {len(h[0].tokens) for h in every}
+    assert len(ends) >= 3  # sentences left at different steps
+
+
 def test_bf16_batch_equals_one_by_one():
     """The bf16 decoding path (autocast, explicit attention, fp32 logits from the bf16 decoder):
     batched search gives each sentence what searching it alone gives."""
@@ -184,8 +204,8 @@ def test_blockwise_top_candidates_equal_full_log_softmax():
     forced = torch.full_like(lp, float("-inf"))
     forced[:, EOS] = lp[:, EOS]
     ref = torch.where(at_max[:, None], forced, lp).topk(8, -1)
-    for chunk_bytes in (1, 4 * 50 * 4, 1 << 30):  # one row, 4 rows, all rows per block
-        vals, idx = _top_lprobs(logits, 8, at_max, chunk_bytes)
+    for chunk_bytes, branchless in itertools.product((1, 4 * 50 * 4, 1 << 30), (False, True)):  # rows: 1, 4, all
+        vals, idx = _top_lprobs(logits, 8, at_max, chunk_bytes, branchless)  # branchless: the GPU's way
         torch.testing.assert_close(vals, ref.values)
         assert torch.equal(idx[~at_max], ref.indices[~at_max])
         assert (idx[at_max, 0] == EOS).all()
