@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-out}
 WORK=${WORK:-/tmp/aiayn-gpu-work}
 mkdir -p "$OUT" /tmp/cu12
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/smi.txt" 2>&1
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/smi.txt" 2>&1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   > "$OUT/pip.txt" 2>&1 || echo "wheels not installed (see pip.txt): peers will be skipped"
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
