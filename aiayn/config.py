@@ -220,7 +220,7 @@ class TrainConfig:
                      "save_every", "save_every_minutes", "clip_norm", "patience", "tokens_per_update"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        _check_positive("train", self, "adam_eps", "log_every", "dist_timeout_minutes")
+        _check_positive("train", self, "adam_eps", "log_every", "dist_timeout_minutes", "keep_last")
         if self.precision not in ("auto", "fp32", "bf16", "fp16"):
             raise ConfigError(f"train.precision must be 'auto', 'fp32', 'bf16' or 'fp16', got {self.precision!r}")
         if self.update_freq < 1:
@@ -238,8 +238,8 @@ class TrainConfig:
         if self.peak_lr < 0 or (self.peak_lr > 0 and self.lr_scale != 1.0):
             raise ConfigError(f"train.peak_lr ({self.peak_lr}) must be >= 0, and with a peak_lr the rate is not "
                               f"scaled by train.lr_scale ({self.lr_scale}): set train.lr_scale 1")
-        if self.keep_last < 1:
-            raise ConfigError(f"train.keep_last must be >= 1, got {self.keep_last}")
+        if self.compile_buckets and not self.compile:
+            raise ConfigError("train.compile_buckets pads batches for torch.compile: set train.compile true as well")
         if self.schedule not in ("noam", "constant") or (self.schedule == "constant" and self.peak_lr <= 0):
             raise ConfigError(f"train.schedule must be noam (Eq. 3) or constant (with a train.peak_lr > 0), "
                               f"got {self.schedule!r} (peak_lr {self.peak_lr})")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 import torch
 
 from aiayn.data.batches import TokenData, bucket_length, collate, make_batches
@@ -82,3 +83,14 @@ def test_a_bucketed_batch_pads_both_sides_to_one_ladder_length_and_keeps_every_t
         la, lp = model(plain.src, plain.tgt_in), model(padded.src, padded.tgt_in)
     torch.testing.assert_close(lp[:, :la.shape[1]], la, rtol=1e-5, atol=1e-5)
     assert np.isfinite(lp.numpy()).all()
+
+
+def test_buckets_without_compile_are_refused_in_one_line():
+    from aiayn.config import ConfigError
+
+    cfg = tiny_config(compile_buckets=True)
+    with pytest.raises(ConfigError, match="train.compile_buckets pads batches for torch.compile: set train.compile"):
+        cfg.validate()
+    tiny_config(compile=True, compile_buckets=True).validate()
+    with pytest.raises(ConfigError, match="train.keep_last must be positive, got 0"):
+        tiny_config(keep_last=0).validate()
