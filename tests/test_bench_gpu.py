@@ -46,6 +46,7 @@ def test_gpu_bench_dry_run_on_the_cpu(toy_prepared, tmp_path):
                                            "multi30k-fp16-s2"}
     dec = r["decoding"]
     assert dec["sentences"] == 20 and dec["aiayn fp32"]["sent_s"] > 0 and "bleu" in dec["aiayn fp32"]
+    assert dec["model_choice"].split()[0] in ("base-multi30k", "multi30k-bf16-s1") and "cut" not in dec
     assert {"CTranslate2 float32", "CTranslate2 int8"} <= set(dec)  # measured, or skipped with the reason
     assert "| base | aiayn eager |" in log and "[" in res.stdout  # the table in the log, the sections printed
     assert "aiayn eager" in r["profile"]
@@ -56,3 +57,38 @@ def test_a_folder_that_is_not_prepared_data_gets_one_line(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and f"--data {tmp_path}: not a prepared folder" in res.stderr.strip().splitlines()[-1]
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def _gpu_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_bench", RUN.parent / "gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_decoding_takes_a_model_that_learned():
+    """The second H200 run's base-sized model diverged (valid NLL 9.14) and decoding it to the length limit
+    ran out the visit's time: such a model gives way to the multi30k run, with the reason recorded."""
+    choose = _gpu_bench().decoding_model
+
+    def runs(base: float | None, small: float) -> dict:
+        out = {"multi30k-bf16-s1": {"validations": [{"step": 2750, "valid_nll": small}]}}
+        out["base-multi30k"] = {"validations": [{"step": 2750, "valid_nll": base}] if base is not None else []}
+        return out
+
+    assert choose(runs(1.65, 1.74))[0] == "base-multi30k"
+    assert choose(runs(2.70, 1.74))[0] == "base-multi30k"  # within a nat: it learned, if less well
+    run, why = choose(runs(9.1354, 1.7393))
+    assert run == "multi30k-bf16-s1" and "did not learn (valid NLL 9.135" in why
+    assert choose(runs(None, 1.74))[0] == "multi30k-bf16-s1"  # no validation at all
+
+
+def test_decoding_sentences_fit_the_time_left():
+    fitting = _gpu_bench().fitting
+    assert fitting(1000, 64, 0.64, 2, float("inf")) == 1000
+    assert fitting(1000, 64, 0.64, 2, 100.0) == 1000  # 1000 × 0.01 s × 2 rounds = 20 s ≤ half of 100
+    assert fitting(1000, 64, 6.4, 2, 100.0) == 250  # 0.1 s a sentence: 50 s hold 250 sentences twice
+    assert fitting(1000, 64, 64.0, 2, 100.0) == 64  # never fewer than the warm-up's
+    assert fitting(20, 20, 0.0, 1, 5.0) == 20
