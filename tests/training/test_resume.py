@@ -395,7 +395,9 @@ OLD_PARSER_FLAGS = ("--preset", "parse", "--model.d_model", "16", "--model.d_ff"
 def test_a_parser_run_written_before_parser_model_resumes_bit_identically(tmp_path):
     """A run folder of commit d7d636a, when the parser's inputs lived in model.py (tests/fixtures): today's
     code loads its checkpoint as a ParserTransformer and resumes it, and the end equals a run started today
-    from scratch, bit for bit: the parameters keep their names, order and initialization, Adam its state."""
+    from scratch, bit for bit: the parameters keep their names, order and initialization, Adam its state.
+    Bit for bit where this CPU's kernels reproduce the fixture's first 10 updates (an AVX-512 BF16 CPU made
+    them); elsewhere (an AVX2 CPU rounds bf16 products differently) the end is not compared: skipped, saying so."""
     from aiayn.checkpoint import load_checkpoint
     from aiayn.parsing.model import ParserTransformer, build_any
 
@@ -408,11 +410,18 @@ def test_a_parser_run_written_before_parser_model_resumes_bit_identically(tmp_pa
     assert isinstance(load_checkpoint(old, build=build_any)[0], ParserTransformer)
     run = tmp_path / "run"
     shutil.copytree(OLD_PARSER_RUN / "run", run)
-    assert "resumed from step-00000010" in resume(run, "--data", str(prep), "--train.max_steps", "20").stderr
+    assert "resumed from step-00000010" in resume(run, "--data", str(prep), "--train.max_steps", "20",
+                                                  "--train.precision", "bf16").stderr
     subprocess.run(aiayn("train", "--data", str(prep), "--run-dir", str(tmp_path / "today"), *OLD_PARSER_FLAGS,
-                         "--train.max_steps", "20"), check=True, capture_output=True, timeout=180)
+                         "--train.max_steps", "20", "--train.precision", "bf16"), check=True, capture_output=True,
+                   timeout=180)
     got, want = (read_weights(r / "checkpoints/step-00000020.safetensors")[0] for r in (run, tmp_path / "today"))
     assert sorted(got) == sorted(want) and "tag_embed.weight" in got and "depth.embed.weight" in got
+    then, now = (read_weights(r / "checkpoints/step-00000010.safetensors")[0] for r in (OLD_PARSER_RUN / "run",
+                                                                                         tmp_path / "today"))
+    if not all(torch.equal(then[k], now[k]) for k in then):  # names, kinds and the resume are checked above
+        pytest.skip("this CPU's kernels do not reproduce the fixture's first 10 bf16 updates (made on an AVX-512 "
+                    "BF16 CPU; Adam turns rounding into visible steps): the bit-for-bit end is checked there")
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
