@@ -3,9 +3,9 @@
 # here: installs the carried wheels into /tmp/site, lets CTranslate2's CUDA 12 build load a CUDA 13
 # cuBLAS (libcublas.so.12 -> libcublas.so.13 links in /tmp/cu12: the only difference it meets, seen
 # working on an H200), runs bench/gpu.py and leaves its JSON, log and the runs' logs in OUT.
-#   OUT=/some/dir bash bench/gpu_run.sh [bench/gpu.py options, e.g. --budget-s 540 or --decode-only]
+#   OUT=/some/dir bash bench/gpu_run.sh [bench/gpu.py options, e.g. --budget-s 480, --decode-only or --training-only]
 # (python3 is the machine's, the one with PyTorch; the device tool's call: carry .whl and .gpudata,
-# command `OUT=$OUT bash bench/gpu_run.sh --budget-s 540`, timeout 600.)
+# command `OUT=$OUT bash bench/gpu_run.sh --budget-s 480`, timeout 560: a visit is 15 minutes, start included.)
 #   BENCH=compile_shapes OUT=/some/dir bash bench/gpu_run.sh --preset base --max-tokens 8192
 # runs bench/compile_shapes.py instead (train.compile's bucketed shapes against automatic dynamic ones).
 set -uo pipefail
