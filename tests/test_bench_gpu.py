@@ -92,3 +92,19 @@ def test_decoding_sentences_fit_the_time_left():
     assert fitting(1000, 64, 6.4, 2, 100.0) == 250  # 0.1 s a sentence: 50 s hold 250 sentences twice
     assert fitting(1000, 64, 64.0, 2, 100.0) == 64  # never fewer than the warm-up's
     assert fitting(20, 20, 0.0, 1, 5.0) == 20
+
+
+@pytest.mark.slow
+def test_training_only_times_the_training_rows_and_nothing_else(toy_prepared, tmp_path):
+    """A short GPU visit's `--training-only`: the training sections, no learning runs, no decoding."""
+    res = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(toy_prepared), "--device", "cpu",
+                          "--tiny", "--skip-compile", "--training-only", "--out", str(tmp_path / "g.json"),
+                          "--work", str(tmp_path / "w")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads((tmp_path / "g.json").read_text())
+    assert set(r) == {"command", "env", "training_warmup", "training", "paper_budget_projection", "profile"}, r
+    assert all(v["tgt_tok_s"] > 0 for v in r["training"]["base"].values())
+    assert not list((tmp_path / "w").glob("multi30k-*"))  # no training run started
+    both = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(toy_prepared), "--training-only",
+                           "--decode-only"], capture_output=True, text=True, timeout=120)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
