@@ -405,59 +405,82 @@ def torchrun_resume(args) -> dict:
 
 
 # -- decoding ----------------------------------------------------------------------------------
-def decode_bench(args, checkpoint: Path, src: list[str], ref: list[str], left_s: float = float("inf")) -> dict:
+def decode_bench(args, checkpoint: Path, src: list[str], ref: list[str], deadline: float = float("inf"),
+                 save=lambda partial: None) -> dict:
     """Beam 4, α 0.6, of the test sentences: aiayn (bf16 on a GPU) and CTranslate2 on the same
-    device (float16 and int8_float16 on a GPU), the same weights; interleaved rounds, median; fewer
-    sentences (the first ones) where the warm-up's pace says all of them would not fit in left_s."""
-    import sacrebleu
+    device (float16 and int8_float16 on a GPU), the same weights; interleaved rounds, median. The
+    clock is read where it is spent: fewer sentences (the first ones) where the warm-up's pace says
+    all would not fit the time left, the compiled step and the profile only if time remains, and what
+    is measured is saved after every round (a visit cut short keeps it)."""
+    out: dict = {"sentences": 0, "checkpoint": checkpoint.parent.parent.name}
+    systems = decode_systems(args, checkpoint, out, deadline)
+    began = time.perf_counter()
+    for run in systems.values():
+        run(src[:64])  # warm-up: kernels, allocator
+    n = fitting(len(src), min(64, len(src)), time.perf_counter() - began, args.decode_rounds, deadline - time.time())
+    if n < len(src):
+        out["cut"] = (f"{n} of {len(src)} sentences: the warm-up's pace, {args.decode_rounds} rounds, "
+                      f"{deadline - time.time():.0f} s left")
+        src, ref = src[:n], ref[:n]
+    out["sentences"] = len(src)
+    timed_decoding(args, systems, src, ref, out, save)
+    first = next(iter(systems))
+    round_s = min(out[first]["rounds_s"])
+    if deadline - time.time() > 3 * round_s * 200 / len(src):
+        out["profile"] = profile_decoding(systems[first], src[:200], torch.device(args.device))
+    else:
+        out["profile"] = f"skipped: {deadline - time.time():.0f} s left"
+    return out
 
+
+def decode_systems(args, checkpoint: Path, out: dict, deadline: float) -> dict:
+    """The systems in the order of the issue's target: aiayn, CTranslate2 float16 (int8_float16), then
+    aiayn's GPU variants (16k-token batches; the compiled step only with 3 minutes left to compile)."""
     from aiayn.decode.translator import Translator
 
     cuda = args.device.startswith("cuda")
-    systems, out = {}, {}
     t = Translator.load(checkpoint, device=args.device, precision="bf16" if cuda else "fp32")
-    systems["aiayn " + t.precision] = lambda s: t.translate(s, beam=4, alpha=0.6)
-    if cuda:  # batches of 16k source tokens (4k is decode.max_tokens' default): fewer, fuller steps
-        tb = Translator.load(checkpoint, device=args.device, precision="bf16", max_tokens=16384)
-        systems["aiayn bf16, 16k-token batches"] = lambda s: tb.translate(s, beam=4, alpha=0.6)
-    if cuda:  # the fused step through torch.compile (Translator's `compiled`)
-        try:
-            tc = Translator.load(checkpoint, device=args.device, precision="bf16", compiled=True)
-            out["aiayn bf16 compiled"] = {"compile_s": round(tc.compile_now(), 1)}
-            systems["aiayn bf16 compiled"] = lambda s: tc.translate(s, beam=4, alpha=0.6)
-        except Exception as e:
-            traceback.print_exc()
-            out["aiayn bf16 compiled"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    systems = {"aiayn " + t.precision: lambda s: t.translate(s, beam=4, alpha=0.6)}
     for compute in (("float16", "int8_float16") if cuda else ("float32", "int8")):
         try:
             systems[f"CTranslate2 {compute}"] = ct2_system(args, checkpoint, compute)
         except Exception as e:  # absent, or no CUDA libraries it can load: say so, go on
             out[f"CTranslate2 {compute}"] = {"skipped": f"{type(e).__name__}: {e}"[:500]}
-    began = time.perf_counter()
-    for run in systems.values():
-        run(src[:64])  # warm-up: kernels, allocator
-    n = fitting(len(src), min(64, len(src)), time.perf_counter() - began, args.decode_rounds, left_s)
-    if n < len(src):
-        out["cut"] = f"{n} of {len(src)} sentences: the warm-up's pace, {args.decode_rounds} rounds, {left_s:.0f} s"
-        src, ref = src[:n], ref[:n]
+    if not cuda:
+        return systems
+    tb = Translator.load(checkpoint, device=args.device, precision="bf16", max_tokens=16384)
+    systems["aiayn bf16, 16k-token batches"] = lambda s: tb.translate(s, beam=4, alpha=0.6)  # fewer, fuller steps
+    if deadline - time.time() < 180:
+        out["aiayn bf16 compiled"] = {"skipped": f"{deadline - time.time():.0f} s left, 180 s kept for compiling"}
+        return systems
+    try:  # the fused step through torch.compile (Translator's `compiled`)
+        tc = Translator.load(checkpoint, device=args.device, precision="bf16", compiled=True)
+        out["aiayn bf16 compiled"] = {"compile_s": round(tc.compile_now(), 1)}
+        systems["aiayn bf16 compiled"] = lambda s: tc.translate(s, beam=4, alpha=0.6)
+    except Exception as e:
+        traceback.print_exc()
+        out["aiayn bf16 compiled"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    return systems
+
+
+def timed_decoding(args, systems: dict, src: list[str], ref: list[str], out: dict, save) -> None:
+    """Interleaved rounds (A B C A B C …); the medians, BLEU and aiayn's ratio saved after each round."""
+    import sacrebleu
+
     seconds: dict = {k: [] for k in systems}
-    hyps: dict = {}
+    first = next(iter(systems))
     for _ in range(args.decode_rounds):
         for name, run in systems.items():
             sync(torch.device(args.device))
             began = time.perf_counter()
-            hyps[name] = run(src)
+            hyp = run(src)
             seconds[name].append(time.perf_counter() - began)
-    for name, s in seconds.items():
-        out[name] = {**out.get(name, {}), "sent_s": round(len(src) / statistics.median(s), 1),
-                     "rounds_s": [round(x, 3) for x in s],
-                     "bleu": round(sacrebleu.corpus_bleu(hyps[name], [ref]).score, 2)}
-    first = "aiayn " + t.precision
-    out["profile"] = profile_decoding(systems[first], src[:200], torch.device(args.device))
-    for name in out:
-        if "sent_s" in out[name] and name != first:
-            out[name]["aiayn_over_this"] = round(out[first]["sent_s"] / out[name]["sent_s"], 3)
-    return {"sentences": len(src), "checkpoint": checkpoint.parent.parent.name, **out}
+            out[name] = {**out.get(name, {}), "sent_s": round(len(src) / statistics.median(seconds[name]), 1),
+                         "rounds_s": [round(x, 3) for x in seconds[name]],
+                         "bleu": round(sacrebleu.corpus_bleu(hyp, [ref]).score, 2)}
+            if name != first:
+                out[name]["aiayn_over_this"] = round(out[first]["sent_s"] / out[name]["sent_s"], 3)
+            save(out)
 
 
 def fitting(total: int, warmed: int, warm_s: float, rounds: int, left_s: float) -> int:
@@ -569,10 +592,13 @@ def main() -> None:
     src = read_lines(args.data / f"{args.test}.en.txt", 40 if args.tiny else 100000)
     ref = read_lines(args.data / f"{args.test}.de.txt", len(src))
     run, why = decoding_model(rec.data["learning"])
+    def save(partial: dict) -> None:
+        rec.data["decoding"] = {"model_choice": why, **partial, "partial": True}
+        rec.write()
     rec.section("decoding", lambda: {"model_choice": why, **decode_bench(
-        args, _last_checkpoint(args.work / run), src, ref, rec.left() - 30)}, need_s=20)
+        args, _last_checkpoint(args.work / run), src, ref, rec.deadline - 30, save)}, need_s=20)
     if not args.decode_only:
-        rec.section("test_bleu", lambda: test_bleu(args, src, ref), need_s=20)
+        rec.section("test_bleu", lambda: test_bleu(args, src, ref, rec.deadline), need_s=20)
     print_table(rec.data)
 
 
@@ -630,15 +656,18 @@ def _timed(args, device: torch.device) -> dict:
             "peak_flops": peak, **training_table(_RUNNERS, seconds, args.batches, steps, peak)}
 
 
-def test_bleu(args, src: list[str], ref: list[str]) -> dict:
+def test_bleu(args, src: list[str], ref: list[str], deadline: float = float("inf")) -> dict:
     """It learns: each `multi30k` run's last checkpoint translates the test split (beam 4, α 0.6, bf16
-    on a GPU), sacreBLEU against the references."""
+    on a GPU), sacreBLEU against the references; the runs that no longer fit the budget are named."""
     import sacrebleu
 
     from aiayn.decode.translator import Translator
 
-    out = {}
+    out: dict = {}
     for run in sorted(p for p in args.work.glob("multi30k-*") if p.is_dir()):
+        if time.time() > deadline:
+            out[run.name] = "skipped: out of the budget"
+            continue
         t = Translator.load(_last_checkpoint(run), device=args.device)
         out[run.name] = round(sacrebleu.corpus_bleu(t.translate(src, beam=4, alpha=0.6), [ref]).score, 2)
     return {"split": args.test, "bleu": out}

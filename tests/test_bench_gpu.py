@@ -47,6 +47,7 @@ def test_gpu_bench_dry_run_on_the_cpu(toy_prepared, tmp_path):
     dec = r["decoding"]
     assert dec["sentences"] == 20 and dec["aiayn fp32"]["sent_s"] > 0 and "bleu" in dec["aiayn fp32"]
     assert dec["model_choice"].split()[0] in ("base-multi30k", "multi30k-bf16-s1") and "cut" not in dec
+    assert "partial" not in dec and "Name" in dec["profile"]  # the section finished: the rounds, then the profile
     assert {"CTranslate2 float32", "CTranslate2 int8"} <= set(dec)  # measured, or skipped with the reason
     assert "| base | aiayn eager |" in log and "[" in res.stdout  # the table in the log, the sections printed
     assert "aiayn eager" in r["profile"]
@@ -92,6 +93,23 @@ def test_decoding_sentences_fit_the_time_left():
     assert fitting(1000, 64, 6.4, 2, 100.0) == 250  # 0.1 s a sentence: 50 s hold 250 sentences twice
     assert fitting(1000, 64, 64.0, 2, 100.0) == 64  # never fewer than the warm-up's
     assert fitting(20, 20, 0.0, 1, 5.0) == 20
+
+
+def test_decoding_keeps_every_round_it_timed():
+    """The third H200 visit was cut inside decoding and kept none of it: each round is saved as it ends,
+    with the medians, BLEU and aiayn's ratio so far."""
+    from types import SimpleNamespace
+
+    bench, saved = _gpu_bench(), []
+    SENT = "ein hund spielt im schnee ."
+    systems = {"aiayn bf16": lambda s: list(s), "CTranslate2 float16": lambda s: [x.upper() for x in s]}
+    out: dict = {}
+    bench.timed_decoding(SimpleNamespace(decode_rounds=2, device="cpu"), systems, [SENT] * 4, [SENT] * 4, out,
+                         lambda partial: saved.append(json.loads(json.dumps(partial))))
+    assert len(saved) == 4 and len(saved[0]["aiayn bf16"]["rounds_s"]) == 1 and "CTranslate2 float16" not in saved[0]
+    assert out["aiayn bf16"]["bleu"] == 100.0 and out["CTranslate2 float16"]["bleu"] < 100.0
+    ratio = out["aiayn bf16"]["sent_s"] / out["CTranslate2 float16"]["sent_s"]
+    assert out["CTranslate2 float16"]["aiayn_over_this"] == pytest.approx(ratio, rel=1e-2, abs=1e-3)
 
 
 @pytest.mark.slow
