@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 from aiayn.config import Config, preset  # noqa: E402
 from aiayn.data.batches import Batch  # noqa: E402
 from aiayn.evidence.mfu import model_flops, peak_flops, step_flops  # noqa: E402
+from aiayn.models.attention import MultiHeadAttention  # noqa: E402
 from aiayn.models.build import build_model  # noqa: E402
 from aiayn.training import loss as loss_module  # noqa: E402
 from aiayn.training.optim import make_optimizer  # noqa: E402
@@ -130,12 +131,16 @@ def synthetic_batches(vocab: int, tokens: int, length: int, n: int, seed: int, d
 
 
 def aiayn_runner(name: str, cfg: Config, device: torch.device, compiled: bool, precision: str,
-                 fused_loss: bool = True):
+                 fused_loss: bool = True, sdpa: bool | None = None):
     """One training step of aiayn's own path (train_step: loss, fused Adam on a GPU, scaler);
-    fused_loss False: the loss in 8,192-row chunks on a GPU, as before its fused kernels."""
+    fused_loss False: the loss in 8,192-row chunks on a GPU, as before its fused kernels; sdpa False:
+    attention as two batched products and a softmax (Eq. 1 written out) instead of SDPA's kernels."""
     torch.manual_seed(1)
     cfg.train.precision = precision
     model = build_model(cfg.model).to(device)
+    for m in model.modules():
+        if isinstance(m, MultiHeadAttention):
+            m.use_sdpa = sdpa
     opt = make_optimizer(model, cfg.train)
     scaler = LossScaler(device, precision)
     fwd = torch.compile(model, dynamic=False) if compiled else model
@@ -194,16 +199,18 @@ def build_runners(args, device: torch.device, precision: str) -> dict:
         variants = {"aiayn eager (fp32 logits, the preset)": ("aiayn", False, True),
                     "aiayn eager": ("aiayn", False, False), "aiayn compiled": ("aiayn", True, False),
                     "aiayn compiled, chunked loss": ("chunked", True, False),
+                    "aiayn compiled, explicit attention": ("explicit", True, False),
                     "HF Marian eager": ("hf", False, False)}
         for label, (who, compiled, fp32_logits) in variants.items():
-            if who == "chunked" and device.type != "cuda":
-                continue  # the CPU has the chunks only
+            if who in ("chunked", "explicit") and device.type != "cuda":
+                continue  # the CPU has the chunks only, and explicit attention in bf16 already
             if compiled and args.skip_compile:
                 continue
             cfg = model_cfg(name, args.tiny, fp32_logits)
             try:
                 step = (hf_runner(cfg, device, precision) if who == "hf"
-                        else aiayn_runner(name, cfg, device, compiled, precision, fused_loss=who == "aiayn"))
+                        else aiayn_runner(name, cfg, device, compiled, precision, fused_loss=who != "chunked",
+                                     sdpa=False if who == "explicit" else None))
             except ImportError as e:
                 runners[(name, label)] = {"skipped": f"{e}"}
                 print(f"{name} {label}: skipped ({e})", flush=True)

@@ -30,16 +30,14 @@ def attention(
     """
     if use_sdpa is None:
         use_sdpa = q.device.type != "cpu" or (q.dtype != torch.bfloat16 and torch.is_grad_enabled())
+    T, S = q.size(-2), k.size(-2)
+    if causal and (mask is not None or not use_sdpa or need_weights or T != S):  # SDPA's own: T == S, no mask
+        future = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+        mask, causal = (future if mask is None else mask & future), False
     if use_sdpa and not need_weights:
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None
-        )
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
         return out, None
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, T, S)
-    if causal:
-        T, S = q.size(-2), k.size(-2)
-        future = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-        mask = future if mask is None else mask & future
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
@@ -53,6 +51,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, h: int, d_k: int, d_v: int, dropout: float = 0.0):
         super().__init__()
         self.h, self.d_k, self.d_v, self.dropout = h, d_k, d_v, dropout
+        self.use_sdpa: bool | None = None  # None: `attention` decides by device and dtype; bench/gpu.py times both
         self.w_q = Linear(d_model, h * d_k)
         self.w_k = Linear(d_model, h * d_k)
         self.w_v = Linear(d_model, h * d_v)
@@ -73,7 +72,7 @@ class MultiHeadAttention(nn.Module):
         """Queries from x (B, T, d_model) over projected k, v -> (B, T, d_model), weights."""
         q = self._split(self.w_q(x), self.d_k)  # (B, h, T, d_k)
         p = self.dropout if self.training else 0.0
-        out, weights = attention(q, k, v, mask, causal, p, need_weights)  # (B, h, T, d_v)
+        out, weights = attention(q, k, v, mask, causal, p, need_weights, self.use_sdpa)  # (B, h, T, d_v)
         B, _, T, _ = out.shape
         return self.w_o(out.transpose(1, 2).reshape(B, T, self.h * self.d_v)), weights
 

@@ -79,3 +79,42 @@ def test_multi_head_equals_per_head_concat():
     fast, _ = mha(x, k, v)
     torch.testing.assert_close(fast, out, atol=1e-5, rtol=1e-5)
     assert w.shape == (2, h, 4, 6)
+
+
+def test_a_module_told_its_attention_path_takes_it_and_computes_the_same():
+    """`MultiHeadAttention.use_sdpa` (bench/gpu.py times both on a GPU): SDPA and Eq. 1 written out give
+    the same outputs and gradients; the module really calls the path it is told."""
+    from unittest import mock
+
+    import aiayn.models.attention as mod
+
+    torch.manual_seed(2)
+    x, mask = torch.randn(3, 9, 16), (torch.arange(9)[None, :] < torch.tensor([9, 5, 2])[:, None])[:, None, None, :]
+    outs, grads = [], []
+    for use_sdpa in (True, False):
+        torch.manual_seed(3)
+        m = MultiHeadAttention(16, 4, 4, 4)
+        m.use_sdpa = use_sdpa
+        k, v = m.project_kv(x)
+        with mock.patch.object(mod.F, "scaled_dot_product_attention", wraps=mod.F.scaled_dot_product_attention) as f:
+            out, _ = m(x, k, v, mask, causal=True)
+        assert f.called == use_sdpa
+        out.square().sum().backward()
+        outs.append(out)
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-4, rtol=1e-4)
+
+
+def test_sdpa_with_a_mask_and_causal_stays_causal_and_aligns_fewer_queries_to_the_last_keys():
+    """SDPA's is_causal is ignored beside a mask and aligns top-left when T < S; both paths must agree with
+    Eq. 1 under the combined mask (the last query sees every key)."""
+    torch.manual_seed(4)
+    q, k, v = torch.randn(2, 2, 3, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    pad = (torch.arange(6)[None, :] < torch.tensor([6, 5])[:, None])[:, None, None, :]
+    for mask in (None, pad):
+        future = torch.ones(3, 6, dtype=torch.bool).tril(3)
+        ref, _ = reference_attention(q, k, v, future if mask is None else mask & future)
+        for use_sdpa in (True, False):
+            out, _ = attention(q, k, v, mask, causal=True, use_sdpa=use_sdpa)
+            torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
