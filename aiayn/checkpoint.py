@@ -23,7 +23,7 @@ from .config import Config, ConfigError, ModelConfig, from_dict
 from .data.tokenizer import Tokenizer, read_tokenizer
 from .errors import AiaynError
 from .files import atomic_write
-from .models.build import build_model
+from .models.build import build_model, shapes_only
 
 Builder = Callable[[ModelConfig, "list[str] | None"], torch.nn.Module]
 
@@ -161,7 +161,7 @@ def build_checked(cfg: Config, tokenizer: Tokenizer, tensors: dict[str, torch.Te
     device (no memory) and its shapes compared with the file's, so a config that does not match
     its weights is refused before anything the size of the model is allocated."""
     try:
-        with torch.device("meta"):
+        with shapes_only():
             skeleton = build(cfg.model, None)
     except ConfigError as e:  # a parser's config given to the translation models' builder
         raise CheckpointError(f"{path}: {e}") from None

@@ -23,7 +23,7 @@ from .config import Config, ModelConfig
 from .data.tokenizer import SplitTokenizer
 from .errors import AiaynError
 from .files import digest
-from .models.build import build_model
+from .models.build import build_model, shapes_only
 
 MAX_JSON = 64 << 20  # config.json, vocab.json, tokenizer_config.json
 MAX_SPM = 64 << 20
@@ -195,7 +195,7 @@ def import_hf(folder: Path) -> tuple[torch.nn.Module, Config, SplitTokenizer, di
     mcfg.vocab_size = len(tokenizer)
     bias = _logits_bias(weights, hf.get("vocab_size"))
     mcfg.out_bias = bool(bias is not None and bias.any())
-    with torch.device("meta"):
+    with shapes_only():
         shapes = {k: p.shape for k, p in build_model(mcfg, None).named_parameters()}
     tensors = read_weights(weights, mcfg, tokenizer.marian_ids, shapes)
     model = build_model(mcfg, tokenizer.pieces_list())

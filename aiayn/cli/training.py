@@ -22,13 +22,12 @@ log = logging.getLogger("aiayn")
 
 def count_parameters(name: str, vocab_size: int) -> int:
     """Exact trainable-parameter count of a preset at a vocabulary size (built on the meta device)."""
-    import torch
-
+    from ..models.build import shapes_only
     from ..parsing.model import build_any
 
     cfg = preset(name).model
     cfg.vocab_size = vocab_size
-    with torch.device("meta"):
+    with shapes_only():
         model = build_any(cfg)
     return sum(p.numel() for p in model.parameters())
 

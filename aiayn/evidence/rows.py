@@ -23,6 +23,7 @@ from ..data.prepare import load_manifest, read_text, vocabulary_size
 from ..data.text import read_lines
 from ..decode.translator import Translator
 from ..files import atomic_write
+from ..models.build import shapes_only
 from ..parsing.model import build_any
 from ..training.runs import Run
 from ..training.session import train
@@ -289,5 +290,5 @@ def _minutes_at(step: int, train_rows: list[dict]) -> float:
 def _count_params(model_cfg, data_dir: Path) -> int:
 
     model_cfg.vocab_size = vocabulary_size(data_dir)
-    with torch.device("meta"):
+    with shapes_only():
         return sum(p.numel() for p in build_any(model_cfg).parameters())

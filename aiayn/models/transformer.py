@@ -22,6 +22,8 @@ from .linear import Linear
 
 def sinusoidal_positions(n: int, d: int) -> Tensor:
     """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
+    if torch.get_default_device().type == "meta":  # shapes only (build.shapes_only): no values to compute
+        return torch.empty(n, d)
     pos = torch.arange(n, dtype=torch.float64).unsqueeze(1)  # (n, 1)
     div = torch.pow(10000.0, torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
     pe = torch.zeros(n, d, dtype=torch.float64)

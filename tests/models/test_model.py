@@ -264,3 +264,35 @@ def test_cpu_dropout_is_bernoulli_with_its_own_scale(p):
     torch.manual_seed(3)
     assert torch.equal(d(x), y)
     assert torch.equal(d.eval()(x), x)
+
+
+def test_a_shapes_only_build_has_every_parameter_shape_allocates_nothing_and_stays_fast():
+    """models/build.shapes_only (a checkpoint's shapes checked before its model is allocated): the same
+    names and shapes as a real build for every architecture and the parser, on the meta device, and the
+    real build after it draws the same weights from the same seed (it consumed no random numbers). In a
+    fresh process it must not import torch._dynamo (meta tensors' initializers do: ~1 s a command)."""
+    import subprocess
+    import sys
+
+    from aiayn.models.build import shapes_only
+    from aiayn.parsing.model import build_any
+
+    for name in ("multi30k", "multi30k-rnn", "multi30k-conv", "parse"):
+        cfg = preset(name).model
+        cfg.vocab_size = 300
+        torch.manual_seed(5)
+        with shapes_only():
+            skeleton = build_any(cfg)
+        real = build_any(cfg)
+        torch.manual_seed(5)
+        again = build_any(cfg)
+        assert all(p.is_meta for p in skeleton.parameters()), name
+        assert {k: p.shape for k, p in skeleton.named_parameters()} == {k: p.shape for k, p in real.named_parameters()}
+        assert all(torch.equal(a, b) for a, b in zip(real.parameters(), again.parameters())), name
+    code = ("import sys, time\nfrom aiayn.config import preset\n"
+            "from aiayn.models.build import build_model, shapes_only\n"
+            "t = time.perf_counter()\nwith shapes_only(): build_model(preset('base').model)\n"
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'\nprint(time.perf_counter() - t)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert float(res.stdout) < 0.5
