@@ -80,7 +80,7 @@ def test_output_into_a_closed_pipe_is_not_a_traceback(trained):
     cmd = [sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(work / "avg.safetensors"), "--beam", "1"]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # nobody reads: the first write meets a closed pipe
-    _, err = proc.communicate(input=b"the big dog runs\n" * 20000, timeout=300)
+    _, err = proc.communicate(input=b"the big dog runs\n" * 200, timeout=300)
     assert proc.returncode == 141 and b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
 
 
