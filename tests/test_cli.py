@@ -73,15 +73,45 @@ def test_translate_with_several_checkpoints_decodes_their_ensemble(trained, tmp_
 
 
 @pytest.mark.slow
-def test_output_into_a_closed_pipe_is_not_a_traceback(trained):
-    """`aiayn translate ... | head -1`: the reader leaves early; aiayn stops quietly (exit 141,
-    as a shell reports SIGPIPE) instead of printing a BrokenPipeError traceback."""
+def test_translations_reach_stdout_as_they_go_and_a_closed_pipe_ends_it_quietly(trained):
+    """`aiayn translate ... | head -1`: the first chunk's translations are out while the rest are still
+    being translated; then the reader leaves and aiayn stops quietly at its next write (exit 141, as a
+    shell reports SIGPIPE) instead of translating on or printing a BrokenPipeError traceback."""
+    from aiayn.cli.decoding import STREAM_LINES
+
     work, _ = trained
     cmd = [sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(work / "avg.safetensors"), "--beam", "1"]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdout.close()  # nobody reads: the first write meets a closed pipe
-    _, err = proc.communicate(input=b"the big dog runs\n" * 200, timeout=300)
-    assert proc.returncode == 141 and b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
+    proc.stdin.write(b"the big dog runs\n" * (3 * STREAM_LINES))
+    proc.stdin.close()
+    first = proc.stdout.readline()
+    assert first.strip() and proc.poll() is None, "no output before the last translation"
+    proc.stdout.close()  # the reader leaves: the next chunk's write meets a closed pipe
+    assert proc.wait(timeout=300) == 141
+    err = proc.stderr.read()
+    assert b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
+
+
+def test_a_file_and_stdout_get_the_same_translations_chunk_by_chunk(trained, tmp_path, capsys, monkeypatch):
+    """translate works through its input STREAM_LINES sources at a time (stdout gets each chunk as it is
+    done): --output gets the same text, and n-best lists and empty lines keep their places across chunks."""
+    import aiayn.cli.decoding as decoding
+
+    work, _ = trained
+    monkeypatch.setattr(decoding, "STREAM_LINES", 3)
+    src = tmp_path / "in.txt"
+    src.write_text("the big dog runs\n\na cat\nthe dog\nthe big cat sleeps\na dog\nthe cat runs\n")
+    for extra in ([], ["--nbest", "2"]):
+        argv = ["translate", "--checkpoint", str(work / "avg.safetensors"), "--input", str(src), "--precision", "fp32",
+                *extra]
+        assert main(argv) == 0
+        streamed = capsys.readouterr().out
+        assert main([*argv, "-o", str(tmp_path / "out.txt")]) == 0
+        assert (tmp_path / "out.txt").read_text() == streamed and len(streamed.splitlines()) == 7 * (len(extra) or 1)
+        (tmp_path / "out.txt").unlink()
+    monkeypatch.setattr(decoding, "STREAM_LINES", 5000)
+    assert main(argv) == 0
+    assert capsys.readouterr().out == streamed  # one chunk: the same (in fp32 a sentence's batch does not matter)
 
 
 def test_score_rejects_mismatched_files(tmp_path, capsys):

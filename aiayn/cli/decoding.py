@@ -24,6 +24,7 @@ from .common import (
 log = logging.getLogger("aiayn")
 
 
+STREAM_LINES = 5000  # sources translated at a time: batches sort within them (bf16 results depend on the batch)
 _DECODE_FLAGS = {"decode.beam": "--beam", "decode.alpha": "--alpha", "decode.max_len_b": "--max-len-b",
                  "decode.nbest": "--nbest", "decode.max_tokens": "--max-tokens"}
 
@@ -76,35 +77,47 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(f"{args.input or '<stdin>'} has {len(lines)} lines but {args.ref} has {len(refs)}")
     start = time.perf_counter()
     ids = translator.encode_sources(lines)
-    hyps = translator.translate_ids(ids, progress=args.input not in (None, "-") and sys.stderr.isatty(),
-                                     alignments=bool(args.alignments))
+    # a chunk at a time, in input order: stdout gets each as it is done (`| head` ends it early, a long
+    # run shows its output as it goes); --output is written whole, atomically, at the end, the same text
+    hyps, out_lines = [], []
+    for i in range(0, len(ids), STREAM_LINES):
+        chunk = translator.translate_ids(ids[i:i + STREAM_LINES], alignments=bool(args.alignments),
+                                         progress=args.input not in (None, "-") and sys.stderr.isatty())
+        hyps += chunk
+        text = _output_lines(translator, chunk)
+        out_lines += text
+        if not args.output:
+            sys.stdout.write("".join(x + "\n" for x in text))
+            sys.stdout.flush()
     seconds = time.perf_counter() - start
     nbest = translator.decode_cfg.nbest
-    out_lines = []
-    for h in hyps:
-        texts = translator.tokenizer.decode([x.tokens for x in h]) if h else []
-        if nbest == 1:
-            out_lines.append(texts[0] if texts else "")
-        else:
-            out_lines.extend(f"{t}\t{x.score:.4f}" for t, x in zip(texts, h))
-            out_lines.extend("\t" for _ in range(nbest - len(h)))
     if args.alignments:
         start_align = time.perf_counter()
         links = translator.align(ids, hyps)
         atomic_write(Path(args.alignments), "".join(pharaoh(x) + "\n" for x in links).encode())
         log.info("word alignments (Pharaoh i-j, source first) -> %s in %.1fs", args.alignments,
                  time.perf_counter() - start_align)
-    out_text = "".join(x + "\n" for x in out_lines)
     if args.output:
-        atomic_write(Path(args.output), out_text.encode())
-    else:
-        sys.stdout.write(out_text)
+        atomic_write(Path(args.output), "".join(x + "\n" for x in out_lines).encode())
     n_tok = sum(len(h[0].tokens) + 1 for h in hyps if h)
     log.info("translated %d lines in %.1fs: %.1f sentences/s, %.0f target tokens/s", len(lines), seconds,
              len(lines) / seconds, n_tok / seconds)
     if refs is not None:
         best = out_lines if nbest == 1 else [h for h in out_lines[::nbest]]
         print(_score_lines([x.split("\t")[0] for x in best], refs, "translation", args.ref), file=sys.stderr)
+
+
+def _output_lines(translator, hyps: list) -> list[str]:
+    """One line per source (nbest 1), or nbest lines of TEXT<TAB>SCORE, padded with empty ones."""
+    nbest, out = translator.decode_cfg.nbest, []
+    for h in hyps:
+        texts = translator.tokenizer.decode([x.tokens for x in h]) if h else []
+        if nbest == 1:
+            out.append(texts[0] if texts else "")
+        else:
+            out.extend(f"{t}\t{x.score:.4f}" for t, x in zip(texts, h))
+            out.extend("\t" for _ in range(nbest - len(h)))
+    return out
 
 
 def _document(translator, lines: list[str], args: argparse.Namespace) -> None:
@@ -222,7 +235,8 @@ def add_translate(sub) -> None:
                    help="a .safetensors model from train or average; several of one vocabulary decode as an "
                         "ensemble (the mean of their log-probabilities at every step)")
     p.add_argument("-i", "--input", help="input file (default: standard input)")
-    p.add_argument("-o", "--output", help="output file (default: standard output)")
+    p.add_argument("-o", "--output", help="output file, written when all is translated (default: standard output, "
+                   f"{STREAM_LINES:,} sentences at a time as they are done)")
     p.add_argument("--ref", help="reference file: print sacreBLEU BLEU and chrF to stderr")
     p.add_argument("--document", action="store_true",
                    help="each input line is a paragraph: split into sentences (pysbd), translated, joined back")
