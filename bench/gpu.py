@@ -74,9 +74,10 @@ class Record:
         else:
             try:
                 self.data[name] = fn(*args)
-            except Exception as e:  # one section's failure must not cost the others
+            except Exception as e:  # one section's failure must not cost the others, nor what it saved
                 traceback.print_exc()
-                self.data[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+                saved = self.data.get(name) if isinstance(self.data.get(name), dict) else {}
+                self.data[name] = {**saved, "error": f"{type(e).__name__}: {e}"[:2000]}
         if isinstance(self.data[name], dict):
             self.data[name]["section_s"] = round(time.time() - began, 1)
         self.write()

@@ -112,6 +112,18 @@ def test_decoding_keeps_every_round_it_timed():
     assert out["CTranslate2 float16"]["aiayn_over_this"] == pytest.approx(ratio, rel=1e-2, abs=1e-3)
 
 
+def test_a_section_that_fails_keeps_what_it_saved(tmp_path):
+    bench = _gpu_bench()
+    rec = bench.Record(tmp_path / "r.json", float("inf"))
+
+    def decoding() -> dict:
+        rec.data["decoding"] = {"aiayn bf16": {"sent_s": 700.0}, "partial": True}  # a round saved, then a crash
+        raise RuntimeError("CUDA error: out of memory")
+    rec.section("decoding", decoding)
+    kept = json.loads((tmp_path / "r.json").read_text())["decoding"]
+    assert kept["aiayn bf16"] == {"sent_s": 700.0} and kept["partial"] and "out of memory" in kept["error"]
+
+
 @pytest.mark.slow
 def test_training_only_times_the_training_rows_and_nothing_else(toy_prepared, tmp_path):
     """A short GPU visit's `--training-only`: the training sections, no learning runs, no decoding."""
