@@ -73,6 +73,51 @@ def test_translate_with_several_checkpoints_decodes_their_ensemble(trained, tmp_
 
 
 @pytest.mark.slow
+def test_a_pipe_is_translated_while_its_writer_is_still_writing(trained):
+    """`producer | aiayn translate`: a full chunk of input is translated and written before the
+    producer has finished (before EOF), and the lines that come after it follow when it does."""
+    import select
+
+    from aiayn.cli.decoding import STREAM_LINES
+
+    work, _ = trained
+    cmd = [sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(work / "avg.safetensors"), "--beam", "1"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write(b"the big dog runs\n" * STREAM_LINES)
+        proc.stdin.flush()  # the pipe stays open: no EOF yet
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready and proc.stdout.readline().strip(), "nothing translated before the input ended"
+        assert proc.poll() is None
+        proc.stdin.write(b"a cat\n\nthe dog\n")
+        proc.stdin.close()
+        rest = proc.stdout.read().decode().split("\n")
+        assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()
+    finally:
+        proc.kill()
+    assert len(rest) == STREAM_LINES - 1 + 3 + 1 and rest[-1] == "" and rest[-3] == ""  # ... "a cat", "", "the dog"
+
+
+def test_input_is_read_in_chunks_as_a_whole_file_is_read(tmp_path):
+    """The chunked reader gives _read_input's lines (CR LF, a missing last newline, empty lines, NFC,
+    a chunk boundary anywhere) and names the line of invalid UTF-8."""
+    from aiayn.cli.common import UserError, _input_chunks, _read_input
+
+    f = tmp_path / "in.txt"
+    for data in (b"", b"\n", b"a\r\n\nb", "caf\u0065\u0301\nx\r\r\n\n\n".encode(), b"one\ntwo\nthree\n"):
+        f.write_bytes(data)
+        for size in (1, 2, 3, 5000):
+            chunks = list(_input_chunks(str(f), size))
+            assert [x for c in chunks for x in c] == _read_input(str(f))
+            assert all(len(c) == size for c in chunks[:-1]) and all(chunks)
+    f.write_bytes(b"ok\nfine\n\xff\xfe\nlater\n")
+    with pytest.raises(UserError, match=r"in\.txt:3: invalid UTF-8"):
+        list(_input_chunks(str(f), 2))
+    with pytest.raises(UserError, match="input file not found"):
+        list(_input_chunks(str(tmp_path / "absent.txt"), 2))
+
+
+@pytest.mark.slow
 def test_translations_reach_stdout_as_they_go_and_a_closed_pipe_ends_it_quietly(trained):
     """`aiayn translate ... | head -1`: the first chunk's translations are out while the rest are still
     being translated; then the reader leaves and aiayn stops quietly at its next write (exit 141, as a
@@ -80,10 +125,11 @@ def test_translations_reach_stdout_as_they_go_and_a_closed_pipe_ends_it_quietly(
     from aiayn.cli.decoding import STREAM_LINES
 
     work, _ = trained
+    src = work / "many.en.txt"  # a file: stdin is read as translation goes, and nobody reads stdout yet
+    src.write_bytes(b"the big dog runs\n" * (3 * STREAM_LINES))
     cmd = [sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(work / "avg.safetensors"), "--beam", "1"]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdin.write(b"the big dog runs\n" * (3 * STREAM_LINES))
-    proc.stdin.close()
+    with open(src, "rb") as stdin:
+        proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = proc.stdout.readline()
     assert first.strip() and proc.poll() is None, "no output before the last translation"
     proc.stdout.close()  # the reader leaves: the next chunk's write meets a closed pipe

@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 import unicodedata
+from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 from ..config import Config, apply_overrides, load_yaml, preset
@@ -78,6 +80,29 @@ def _read_input(path: str | None) -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return [unicodedata.normalize("NFC", x.rstrip("\r")) for x in lines]
+
+
+def _input_chunks(path: str | None, size: int) -> Iterator[list[str]]:
+    """The lines of a file or stdin as `_read_input` reads them, `size` at a time, each chunk given as
+    soon as it has been read (a pipe's first lines are translated before its writer has finished)."""
+    if path not in (None, "-"):
+        p = Path(path)
+        if not p.exists() or p.is_dir():
+            raise UserError(f"input file not found: {path}")
+    name = "<stdin>" if path in (None, "-") else path
+    with (open(path, "rb") if path not in (None, "-") else nullcontext(sys.stdin.buffer)) as f:
+        chunk: list[str] = []
+        for n, raw in enumerate(f, 1):  # split at b"\n" only, as str.split("\n"): never inside a UTF-8 sequence
+            try:
+                text = raw.removesuffix(b"\n").decode("utf-8")
+            except UnicodeDecodeError:
+                raise UserError(f"{name}:{n}: invalid UTF-8") from None
+            chunk.append(unicodedata.normalize("NFC", text.rstrip("\r")))
+            if len(chunk) == size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
 
 
 def _score_lines(hyps: list[str], refs: list[str], hyp_name: str, ref_name: str) -> str:

@@ -14,6 +14,7 @@ from ..config import ConfigError
 from ..files import atomic_write, check_output_file
 from .common import (
     UserError,
+    _input_chunks,
     _name_the_flag,
     _numbers,
     _read_input,
@@ -50,7 +51,6 @@ def _interactive(translator, output: str | None) -> None:
 def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: beam search (beam 4, alpha 0.6, max length input + 50) over raw text."""
     from ..decode.translator import Translator
-    from ..score import pharaoh
 
     overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
                                    "nbest": args.nbest, "max_tokens": args.max_tokens}.items() if v is not None}
@@ -68,42 +68,53 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     if args.input in (None, "-") and sys.stdin.isatty() and not args.ref:
         _interactive(translator, args.output)
         return
-    lines = _read_input(args.input)
     if args.document or args.markup:
-        _document(translator, lines, args)
+        _document(translator, _read_input(args.input), args)
         return
+    chunks = _input_chunks(args.input, STREAM_LINES)
     refs = _read_input(args.ref) if args.ref else None
-    if refs is not None and len(refs) != len(lines):  # before hours of translation, not after
-        raise UserError(f"{args.input or '<stdin>'} has {len(lines)} lines but {args.ref} has {len(refs)}")
-    start = time.perf_counter()
-    ids = translator.encode_sources(lines)
-    # a chunk at a time, in input order: stdout gets each as it is done (`| head` ends it early, a long
-    # run shows its output as it goes); --output is written whole, atomically, at the end, the same text
-    hyps, out_lines = [], []
-    for i in range(0, len(ids), STREAM_LINES):
-        chunk = translator.translate_ids(ids[i:i + STREAM_LINES], alignments=bool(args.alignments),
-                                         progress=args.input not in (None, "-") and sys.stderr.isatty())
-        hyps += chunk
-        text = _output_lines(translator, chunk)
-        out_lines += text
+    if refs is not None:  # the line counts checked before hours of translation, not after
+        lines = [x for c in chunks for x in c]
+        if len(refs) != len(lines):
+            raise UserError(f"{args.input or '<stdin>'} has {len(lines)} lines but {args.ref} has {len(refs)}")
+        chunks = (lines[i:i + STREAM_LINES] for i in range(0, len(lines), STREAM_LINES))
+    _translate_chunks(translator, chunks, args, refs)
+
+
+def _translate_chunks(translator, chunks, args: argparse.Namespace, refs: list[str] | None) -> None:
+    """A chunk at a time, in input order, each read as its input arrives: stdout gets each as it is done
+    (`| head` ends it early, a pipe's output flows while its input does); --output and --alignments are
+    written whole, atomically, at the end, the same text."""
+    from ..score import pharaoh
+
+    start, n_lines, n_tok, align_s = time.perf_counter(), 0, 0, 0.0
+    out_lines: list[str] = []
+    links: list = []
+    for chunk in chunks:
+        ids = translator.encode_sources(chunk, first_line=n_lines + 1)
+        hyps = translator.translate_ids(ids, alignments=bool(args.alignments),
+                                        progress=args.input not in (None, "-") and sys.stderr.isatty())
+        n_lines, n_tok = n_lines + len(chunk), n_tok + sum(len(h[0].tokens) + 1 for h in hyps if h)
+        text = _output_lines(translator, hyps)
+        if args.output or refs is not None:
+            out_lines += text
         if not args.output:
             sys.stdout.write("".join(x + "\n" for x in text))
             sys.stdout.flush()
-    seconds = time.perf_counter() - start
-    nbest = translator.decode_cfg.nbest
+        if args.alignments:
+            start_align = time.perf_counter()
+            links += translator.align(ids, hyps)
+            align_s += time.perf_counter() - start_align
+    seconds = time.perf_counter() - start - align_s
     if args.alignments:
-        start_align = time.perf_counter()
-        links = translator.align(ids, hyps)
         atomic_write(Path(args.alignments), "".join(pharaoh(x) + "\n" for x in links).encode())
-        log.info("word alignments (Pharaoh i-j, source first) -> %s in %.1fs", args.alignments,
-                 time.perf_counter() - start_align)
+        log.info("word alignments (Pharaoh i-j, source first) -> %s in %.1fs", args.alignments, align_s)
     if args.output:
         atomic_write(Path(args.output), "".join(x + "\n" for x in out_lines).encode())
-    n_tok = sum(len(h[0].tokens) + 1 for h in hyps if h)
-    log.info("translated %d lines in %.1fs: %.1f sentences/s, %.0f target tokens/s", len(lines), seconds,
-             len(lines) / seconds, n_tok / seconds)
+    log.info("translated %d lines in %.1fs: %.1f sentences/s, %.0f target tokens/s", n_lines, seconds,
+             n_lines / max(seconds, 1e-9), n_tok / max(seconds, 1e-9))
     if refs is not None:
-        best = out_lines if nbest == 1 else [h for h in out_lines[::nbest]]
+        best = out_lines[::translator.decode_cfg.nbest]
         print(_score_lines([x.split("\t")[0] for x in best], refs, "translation", args.ref), file=sys.stderr)
 
 
@@ -234,7 +245,8 @@ def add_translate(sub) -> None:
     p.add_argument("--checkpoint", required=True, nargs="+",
                    help="a .safetensors model from train or average; several of one vocabulary decode as an "
                         "ensemble (the mean of their log-probabilities at every step)")
-    p.add_argument("-i", "--input", help="input file (default: standard input)")
+    p.add_argument("-i", "--input", help="input file (default: standard input, read as it arrives: "
+                   f"{STREAM_LINES:,} lines at a time, or all first with --ref, --document or --markup)")
     p.add_argument("-o", "--output", help="output file, written when all is translated (default: standard output, "
                    f"{STREAM_LINES:,} sentences at a time as they are done)")
     p.add_argument("--ref", help="reference file: print sacreBLEU BLEU and chrF to stderr")

@@ -227,12 +227,13 @@ class Translator:
                                     self.tokenizer.id_to_piece(tgt[i]))
         return out
 
-    def encode_sources(self, lines: list[str]) -> list[list[int]]:
-        """Subword ids + EOS; sources longer than the model allows are truncated with a warning."""
+    def encode_sources(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
+        """Subword ids + EOS; sources longer than the model allows are truncated with a warning
+        (naming the input's line number: `first_line` is lines[0]'s)."""
         limit = self.model.cfg.max_positions - 1
         ids = self.tokenizer.encode([line.strip() for line in lines])
         out = []
-        for n, x in enumerate(ids, 1):
+        for n, x in enumerate(ids, first_line):
             if len(x) > limit:
                 log.warning("input line %d has %d subwords; truncated to the model's maximum %d", n, len(x), limit)
                 x = x[:limit]

@@ -267,6 +267,10 @@ def test_translator_truncates_long_lines_and_handles_unknown_characters(translat
         out = translator.translate(["dog " * 60, "猫 ☃ émoji 🙂"])
     assert len(out) == 2
     assert "truncated" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="aiayn"):  # a later chunk of a long input names its own line
+        translator.encode_sources(["dog", "dog " * 60], first_line=5001)
+    assert "input line 5002 has" in caplog.text
 
 
 @pytest.mark.parametrize("beam", [1, 4])
