@@ -98,21 +98,29 @@ def test_a_pipe_is_translated_while_its_writer_is_still_writing(trained):
     assert len(rest) == STREAM_LINES - 1 + 3 + 1 and rest[-1] == "" and rest[-3] == ""  # ... "a cat", "", "the dog"
 
 
-def test_input_is_read_in_chunks_as_a_whole_file_is_read(tmp_path):
-    """The chunked reader gives _read_input's lines (CR LF, a missing last newline, empty lines, NFC,
-    a chunk boundary anywhere) and names the line of invalid UTF-8."""
+def test_input_is_read_in_chunks_as_the_text_splits_into_lines(tmp_path):
+    """The chunked reader (and the whole-file reader built on it) gives the lines str.split("\\n")
+    gives (a CR before LF dropped, no line after a final newline, empty lines kept, NFC), whatever
+    the chunk size, and names the line of invalid UTF-8."""
+    import unicodedata
+
     from aiayn.cli.common import UserError, _input_chunks, _read_input
 
     f = tmp_path / "in.txt"
     for data in (b"", b"\n", b"a\r\n\nb", "caf\u0065\u0301\nx\r\r\n\n\n".encode(), b"one\ntwo\nthree\n"):
         f.write_bytes(data)
+        text = data.decode()
+        expected = [unicodedata.normalize("NFC", x.rstrip("\r")) for x in text.split("\n")]
+        expected = expected[:-1] if text.endswith("\n") or not text else expected
+        assert _read_input(str(f)) == expected
         for size in (1, 2, 3, 5000):
             chunks = list(_input_chunks(str(f), size))
-            assert [x for c in chunks for x in c] == _read_input(str(f))
+            assert [x for c in chunks for x in c] == expected
             assert all(len(c) == size for c in chunks[:-1]) and all(chunks)
     f.write_bytes(b"ok\nfine\n\xff\xfe\nlater\n")
-    with pytest.raises(UserError, match=r"in\.txt:3: invalid UTF-8"):
-        list(_input_chunks(str(f), 2))
+    for read in (lambda: list(_input_chunks(str(f), 2)), lambda: _read_input(str(f))):
+        with pytest.raises(UserError, match=r"in\.txt:3: invalid UTF-8"):
+            read()
     with pytest.raises(UserError, match="input file not found"):
         list(_input_chunks(str(tmp_path / "absent.txt"), 2))
 
