@@ -131,6 +131,7 @@ CLI_CASES = [
     ("empty line, --strict", P + ["--train", "emptyline", "--valid", "ok", "--strict"], ["emptyline.de:2", "empty"]),
     ("empty corpus", P + ["--train", "empty", "--valid", "ok"], ["empty.en", "no sentence pairs"]),
     ("missing corpus file", P + ["--train", "nothere", "--valid", "ok"], ["nothere.en"]),
+    ("prepare without languages", P[:3] + P[7:] + ["--train", "ok", "--valid", "ok"], ["--src", "ok.* has de, en"]),
     ("vocabulary smaller than asked, --strict", P[:-1] + ["5000", "--train", "ok", "--valid", "ok", "--strict"],
      ["fewer than the 5000", "--strict"]),
     ("bad vocabulary size", P[:-1] + ["0", "--train", "ok", "--valid", "ok"], ["data.vocab_size", "0"]),

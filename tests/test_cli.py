@@ -1,5 +1,6 @@
 """End to end through the command line: prepare -> train -> average -> translate -> score."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,22 @@ def trained(toy_corpus, tmp_path_factory):
                  "--train.threads", "1", "--train.tokens_per_update", "0"]) == 0
     assert main(["average", str(run), "--last", "3", "-o", str(work / "avg.safetensors")]) == 0
     return work, prep
+
+
+def test_prepare_reads_the_languages_off_explicit_files(toy_corpus, tmp_path, capsys):
+    """--train SRC_FILE,TGT_FILE without --src/--tgt: the files' suffixes name the languages, in the pair's
+    order (de -> en here); a suffix that is no language (.txt) needs --src/--tgt, one line saying so."""
+    c, out = toy_corpus, tmp_path / "p"
+    assert main(["prepare", "--train", f"{c}/train.de,{c}/train.en", "--valid", f"{c}/valid", "--out", str(out),
+                 "--data.vocab_size", "60"]) == 0
+    settings = json.loads((out / "manifest.json").read_text())["settings"]
+    assert (settings["src"], settings["tgt"]) == ("de", "en")
+    assert (out / "valid.de.txt").read_text() == (c / "valid.de").read_text()  # the prefix split read as de
+    (tmp_path / "train.txt").write_text((c / "train.en").read_text())
+    capsys.readouterr()
+    assert main(["prepare", "--train", f"{tmp_path}/train.txt,{c}/train.de", "--valid", f"{c}/valid", "--out",
+                 str(tmp_path / "q")]) == 2
+    assert "prepare needs --src and --tgt" in capsys.readouterr().err and not (tmp_path / "q").exists()
 
 
 @pytest.mark.slow

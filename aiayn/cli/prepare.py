@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 from ..config import Config
@@ -41,8 +42,7 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
         _prepare_parse(args, cfg)
         return
     check_prepared_output(args.out)  # before any download or reading
-    if not args.src or not args.tgt:
-        raise UserError("prepare needs --src and --tgt (language suffixes of the files, e.g. en and de)")
+    args.src, args.tgt = _languages(args)
     data_dir = args.data_dir
     names = {"train": args.train, "valid": args.valid}
     tests = args.test
@@ -88,6 +88,35 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
                        cfg.data.strict or args.strict, cfg.train.seed, dedup=cfg.data.dedup,
                        max_ratio=cfg.data.max_ratio, vocabulary=_vocabulary_of(args.tokenizer_from))
     print(json.dumps(manifest["splits"], indent=1))
+
+
+_LANG = re.compile(r"[A-Za-z]{2,3}(?:[_-][A-Za-z0-9]{2,4})?")  # en, deu, pt_BR, zh-Hans: a language suffix
+_NOT_LANG = {"txt", "tok", "raw", "bpe", "spm", "src", "tgt", "ref", "hyp", "out", "tsv", "csv", "sgm", "xml"}
+
+
+def _suffix(path: str) -> str | None:
+    """The language suffix of a corpus file's name (train.en, train.de.gz), None if it has none."""
+    name = Path(path).name.removesuffix(".gz")
+    lang = name.rpartition(".")[2] if "." in name else ""
+    return lang if _LANG.fullmatch(lang) and lang.lower() not in _NOT_LANG else None
+
+
+def _languages(args: argparse.Namespace) -> tuple[str, str]:
+    """--src and --tgt; where either is left out and --train names its two files, their suffixes
+    (--train train.en,train.de: en -> de). Else one line naming the suffixes found beside --train."""
+    if args.src and args.tgt:
+        return args.src, args.tgt
+    if not args.corpus and args.train and "," in args.train:
+        found = [_suffix(f) for f in args.train.split(",", 1)]
+        src, tgt = args.src or found[0], args.tgt or found[1]
+        if src and tgt and src != tgt:
+            log.info("languages from --train's file names: %s -> %s (--src/--tgt name others)", src, tgt)
+            return src, tgt
+    prefix = Path(args.data_dir or ".") / (args.train or "train")
+    seen = sorted({x for f in prefix.parent.glob(f"{prefix.name}.*") if (x := _suffix(str(f)))}) \
+        if not args.corpus and args.train and "," not in args.train else []
+    beside = f"; {prefix}.* has {', '.join(seen)}" if seen else ""
+    raise UserError(f"prepare needs --src and --tgt (language suffixes of the files, e.g. en and de{beside})")
 
 
 def _vocabulary_of(checkpoint: str | None) -> bytes | None:
@@ -137,8 +166,9 @@ def add_prepare(sub) -> None:
     p.add_argument("--tags", action="store_true",
                    help="--task parse: also tag the words (a perceptron trained on the training trees; training "
                         "tags jackknifed) for models with model.tag_input (ours; on when the preset's model has it)")
-    p.add_argument("--src", help="source language suffix, e.g. en")
-    p.add_argument("--tgt", help="target language suffix, e.g. de")
+    p.add_argument("--src", help="source language suffix, e.g. en (default: that of --train SRC_FILE,TGT_FILE's "
+                                 "first file)")
+    p.add_argument("--tgt", help="target language suffix, e.g. de (default: the second file's)")
     p.add_argument("--train", help="train split name/prefix, or SRC_FILE,TGT_FILE")
     p.add_argument("--valid", help="validation split name/prefix, or SRC_FILE,TGT_FILE")
     p.add_argument("--test", action="append", help="test split (repeatable)")
