@@ -139,6 +139,7 @@ CLI_CASES = [
      ["nope.safetensors", "not found"]),
     ("truncated checkpoint", T[:2] + ["{w}/truncated.safetensors"] + T[3:], ["truncated.safetensors", "readable"]),
     ("pickled checkpoint", T[:2] + ["{w}/evil.safetensors"] + T[3:], ["evil.safetensors", "pickle"]),
+    ("translate a run's folder", T[:2] + ["{w}/run"] + T[3:], ["run", "training run's folder", "aiayn average"]),
     ("fairseq checkpoint", T[:2] + ["{w}/fairseq.pt"] + T[3:], ["fairseq.pt", "pickle"]),
     ("Hugging Face checkpoint", T[:2] + ["{w}/hf.safetensors"] + T[3:], ["hf.safetensors", "not an aiayn"]),
     ("malformed YAML", TR + ["--config", "{w}/bad.yaml"], ["bad.yaml:2:1", "invalid YAML"]),

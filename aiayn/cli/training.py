@@ -91,7 +91,8 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> None:
     if args.last < 1:
         raise UserError(f"--last must be >= 1, got {args.last}")
     if len(paths) < args.last:
-        log.warning("only %d checkpoints in %s; averaging them all", len(paths), args.run_dir)
+        log.warning("only %d checkpoint%s in %s; averaging all of them", len(paths), "s" * (len(paths) > 1),
+                    args.run_dir)
     chosen = paths[-args.last:]
     check_output_file(args.output, inputs=tuple(chosen))
     write_averaged(chosen, Path(args.output))
