@@ -60,8 +60,19 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
     atomic_write(path, buf.getvalue())
 
 
+def refuse_folder(path: str | Path) -> None:
+    """One line for a checkpoint argument that names a folder (a training run's: what to give instead)."""
+    p = Path(path)
+    if p.is_dir():
+        run = (p / "run.json").is_file()
+        raise CheckpointError(f"{p}: a folder, not a checkpoint file" + (
+            f" (a training run's: give its {p / 'checkpoints' / 'best.safetensors'}, the best on validation, or "
+            f"the average of its last checkpoints, aiayn average {p} -o avg.safetensors, §6.1)" if run else ""))
+
+
 def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     path = Path(path)
+    refuse_folder(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     data = path.read_bytes()
@@ -83,6 +94,7 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 def read_metadata(path: Path) -> dict[str, str]:
     """A checkpoint's metadata (config, vocabulary, step, extra) from its header alone, no tensor read."""
+    refuse_folder(path)
     try:
         with open(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")

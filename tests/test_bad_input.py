@@ -139,7 +139,12 @@ CLI_CASES = [
      ["nope.safetensors", "not found"]),
     ("truncated checkpoint", T[:2] + ["{w}/truncated.safetensors"] + T[3:], ["truncated.safetensors", "readable"]),
     ("pickled checkpoint", T[:2] + ["{w}/evil.safetensors"] + T[3:], ["evil.safetensors", "pickle"]),
-    ("translate a run's folder", T[:2] + ["{w}/run"] + T[3:], ["run", "training run's folder", "aiayn average"]),
+    # a training run's folder where a checkpoint belongs: every verb says so, and what to give instead
+    *[(f"{argv[0]} given a run's folder", argv, ["run: a folder, not a checkpoint file", "aiayn average"]) for argv in (
+        T[:2] + ["{w}/run"] + T[3:], ["export", "ct2", "--checkpoint", "{w}/run", "-o", "{w}/ct2-out"],
+        ["tune", "--checkpoint", "{w}/run", "--data", "{w}/prepared"], TR + ["--init-from", "{w}/run"],
+        P + ["--train", "ok", "--valid", "ok", "--tokenizer-from", "{w}/run"],
+        ["align", "--checkpoint", "{w}/run", "--data", "{w}/prepared", "-o", "{w}/al.safetensors"])],
     ("fairseq checkpoint", T[:2] + ["{w}/fairseq.pt"] + T[3:], ["fairseq.pt", "pickle"]),
     ("Hugging Face checkpoint", T[:2] + ["{w}/hf.safetensors"] + T[3:], ["hf.safetensors", "not an aiayn"]),
     ("malformed YAML", TR + ["--config", "{w}/bad.yaml"], ["bad.yaml:2:1", "invalid YAML"]),

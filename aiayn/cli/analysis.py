@@ -61,8 +61,7 @@ def cmd_heads(args: argparse.Namespace, extra: list[str]) -> None:
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     check_output_folder(args.output, HEADS)  # before minutes of measuring
-    if not Path(args.checkpoint).is_file():
-        raise UserError(f"--checkpoint {args.checkpoint}: no such file")
+    _checkpoint_file(args.checkpoint)
     try:
         result = measure(Path(args.checkpoint), Path(args.data), args.sentences, args.bleu_sentences, args.seed,
                          Path(args.treebank) if args.treebank else None, args.random_orders)
@@ -119,8 +118,7 @@ def cmd_align(args: argparse.Namespace, extra: list[str]) -> None:
 
     if args.pairs < 1:
         raise UserError(f"--pairs must be at least 1, got {args.pairs}")
-    if not Path(args.checkpoint).is_file():
-        raise UserError(f"--checkpoint {args.checkpoint}: no such file")
+    _checkpoint_file(args.checkpoint)
     out = check_output_file(args.output, inputs=(args.checkpoint,))
     best, scores = choose_head(Path(args.checkpoint), Path(args.data), out, args.pairs)
     print(report(scores))
@@ -137,3 +135,13 @@ def add_align(sub) -> None:
     p.add_argument("--pairs", type=int, default=500, help="validation pairs to score the heads on")
     p.add_argument("-o", "--output", required=True, help="a copy of the checkpoint that names the chosen head")
     p.set_defaults(func=cmd_align)
+
+
+
+def _checkpoint_file(path: str) -> None:
+    """One line for a --checkpoint that is no file: a folder (checkpoint.refuse_folder), or missing."""
+    from ..checkpoint import refuse_folder
+
+    refuse_folder(path)
+    if not Path(path).is_file():
+        raise UserError(f"--checkpoint {path}: no such file")

@@ -123,8 +123,9 @@ def _vocabulary_of(checkpoint: str | None) -> bytes | None:
     """--tokenizer-from: the vocabulary a checkpoint carries (a trained or an imported model's)."""
     if checkpoint is None:
         return None
-    from ..checkpoint import CheckpointError, read_meta, read_metadata
+    from ..checkpoint import CheckpointError, read_meta, read_metadata, refuse_folder
 
+    refuse_folder(checkpoint)
     if not Path(checkpoint).is_file():
         raise CheckpointError(f"--tokenizer-from {checkpoint}: no such checkpoint")
     return read_meta(read_metadata(Path(checkpoint)), checkpoint)[1].proto  # the header only

@@ -66,6 +66,9 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError("train needs --data PREPARED_DIR and --run-dir RUN_DIR (or --resume RUN_DIR)")
     cfg = build_config(args, extra)
     if args.init_from:
+        from ..checkpoint import refuse_folder
+
+        refuse_folder(args.init_from)
         if not Path(args.init_from).is_file():
             raise UserError(f"--init-from {args.init_from}: no such checkpoint")
         cfg.train.init_from = str(args.init_from)

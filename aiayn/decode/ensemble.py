@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import Builder, CheckpointError, load_checkpoint
+from ..checkpoint import Builder, CheckpointError, load_checkpoint, refuse_folder
 from ..config import Config
 from ..data.tokenizer import Tokenizer
 from ..models.build import build_model
@@ -58,10 +58,8 @@ class EnsembleState:
 
 def _load(path: Path, device: str | torch.device, build: Builder) -> tuple:
     """A checkpoint, or a pretrained MarianMTModel folder read as `aiayn import hf` reads it."""
-    if path.is_dir() and (path / "run.json").is_file() and not (path / "config.json").is_file():
-        raise CheckpointError(f"{path}: a training run's folder, not a checkpoint: give one of its checkpoints "
-                              f"({path / 'checkpoints' / 'best.safetensors'}, the best on validation) or their "
-                              f"average (aiayn average {path} -o avg.safetensors, §6.1)")
+    if (path / "run.json").is_file() and not (path / "config.json").is_file():
+        refuse_folder(path)  # a training run's, not a MarianMTModel's
     if path.is_dir():
         model, cfg, tokenizer, _ = import_hf(path)
         return model.to(device), cfg, tokenizer, 0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from ..checkpoint import CheckpointError, read_weights, save_weights
+from ..checkpoint import CheckpointError, read_weights, refuse_folder, save_weights
 from ..config import DecodeConfig, from_dict
 from ..data.prepare import check_vocabulary, load_manifest, read_text
 from ..data.text import DataError
@@ -55,6 +55,7 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
     with the chosen settings. Returns (chosen, every point, the written file)."""
 
     checkpoint = Path(checkpoint)
+    refuse_folder(checkpoint)
     if not checkpoint.is_file():
         raise CheckpointError(f"checkpoint not found: {checkpoint}")
     data_dir = Path(data_dir) if data_dir else run_data_dir(checkpoint)
