@@ -22,7 +22,7 @@ from safetensors.torch import save as st_save
 from .config import Config, ConfigError, ModelConfig, from_dict
 from .data.tokenizer import Tokenizer, read_tokenizer
 from .errors import AiaynError
-from .files import atomic_write
+from .files import FileError, atomic_write, check_output_file
 from .models.build import build_model, shapes_only
 
 Builder = Callable[[ModelConfig, "list[str] | None"], torch.nn.Module]
@@ -106,6 +106,24 @@ def read_metadata(path: Path) -> dict[str, str]:
     except (OSError, ValueError, AttributeError, RecursionError) as e:
         raise CheckpointError(f"{path}: unreadable metadata ({e})") from None
     return meta
+
+
+def check_safetensors_output(path: str | Path, flag: str = "--output", inputs: tuple = (),
+                             ours: Callable[[dict], bool] = lambda meta: meta.get("format") == "aiayn-1",
+                             what: str = "an aiayn checkpoint") -> Path:
+    """check_output_file, and a file already there is replaced only if its header says aiayn wrote
+    it (`ours` of its metadata): never a user's notes, corpus or another tool's model (issue #59's rule
+    for folders, for single files that can carry the mark)."""
+    out = check_output_file(path, flag, inputs)
+    if out.exists():
+        try:
+            mine = ours(read_metadata(out))
+        except CheckpointError:
+            mine = False
+        if not mine:
+            raise FileError(f"{flag} {out}: exists and is not {what}; aiayn replaces only files it wrote: "
+                            "choose another name, or move this one away")
+    return out
 
 
 def read_extra(path: Path) -> dict[str, Any]:

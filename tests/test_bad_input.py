@@ -139,6 +139,14 @@ CLI_CASES = [
      ["nope.safetensors", "not found"]),
     ("truncated checkpoint", T[:2] + ["{w}/truncated.safetensors"] + T[3:], ["truncated.safetensors", "readable"]),
     ("pickled checkpoint", T[:2] + ["{w}/evil.safetensors"] + T[3:], ["evil.safetensors", "pickle"]),
+    # a single-file output replaces only a file of its kind that aiayn wrote (its header says so), never the user's
+    *[(f"{argv[0]} -o a user's file", argv, ["one.txt", "exists and is not an aiayn", "replaces only"]) for argv in (
+        ["average", "{w}/run", "-o", "{w}/one.txt"], ["align", "--checkpoint", "{w}/model.safetensors", "--data",
+                                                      "{w}/prepared", "-o", "{w}/one.txt"],
+        ["tune", "--checkpoint", "{w}/model.safetensors", "--data", "{w}/prepared", "--output", "{w}/one.txt"],
+        ["shortlist", "--data", "{w}/prepared", "-o", "{w}/one.txt"])],
+    ("shortlist -o a checkpoint", ["shortlist", "--data", "{w}/prepared", "-o", "{w}/model.safetensors"],
+     ["model.safetensors", "not an aiayn shortlist"]),
     # a training run's folder where a checkpoint belongs: every verb says so, and what to give instead
     *[(f"{argv[0]} given a run's folder", argv, ["run: a folder, not a checkpoint file", "aiayn average"]) for argv in (
         T[:2] + ["{w}/run"] + T[3:], ["export", "ct2", "--checkpoint", "{w}/run", "-o", "{w}/ct2-out"],

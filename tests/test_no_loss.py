@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import TINY, aiayn
 
 from aiayn.config import Config
@@ -228,6 +229,26 @@ def test_an_output_file_that_is_an_input_is_refused(tmp_path):
         with pytest.raises(FileError, match="also an input"):
             check_output_file(out, inputs=(str(src), None))
     assert check_output_file(tmp_path / "out.txt", inputs=(str(src),)) == tmp_path / "out.txt"
+
+
+def test_a_single_file_output_replaces_only_a_file_of_its_kind_that_aiayn_wrote(tmp_path):
+    """check_safetensors_output: a new path, or aiayn's own file of that kind (its header says so), is
+    replaced; a user's text, another tool's safetensors and a shortlist where a checkpoint belongs are not."""
+    from safetensors.torch import save_file
+
+    from aiayn.checkpoint import check_safetensors_output
+
+    mine, theirs, shortlist, notes = (tmp_path / n for n in ("mine.st", "theirs.st", "sl.st", "notes.txt"))
+    save_file({"w": torch.zeros(1)}, mine, metadata={"format": "aiayn-1"})
+    save_file({"w": torch.zeros(1)}, theirs, metadata={"format": "pt"})
+    save_file({"table": torch.zeros(1)}, shortlist, metadata={"aiayn_shortlist": "{}"})
+    notes.write_text("my notes\n")
+    assert check_safetensors_output(mine) == mine and check_safetensors_output(tmp_path / "new.st")
+    for path in (theirs, shortlist, notes):
+        with pytest.raises(FileError, match="exists and is not an aiayn checkpoint"):
+            check_safetensors_output(path)
+    assert check_safetensors_output(shortlist, ours=lambda meta: "aiayn_shortlist" in meta) == shortlist
+    assert notes.read_text() == "my notes\n"
 
 
 def test_export_twice_replaces_the_earlier_export_and_leaves_nothing_beside(toy_prepared, tmp_path):

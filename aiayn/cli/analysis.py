@@ -119,7 +119,9 @@ def cmd_align(args: argparse.Namespace, extra: list[str]) -> None:
     if args.pairs < 1:
         raise UserError(f"--pairs must be at least 1, got {args.pairs}")
     _checkpoint_file(args.checkpoint)
-    out = check_output_file(args.output, inputs=(args.checkpoint,))
+    from ..checkpoint import check_safetensors_output
+
+    out = check_safetensors_output(args.output, inputs=(args.checkpoint,))
     best, scores = choose_head(Path(args.checkpoint), Path(args.data), out, args.pairs)
     print(report(scores))
     print(f"chosen: {head_name(best)} (AER {scores[best]:.3f} against the reference aligner) -> {out} "

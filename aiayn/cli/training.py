@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError, load_yaml, preset
-from ..files import check_output_file
 from ..presets import PAPER_PARAMS_M, PRESETS
 from .common import (
     UserError,
@@ -79,7 +78,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
 
 def cmd_average(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: average the last N checkpoints of a run into one model file."""
-    from ..checkpoint import list_checkpoints, write_averaged
+    from ..checkpoint import check_safetensors_output, list_checkpoints, write_averaged
 
     if not args.run_dir:
         raise UserError("average needs a run folder: aiayn average RUN_DIR -o OUT (or --run-dir RUN_DIR)")
@@ -97,9 +96,10 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> None:
         log.warning("only %d checkpoint%s in %s; averaging all of them", len(paths), "s" * (len(paths) > 1),
                     args.run_dir)
     chosen = paths[-args.last:]
-    check_output_file(args.output, inputs=tuple(chosen))
+    check_safetensors_output(args.output, inputs=tuple(chosen))
     write_averaged(chosen, Path(args.output))
-    print(f"averaged {len(chosen)} checkpoints ({chosen[0].name} .. {chosen[-1].name}) -> {args.output}")
+    print(f"averaged {len(chosen)} checkpoint{'s' * (len(chosen) > 1)} ({chosen[0].name} .. {chosen[-1].name}) "
+          f"-> {args.output}")
 
 
 def cmd_config(args: argparse.Namespace, extra: list[str]) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from ..checkpoint import CheckpointError, read_weights, refuse_folder, save_weights
+from ..checkpoint import CheckpointError, check_safetensors_output, read_weights, refuse_folder, save_weights
 from ..config import DecodeConfig, from_dict
 from ..data.prepare import check_vocabulary, load_manifest, read_text
 from ..data.text import DataError
@@ -58,6 +58,8 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
     refuse_folder(checkpoint)
     if not checkpoint.is_file():
         raise CheckpointError(f"checkpoint not found: {checkpoint}")
+    out = Path(out) if out else checkpoint.with_name(checkpoint.name.replace(".safetensors", "") + ".tuned.safetensors")
+    check_safetensors_output(out, "--output", (checkpoint,))  # before minutes of search
     data_dir = Path(data_dir) if data_dir else run_data_dir(checkpoint)
     if data_dir is None:
         raise DataError(f"{checkpoint}: no run.json beside it to find its data; pass --data PREPARED_DIR")
@@ -88,6 +90,5 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
     valid = data_dir / f"valid.{manifest['settings']['src']}.txt"
     extra["tuned"] = {"valid": str(valid), "sentences": len(src), "precision": translator.precision,
                       "points": [p.__dict__ for p in points], "chosen": best.__dict__}
-    out = Path(out) if out else checkpoint.with_name(checkpoint.name.replace(".safetensors", "") + ".tuned.safetensors")
     save_weights(out, tensors, cfg, translator.tokenizer, step, extra)
     return best, points, out
