@@ -92,6 +92,30 @@ def tuned_groups(rs: list[dict]) -> tuple[list[dict], dict[str, list[dict]], dic
     return base, updates, flops
 
 
+def _rate(r: dict) -> float | None:
+    return (r.get("overrides") or {}).get("train.peak_lr")
+
+
+def grid_edges(rs: list[dict]) -> dict[str, str]:
+    """Families whose choice has the highest or the lowest peak rate their grid ran ("highest" /
+    "lowest"): a choice at an edge is the best of the grid, and the best rate may lie beyond it."""
+    out = {}
+    for f, pick in chosen(rs).items():
+        rates = {_rate(r) for r in rs if r["group"] == f and r.get("of", r["row"]) == r["row"]
+                 and r.get("family", "main") == "main"} - {None}
+        if len(rates) > 1 and _rate(pick) in (max(rates), min(rates)):
+            out[f] = "highest" if _rate(pick) == max(rates) else "lowest"
+    return out
+
+
+def _edge_words(rs: list[dict]) -> str:
+    edges = grid_edges(rs)
+    if not edges:
+        return ""
+    return (" At an edge of its grid's peak rates: " + ", ".join(f"{f} ({e})" for f, e in sorted(edges.items()))
+            + ": the best rate may lie beyond the grid, so such a choice is the best of this grid, not an optimum.")
+
+
 def tuned_lines(rs: list[dict]) -> list[str]:
     """The tune section's comparison: the choices, then over seeds at equal updates and equal FLOPs."""
     picks = chosen(rs)
@@ -101,7 +125,7 @@ def tuned_lines(rs: list[dict]) -> list[str]:
                   and r.get("family", "main") == "main") for f in picks}
     out = ["", "Each family's choice (lowest validation NLL of its grid, one seed a setting; the settings run so "
            "far): " + "; ".join(f"{f} **{r['row']}** ({r['valid_nll']:.4f}; of {ran[f]})"
-                                for f, r in sorted(picks.items())) + "."]
+                                for f, r in sorted(picks.items())) + "." + _edge_words(rs)]
     base, updates, flops = tuned_groups(rs)
     if len(base) < 2:
         return out
@@ -129,4 +153,5 @@ def tuned_words(rs: list[dict]) -> str:
               for f, g in sorted(flops.items()) if len(g) > 1]
     return (f"Every family tuned on validation (peak rate × clipping, one seed a setting) and run with seeds at its "
             f"choice, family minus the Transformer ({base[0]['row']}, {len(base)} seeds; mean, Δ ± 95 % interval, "
-            f"p of the pooled t test) at {base[0]['updates']:,} updates on Multi30k. " + ". ".join(parts) + ".")
+            f"p of the pooled t test) at {base[0]['updates']:,} updates on Multi30k. " + ". ".join(parts) + "."
+            + _edge_words(rs))

@@ -113,7 +113,7 @@ def test_the_families_are_compared_over_seeds_with_scipys_pooled_t_test_on_valid
 def test_the_tune_suite_chooses_each_familys_lowest_validation_nll_and_compares_its_seeds():
     """The choice is the grid's lowest validation NLL (seeds and equal-FLOPs runs never choose); the
     summary compares the chosen seeds, and the equal-FLOPs seeds, with the chosen Transformer's."""
-    from aiayn.evidence.families import chosen
+    from aiayn.evidence.families import chosen, grid_edges, tuned_lines
 
     grid = (_seeds("transformer-lr0.001-clip0", "transformer", [1.70], [39.0])
             + _seeds("transformer-lr0.002-clip0", "transformer", [1.66, 1.67, 1.68], [39.6, 39.3, 40.0])
@@ -127,6 +127,12 @@ def test_the_tune_suite_chooses_each_familys_lowest_validation_nll_and_compares_
                                                         "conv": "conv-lr0.002-clip1"}  # not -s2/-s3, not -flops
     text = "\n".join(summary_section({"tune": grid}))
     assert "family minus the Transformer (transformer-lr0.002-clip0, 3 seeds" in text
+    rated = [{**r, "overrides": {"train.peak_lr": float(r["of"].split("-lr")[1].split("-")[0])}} for r in grid]
+    assert grid_edges(rated) == {"transformer": "highest", "conv": "highest"} and grid_edges(grid) == {}
+    mid = _seeds("conv-lr0.004-clip1", "conv", [1.99], [37.0], overrides={"train.peak_lr": 0.004})
+    assert grid_edges(rated + mid) == {"transformer": "highest"}  # conv's 2e-3 now lies inside its grid
+    assert "At an edge of its grid's peak rates: conv (highest), transformer (highest)" in "\n".join(tuned_lines(rated))
+    assert "At an edge" in "\n".join(summary_section({"tune": rated})) and "At an edge" not in text
     assert "conv, 3 seeds: valid NLL 1.6033 (-0.0667" in text  # the mean of 1.91, 1.50, 1.40 against 1.67
     assert "conv at the Transformer's training FLOPs (2,750 updates), 3 seeds: valid NLL 1.8000 (+0.1300" in text
 
