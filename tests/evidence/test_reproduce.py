@@ -3,6 +3,7 @@ report's verdicts, and Table 1's layers against brute-force references."""
 
 import gzip
 import json
+import math
 import os
 import shutil
 import statistics
@@ -371,6 +372,44 @@ def test_the_tune_suite_seeds_a_family_only_once_its_grid_is_done_and_matches_th
                                                      "bahdanau": "bahdanau-lr0.002-clip1", "conv": "conv-lr0.002-clip1"}
     assert picks["conv"].overrides["train.peak_lr"] == 2e-3 and picks["conv"].overrides["train.clip_norm"] == 1.0
     assert [(r.name, n) for r, n in flops_parity(picks, out.parent, 2750)] == [("conv-lr0.002-clip1", 3056)]
+
+
+def test_a_choice_at_the_grids_highest_rate_extends_the_grid_by_doublings_until_inside_or_capped(tmp_path,
+                                                                                                   monkeypatch):
+    """_extend_grid: a family whose choice has the grid's highest peak rate gets one row at twice it (the
+    choice's clipping), again while the choice stays at the top, TUNE_EXTEND times at most; a choice at
+    the lowest rate or inside is not extended; resumed on the same results, it runs nothing new."""
+    from aiayn.evidence import suites
+    from aiayn.evidence.plan import TUNE_EXTEND, tune_rows
+
+    out = tmp_path / "results" / "tune"
+    out.mkdir(parents=True)
+    best = {"transformer": 4e-3, "bahdanau": 1.0, "luong": 2e-3, "conv": 1e-3}  # the rate where NLL is lowest
+    ran: list[str] = []
+
+    def train(suite, rows, common, ctx, only, render):  # a row's NLL: its distance from its family's best rate
+        for r in rows:
+            if not (out / f"{r.name}.json").exists():
+                ran.append(r.name)
+                nll = 1.7 + abs(math.log2(r.overrides["train.peak_lr"] / best[r.group])) / 10 + r.overrides[
+                    "train.clip_norm"] / 100
+                (out / f"{r.name}.json").write_text(json.dumps({"row": r.name, "of": r.name, "group": r.group,
+                                                                "family": "main", "valid_nll": nll,
+                                                                "valid_ppl": math.exp(nll), "curve": []}))
+
+    monkeypatch.setattr(suites, "_run_rows", train)
+    ctx = {"results": tmp_path / "results"}
+    train("tune", tune_rows(), {}, ctx, None, None)
+    rows = suites._extend_grid(tune_rows(), {}, ctx, lambda: None)
+    assert TUNE_EXTEND == 2 and ran[16:] == ["transformer-lr0.004-clip0", "bahdanau-lr0.004-clip0",
+                                             "luong-lr0.004-clip0", "transformer-lr0.008-clip0",
+                                             "bahdanau-lr0.008-clip0"]
+    picks = suites.tune_choices(rows, ctx["results"])
+    assert {f: r.name for f, r in picks.items()} == {
+        "transformer": "transformer-lr0.004-clip0", "bahdanau": "bahdanau-lr0.008-clip0",  # inside; capped at an edge
+        "luong": "luong-lr0.002-clip0", "conv": "conv-lr0.001-clip0"}  # inside after one row; the lowest rate
+    assert suites._extend_grid(tune_rows(), {}, ctx, lambda: None) == rows and len(ran) == 21  # resumed: the same
+    assert suites.planned(tmp_path)["tune"] == 16 + 5 + 4 * 2  # grid, its extension, 2 more seeds a family
 
 
 def test_restricted_attention_equals_masked_full_attention():
