@@ -235,6 +235,17 @@ def tune_rows() -> list[Row]:
             for fam, (name, words, over) in TUNED.items() for lr in TUNE_RATES for clip in TUNE_CLIPS]
 
 
+TUNE_EXTEND = 2  # doublings of the peak rate beyond the grid, at most, while a family's choice lies at its top
+
+
+def extended(row: Row, rate: float) -> Row:
+    """A tune row at another peak rate, its clipping and all else the same: the grid extended past a
+    choice that lies at its highest rate (one seed, as the grid)."""
+    clip = row.overrides["train.clip_norm"]
+    return Row(f"{row.group}-lr{rate:g}-clip{clip:g}", f"{row.change.split(', peak lr')[0]}, peak lr {rate:g}, "
+               f"clip {clip:g}", {**row.overrides, "train.peak_lr": rate}, row.preset, group=row.group)
+
+
 def equal_flops(row: Row, updates: int) -> Row:
     """A tune suite's choice trained to `updates`: where its training FLOPs equal the Transformer's at
     the suite's budget (a family that spends fewer per update trains longer; the same schedule)."""

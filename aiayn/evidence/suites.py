@@ -29,11 +29,13 @@ from .plan import (
     DEPTH,
     SUITES,
     TINY,
+    TUNE_EXTEND,
     Row,
     arch_rows,
     depth_rows,
     diverged,
     equal_flops,
+    extended,
     protocol,
     quick_rows,
     repeat,
@@ -67,9 +69,13 @@ def planned(report_dir: Path, arch_seeds: int = 3) -> dict[str, int]:
         unstable(r) for r in stab) else 0
     families = len({r.group for r in q["arch"]})
     longer = {r.get("of") or r["row"] for r in results.get("tune", []) if r.get("family") == FLOPS}
+    grid = {r.name for r in q["tune"]}
+    beyond = {r["row"] for r in results.get("tune", []) if r.get("family", "main") == "main"
+              and r.get("of", r["row"]) == r["row"] and r["row"] not in grid}  # the grid extended (_extend_grid)
     return {"table3": len(q["table3"]) + len(stab) + depth_refs,
             "arch": len(q["arch"]) + families * (arch_seeds - 1),
-            "tune": len(q["tune"]) + len({r.group for r in q["tune"]}) * (arch_seeds - 1) + len(longer) * arch_seeds}
+            "tune": len(q["tune"]) + len(beyond) + len({r.group for r in q["tune"]}) * (arch_seeds - 1)
+            + len(longer) * arch_seeds}
 
 
 # -- the suites ----------------------------------------------------------------------------------
@@ -222,13 +228,15 @@ def _arch(suite: str, rows: list[Row], common: dict[str, Any], ctx: dict[str, An
 
 def _tune(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], only: list[str] | None, render_report,
           seeds: int = 3) -> None:
-    """The grid (one seed a setting); once a family's grid is done, seeds 2..`seeds` at its choice (the
-    lowest validation NLL); then, for a family that spends fewer training FLOPs per update than the
-    Transformer's choice, its choice's seeds again to the Transformer's FLOPs at the budget."""
+    """The grid (one seed a setting), extended past a choice at its highest rate (_extend_grid); once a
+    family's grid is done, seeds 2..`seeds` at its choice (the lowest validation NLL); then, for a
+    family that spends fewer training FLOPs per update than the Transformer's choice, its choice's
+    seeds again to the Transformer's FLOPs at the budget."""
 
     _run_rows("tune", rows, common, ctx, only, render_report)
     if only and ARCH_SEEDS not in only:
         return render_report()
+    rows = _extend_grid(rows, common, ctx, render_report)
     picks = tune_choices(rows, ctx["results"])
     _run_rows("tune", [repeat(r, s) for r in picks.values() for s in range(2, seeds + 1)], common, ctx, None,
               render_report)
@@ -238,10 +246,29 @@ def _tune(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], only: li
     render_report()
 
 
+def _extend_grid(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], render_report) -> list[Row]:
+    """While a family's choice lies at the highest peak rate of its grid (of two rates or more), one
+    more row at twice that rate and the choice's clipping, TUNE_EXTEND times at most; the grid so
+    extended (a resumed suite extends it the same way: each step reads only finished results)."""
+    for _ in range(TUNE_EXTEND):
+        more = [extended(r, 2 * _peak(r)) for f, r in tune_choices(rows, ctx["results"]).items()
+                if len(rates := {_peak(x) for x in rows if x.group == f}) > 1 and _peak(r) == max(rates)]
+        if not more:
+            break
+        rows = rows + more
+        _run_rows("tune", more, common, ctx, None, render_report)
+    return rows
+
+
+def _peak(row: Row) -> float:
+    return row.overrides["train.peak_lr"]
+
+
 def tune_choices(rows: list[Row], results: Path) -> dict[str, Row]:
     """Each family's choice among its finished grid (lowest validation NLL), for families whose whole
     grid has run: a resumed suite picks the same."""
-    rs = load_results(results).get("tune", [])
+    in_grid = {r.name for r in rows}
+    rs = [r for r in load_results(results).get("tune", []) if r["row"] in in_grid]
     done, names, out = chosen(rs), {r["row"] for r in rs}, {}
     for group in dict.fromkeys(r.group for r in rows):
         grid = [r for r in rows if r.group == group]
