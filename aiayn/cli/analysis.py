@@ -139,7 +139,6 @@ def add_align(sub) -> None:
     p.set_defaults(func=cmd_align)
 
 
-
 def _checkpoint_file(path: str) -> None:
     """One line for a --checkpoint that is no file: a folder (checkpoint.refuse_folder), or missing."""
     from ..checkpoint import refuse_folder
