@@ -21,7 +21,7 @@ from .plan import converged_at
 from .stats import p_text
 from .summary import summary_section
 from .table1 import path_length, quadratic_fit, sequential_steps
-from .verdicts import data_words, schedule_words, table3_section
+from .verdicts import commits_words, data_words, schedule_words, table3_section
 
 
 def is_report(folder: Path) -> bool:
@@ -140,7 +140,7 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
     if throughput:
         out += ["", f"Throughput: {throughput['updates']} updates × {throughput['rounds']} rounds, "
                 f"{throughput['tgt_tokens_per_update']:.0f} target tokens per update, {throughput['precision']}."]
-    out += ["", f"Machine: {_fmt_machine(rs)}.", ""]
+    out += ["", f"Machine: {_fmt_machine(rs)}.", "", commits_words(rs), ""]
     _plot_curves(rs, img / f"{suite}_curves.png", "Validation perplexity against updates", by_time=False)
     return out + [f"![validation curves](img/{suite}_curves.png)", ""]
 

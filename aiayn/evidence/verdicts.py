@@ -183,7 +183,8 @@ def _summary(verdicts: list[RowVerdict]) -> list[str]:
     return out
 
 
-def _commits(rs: list[dict]) -> str:
+def commits_words(rs: list[dict]) -> str:
+    """Which commit made the rows (one, or each of several by its rows); a row without one is named."""
     commits = [r.get("machine", {}).get("git") for r in rs]
     missing = sum(c is None for c in commits)
     seen = sorted({c for c in commits if c})
@@ -295,7 +296,7 @@ def table3_section(rs: list[dict], img: Path, machine_words) -> list[str]:
     better = [v.r["row"] for v in verdicts if v.nll and v.nll.delta < 0 and v.nll.p < 0.05]
     out += [("Rows with a lower validation NLL than their reference, p < 0.05 unadjusted (candidates for the "
              "preset): " + ", ".join(better) + ".") if better else "No row has a lower validation NLL than its "
-            "reference at p < 0.05.", "", _commits(refs + fam["main"][1] + fam["depth"][0] + fam["depth"][1]),
+            "reference at p < 0.05.", "", commits_words(refs + fam["main"][1] + fam["depth"][0] + fam["depth"][1]),
             f"Machine: {machine_words(rs)}.", ""]
     refs_nll = {f: [r["valid_nll"] for r in fam[f][0]] for f in judged_rows}
     out += ["### What the paper claims, row by row", ""] + claims_table(verdicts) + [""]

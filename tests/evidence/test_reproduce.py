@@ -689,13 +689,13 @@ def test_the_provenance_names_the_first_processors_family_and_model():
 
 
 def test_a_mixed_report_names_the_rows_of_each_commit():
-    from aiayn.evidence.verdicts import _commits
+    from aiayn.evidence.verdicts import commits_words
 
     rs = [{"row": n, "machine": {"git": "a" * 40}} for n in ("ref-s1", "ref-s2", "A-h1")]
     rs += [{"row": "C-N1", "machine": {"git": "b" * 40}}]
-    assert _commits(rs) == ("**Rows from 2 commits**, mixed with --allow-mixed-commits: "
-                            f"{'a' * 40} (3 rows); {'b' * 40} (1 row: C-N1).")
-    assert _commits(rs[:3]) == f"All rows from commit {'a' * 40}."
+    assert commits_words(rs) == ("**Rows from 2 commits**, mixed with --allow-mixed-commits: "
+                                 f"{'a' * 40} (3 rows); {'b' * 40} (1 row: C-N1).")
+    assert commits_words(rs[:3]) == f"All rows from commit {'a' * 40}."
 
 
 def test_a_finished_twin_is_looked_for_only_among_rows_results(toy_prepared, tmp_path, monkeypatch):
