@@ -67,12 +67,17 @@ def seed_lines(rs: list[dict], base_name: str, heading: str) -> list[str]:
     return ["", heading, ""] + out if len(out) > 1 else []
 
 
+def grid_run(r: dict) -> bool:
+    """A tune grid's run (its first seed, trained to the suite's budget): not a repeat, not a -flops run."""
+    return r.get("of", r["row"]) == r["row"] and r.get("family", "main") == "main"
+
+
 def chosen(rs: list[dict]) -> dict[str, dict]:
     """The tune suite's choice per family: the grid run (first seed, trained to the suite's budget) with
     the lowest validation NLL; a run that diverged or ended non-finite is never chosen."""
     out: dict[str, dict] = {}
     for r in rs:
-        if r.get("of", r["row"]) != r["row"] or r.get("family", "main") != "main":
+        if not grid_run(r):
             continue
         if not math.isfinite(r["valid_nll"]) or diverged(r):
             continue
@@ -101,8 +106,7 @@ def grid_edges(rs: list[dict]) -> dict[str, str]:
     "lowest"): a choice at an edge is the best of the grid, and the best rate may lie beyond it."""
     out = {}
     for f, pick in chosen(rs).items():
-        rates = {_rate(r) for r in rs if r["group"] == f and r.get("of", r["row"]) == r["row"]
-                 and r.get("family", "main") == "main"} - {None}
+        rates = {_rate(r) for r in rs if r["group"] == f and grid_run(r)} - {None}
         if len(rates) > 1 and _rate(pick) in (max(rates), min(rates)):
             out[f] = "highest" if _rate(pick) == max(rates) else "lowest"
     return out
@@ -121,8 +125,7 @@ def tuned_lines(rs: list[dict]) -> list[str]:
     picks = chosen(rs)
     if not picks:
         return []
-    ran = {f: sum(1 for r in rs if r["group"] == f and r.get("of", r["row"]) == r["row"]
-                  and r.get("family", "main") == "main") for f in picks}
+    ran = {f: sum(1 for r in rs if r["group"] == f and grid_run(r)) for f in picks}
     out = ["", "Each family's choice (lowest validation NLL of its grid, one seed a setting; the settings run so "
            "far): " + "; ".join(f"{f} **{r['row']}** ({r['valid_nll']:.4f}; of {ran[f]})"
                                 for f, r in sorted(picks.items())) + "." + _edge_words(rs)]

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..files import atomic_write
-from .families import FLOPS, chosen
+from .families import FLOPS, chosen, grid_edges, grid_run
 from .machine import _code_commit
 from .plan import (
     BUDGET_UPDATES,
@@ -70,8 +70,7 @@ def planned(report_dir: Path, arch_seeds: int = 3) -> dict[str, int]:
     families = len({r.group for r in q["arch"]})
     longer = {r.get("of") or r["row"] for r in results.get("tune", []) if r.get("family") == FLOPS}
     grid = {r.name for r in q["tune"]}
-    beyond = {r["row"] for r in results.get("tune", []) if r.get("family", "main") == "main"
-              and r.get("of", r["row"]) == r["row"] and r["row"] not in grid}  # the grid extended (_extend_grid)
+    beyond = {r["row"] for r in results.get("tune", []) if grid_run(r) and r["row"] not in grid}  # _extend_grid
     return {"table3": len(q["table3"]) + len(stab) + depth_refs,
             "arch": len(q["arch"]) + families * (arch_seeds - 1),
             "tune": len(q["tune"]) + len(beyond) + len({r.group for r in q["tune"]}) * (arch_seeds - 1)
@@ -251,8 +250,9 @@ def _extend_grid(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], r
     more row at twice that rate and the choice's clipping, TUNE_EXTEND times at most; the grid so
     extended (a resumed suite extends it the same way: each step reads only finished results)."""
     for _ in range(TUNE_EXTEND):
-        more = [extended(r, 2 * _peak(r)) for f, r in tune_choices(rows, ctx["results"]).items()
-                if len(rates := {_peak(x) for x in rows if x.group == f}) > 1 and _peak(r) == max(rates)]
+        edges = grid_edges(_tune_results(rows, ctx["results"]))
+        more = [extended(r, 2 * r.overrides["train.peak_lr"]) for f, r in tune_choices(rows, ctx["results"]).items()
+                if edges.get(f) == "highest"]
         if not more:
             break
         rows = rows + more
@@ -260,15 +260,16 @@ def _extend_grid(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], r
     return rows
 
 
-def _peak(row: Row) -> float:
-    return row.overrides["train.peak_lr"]
+def _tune_results(rows: list[Row], results: Path) -> list[dict]:
+    """The tune suite's finished results of `rows` (a grid as far as it is planned: others are not its)."""
+    names = {r.name for r in rows}
+    return [r for r in load_results(results).get("tune", []) if r["row"] in names]
 
 
 def tune_choices(rows: list[Row], results: Path) -> dict[str, Row]:
     """Each family's choice among its finished grid (lowest validation NLL), for families whose whole
     grid has run: a resumed suite picks the same."""
-    in_grid = {r.name for r in rows}
-    rs = [r for r in load_results(results).get("tune", []) if r["row"] in in_grid]
+    rs = _tune_results(rows, results)
     done, names, out = chosen(rs), {r["row"] for r in rs}, {}
     for group in dict.fromkeys(r.group for r in rows):
         grid = [r for r in rows if r.group == group]

@@ -395,7 +395,8 @@ def test_a_choice_at_the_grids_highest_rate_extends_the_grid_by_doublings_until_
                     "train.clip_norm"] / 100
                 (out / f"{r.name}.json").write_text(json.dumps({"row": r.name, "of": r.name, "group": r.group,
                                                                 "family": "main", "valid_nll": nll,
-                                                                "valid_ppl": math.exp(nll), "curve": []}))
+                                                                "valid_ppl": math.exp(nll), "curve": [],
+                                                                "overrides": r.overrides}))
 
     monkeypatch.setattr(suites, "_run_rows", train)
     ctx = {"results": tmp_path / "results"}
