@@ -256,11 +256,12 @@ class DecodeConfig:
     max_len_a: float = 1.0
     max_len_b: int = 50
     nbest: int = 1
-    max_tokens: int = 4096  # source tokens per translation batch
+    max_tokens: int | None = None  # source tokens per translation batch; None: by the decoding device
 
     def validate(self) -> None:
         _check_numbers("decode", self)
-        _check_positive("decode", self, "max_tokens")
+        if self.max_tokens is not None:
+            _check_positive("decode", self, "max_tokens")
         if self.max_len_a < 0 or self.max_len_b < 0:
             raise ConfigError(f"decode.max_len_a and decode.max_len_b must be >= 0, got {self.max_len_a}, "
                               f"{self.max_len_b}")

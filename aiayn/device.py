@@ -172,6 +172,15 @@ def pick_device(name: str | torch.device | None) -> torch.device:
     return dev
 
 
+def decode_batch_tokens(device: torch.device, asked: int | None = None) -> tuple[int, str]:
+    """Source tokens per translation batch, and why: decode.max_tokens where set; else 16,384 on a GPU
+    (on an H200 beam 4 ran 1.58x the sentences/s of 4,096, the same BLEU: bench/gpu_h200_visit4.json)
+    and 4,096 on a CPU (the size its decoding benches were measured at)."""
+    if asked:
+        return asked, "decode.max_tokens"
+    return (16384, "unset: the size for a GPU") if device.type == "cuda" else (4096, "unset: the size for a CPU")
+
+
 def autocast(device: torch.device, precision: str):
     """bf16 (fp16) autocast for a bf16 (fp16) run, nothing for fp32 (`auto` resolved as resolve_precision does)."""
     if precision == "auto":

@@ -9,9 +9,9 @@ Writes bench/gpu_<device>.json section by section (what finished survives a time
 - learning: `aiayn train` (the CLI) on Multi30k with the `multi30k` preset in bf16 and in fp16 (dynamic
   loss scaling), 2 seeds each, and a base-sized model for decoding, all at once on the one GPU; their
   validation NLL and BLEU, and test BLEU (beam 4) of each `multi30k` run;
-- decoding: beam 4 (α 0.6) of test2016 by the base-sized model, aiayn bf16 (4k- and 16k-token
-  batches, eager and compiled) against CTranslate2 on the GPU (float16, int8_float16), the same
-  weights; sentences/s and BLEU; a profile of beam search;
+- decoding: beam 4 (α 0.6) of test2016 by the base-sized model, aiayn bf16 (its GPU's 16k-token
+  batches and the CPU's 4k, eager and compiled) against CTranslate2 on the GPU (float16 at 4k and 16k
+  tokens, int8_float16), the same weights; sentences/s and BLEU; a profile of beam search;
 - resume: `torchrun --nproc_per_node 1` (NCCL), SIGKILL after a checkpoint, resume, final weights
   compared with an uninterrupted run;
 - profile: where a base update's GPU time goes (eager and compiled), for the next lever.
@@ -443,7 +443,8 @@ def decode_bench(args, checkpoint: Path, src: list[str], ref: list[str], deadlin
 
 def decode_systems(args, checkpoint: Path, out: dict, deadline: float) -> dict:
     """The systems in the order of the issue's target: aiayn, CTranslate2 float16 (int8_float16), then
-    aiayn's GPU variants (16k-token batches; the compiled step only with 3 minutes left to compile)."""
+    CTranslate2 float16 at aiayn's GPU batch size (16,384 source tokens, device.decode_batch_tokens), aiayn at
+    the CPU's 4,096, and the compiled step (only with 3 minutes left to compile)."""
     from aiayn.decode.translator import Translator
 
     cuda = args.device.startswith("cuda")
@@ -456,8 +457,12 @@ def decode_systems(args, checkpoint: Path, out: dict, deadline: float) -> dict:
             out[f"CTranslate2 {compute}"] = {"skipped": f"{type(e).__name__}: {e}"[:500]}
     if not cuda:
         return systems
-    tb = Translator.load(checkpoint, device=args.device, precision="bf16", max_tokens=16384)
-    systems["aiayn bf16, 16k-token batches"] = lambda s: tb.translate(s, beam=4, alpha=0.6)  # fewer, fuller steps
+    try:  # the peer at aiayn's GPU batch size too (the row above: CTranslate2's 4,096 of earlier visits)
+        systems["CTranslate2 float16, 16k-token batches"] = ct2_system(args, checkpoint, "float16", 16384)
+    except Exception as e:
+        out["CTranslate2 float16, 16k-token batches"] = {"skipped": f"{type(e).__name__}: {e}"[:500]}
+    tb = Translator.load(checkpoint, device=args.device, precision="bf16", max_tokens=4096)
+    systems["aiayn bf16, 4k-token batches"] = lambda s: tb.translate(s, beam=4, alpha=0.6)  # the CPU's size
     if deadline - time.time() < 180:
         out["aiayn bf16 compiled"] = {"skipped": f"{deadline - time.time():.0f} s left, 180 s kept for compiling"}
         return systems
@@ -516,7 +521,7 @@ def profile_decoding(run, src: list[str], device: torch.device) -> str:
     return p.key_averages().table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60)
 
 
-def ct2_system(args, checkpoint: Path, compute: str):
+def ct2_system(args, checkpoint: Path, compute: str, tokens: int = 4096):
     import ctranslate2
     import sentencepiece as spm
 
@@ -537,7 +542,7 @@ def ct2_system(args, checkpoint: Path, compute: str):
 
     def run(src: list[str]) -> list[str]:
         pieces = [sp.encode(s, out_type=str) + ["</s>"] for s in src]
-        res = tr.translate_batch(pieces, beam_size=4, length_penalty=0.6, max_batch_size=4096, batch_type="tokens",
+        res = tr.translate_batch(pieces, beam_size=4, length_penalty=0.6, max_batch_size=tokens, batch_type="tokens",
                                  max_decoding_length=max(map(len, pieces)) + 50)
         return [sp.decode(r.hypotheses[0]) for r in res]
     return run

@@ -20,6 +20,7 @@ from aiayn.config import ConfigError, apply_overrides, load_yaml, preset
 from aiayn.data.tokenizer import BOS, EOS
 from aiayn.decode.search import length_penalty
 from aiayn.decode.translator import Translator
+from aiayn.device import decode_batch_tokens
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,27 @@ def test_translator_load_rejects_unknown_keywords_and_values(ckpt):
         t.translate(["the dog"], beam=0)
     with pytest.raises(ConfigError, match="not a device"):
         Translator.load(ckpt, device="gpu")
+
+
+def test_translation_batches_are_the_decoding_machines(toy_prepared, tmp_path, monkeypatch):
+    """decode.max_tokens unset: 16,384 source tokens a batch on a GPU (1.58x the sentences/s of 4,096 on
+    an H200, bench/gpu_h200_visit4.json), 4,096 on a CPU; a checkpoint's own size (every one trained
+    before this saved 4,096) is the training machine's and is not used; an explicit size always is."""
+    assert decode_batch_tokens(torch.device("cuda")) == (16384, "unset: the size for a GPU")
+    assert decode_batch_tokens(torch.device("cpu")) == (4096, "unset: the size for a CPU")
+    assert decode_batch_tokens(torch.device("cuda"), 1000) == (1000, "decode.max_tokens")
+    cfg = tiny_config(max_steps=2)
+    cfg.decode.max_tokens = 50  # as an older checkpoint carries its 4,096
+    aiayn.train(cfg, str(toy_prepared), str(tmp_path / "run"))
+    ckpt = list_checkpoints(tmp_path / "run")[-1]
+    sizes = []
+    batches = Translator._batches
+    monkeypatch.setattr(Translator, "_batches", lambda self, ids, n: sizes.append(n) or batches(self, ids, n))
+    Translator.load(ckpt, device="cpu").translate(["the dog"])
+    Translator.load(ckpt, device="cpu", max_tokens=64).translate(["the dog"])
+    assert sizes == [4096, 64]
+    with pytest.raises(ConfigError, match="decode.max_tokens must be positive"):
+        Translator.load(ckpt, max_tokens=0)
 
 
 def test_hypotheses_carry_the_scores_a_teacher_forced_pass_gives(ckpt):

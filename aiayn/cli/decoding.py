@@ -261,7 +261,7 @@ def add_translate(sub) -> None:
     p.add_argument("--alpha", type=float, help="length penalty alpha (default 0.6)")
     p.add_argument("--max-len-b", type=int, help="max output length = input length + B (default 50)")
     p.add_argument("--nbest", type=int, help="hypotheses per line, written as TEXT<TAB>SCORE")
-    p.add_argument("--max-tokens", type=int, help="source tokens per batch")
+    p.add_argument("--max-tokens", type=int, help="source tokens per batch (default: 16384 on a GPU, 4096 on a CPU)")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
                    help="auto (default): bf16 where the processor computes it natively (AVX-512 BF16, AMX, recent "

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from ..checkpoint import Builder, CheckpointError, read_extra
 from ..config import ConfigError, DecodeConfig
 from ..data.tokenizer import BOS, EOS, PAD, Tokenizer
-from ..device import PRECISIONS, huge_pages, pick_device, resolve_precision
+from ..device import PRECISIONS, decode_batch_tokens, huge_pages, pick_device, resolve_precision
 from ..models.attention import without_dead_heads
 from ..models.build import build_model
 from ..models.linear import Int8Linear, kernel_cache
@@ -115,7 +115,8 @@ class Translator:
         (log.warning if why.startswith("int8 refused") else log.info)("decoding in %s (%s)", self.precision, why)
         self.model = model.eval() if self.device == here else model.eval().to(self.device)
         self.tokenizer = tokenizer
-        self.decode_cfg = decode or DecodeConfig()
+        self.decode_cfg = decode = decode or DecodeConfig()
+        log.info("translation batches of %d source tokens (%s)", *decode_batch_tokens(self.device, decode.max_tokens))
         self.data_max_len = 0  # subwords per side in training (data.max_len), when loaded from a checkpoint
         self.alignment_head: tuple[int, int | None] | None = None  # `aiayn align`'s choice, when loaded
         self.shortlist: Shortlist | None = None  # see use_shortlist
@@ -184,6 +185,7 @@ class Translator:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         dev = pick_device(device)
         model, cfg, tokenizer = load_models([path] if isinstance(path, (str, Path)) else list(path), dev, build)
+        cfg.decode.max_tokens = None  # a batch's size is the decoding machine's, not the checkpoint's
         for k, v in decode_overrides.items():
             setattr(cfg.decode, k, v)
         cfg.decode.validate()
@@ -276,7 +278,7 @@ class Translator:
         ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if autocast
                else torch.autocast(self.device.type, enabled=False))  # int8: fp32 around the int8 products
         bar = tqdm(total=sum(1 for x in ids if x), unit="sent", disable=not progress, leave=False)
-        for batch in self._batches(ids, d.max_tokens):
+        for batch in self._batches(ids, decode_batch_tokens(self.device, d.max_tokens)[0]):
             S = max(len(ids[i]) for i in batch)
             src = torch.full((len(batch), S), PAD, dtype=torch.long)
             for b, i in enumerate(batch):
