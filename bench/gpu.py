@@ -565,6 +565,8 @@ def main() -> None:
     ap.add_argument("--m30k-steps", type=int, default=2750)
     ap.add_argument("--m30k-minutes", type=float, default=4.5)
     ap.add_argument("--decode-rounds", type=int, default=2)
+    ap.add_argument("--length", type=int, help="padded length of the timed training batches (default 32; --tiny: 16): "
+                    "SDPA against explicit attention at other lengths, e.g. --training-only --length 128")
     only = ap.add_mutually_exclusive_group()
     only.add_argument("--decode-only", action="store_true", help="train the base-sized model and decode; nothing else")
     only.add_argument("--training-only", action="store_true", help="the timed training rows alone")
@@ -584,7 +586,8 @@ def main() -> None:
     rec.section("env", env_info, device)
     args.work.mkdir(parents=True, exist_ok=True)
     vocab = TINY["model.vocab_size"] if args.tiny else 37000
-    args.batches = synthetic_batches(vocab, 512 if args.tiny else PAPER_TOKENS, 16 if args.tiny else 32, 4, 1, device)
+    length = args.length or (16 if args.tiny else 32)
+    args.batches = synthetic_batches(vocab, 512 if args.tiny else PAPER_TOKENS, length, 4, 1, device)
 
     if args.training_only:
         return training_only(rec, args, device, precision)

@@ -128,12 +128,14 @@ def test_a_section_that_fails_keeps_what_it_saved(tmp_path):
 def test_training_only_times_the_training_rows_and_nothing_else(toy_prepared, tmp_path):
     """A short GPU visit's `--training-only`: the training sections, no learning runs, no decoding."""
     res = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(toy_prepared), "--device", "cpu",
-                          "--tiny", "--skip-compile", "--training-only", "--out", str(tmp_path / "g.json"),
-                          "--work", str(tmp_path / "w")], capture_output=True, text=True, timeout=300)
+                          "--tiny", "--skip-compile", "--training-only", "--length", "24",
+                          "--out", str(tmp_path / "g.json"), "--work", str(tmp_path / "w")],
+                         capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads((tmp_path / "g.json").read_text())
     assert set(r) == {"command", "env", "training_warmup", "training", "paper_budget_projection", "profile"}, r
     assert all(v["tgt_tok_s"] > 0 for v in r["training"]["base"].values())
+    assert r["training"]["batch"]["padded_length"] == 24  # --length: the rows at another sequence length
     assert not list((tmp_path / "w").glob("multi30k-*"))  # no training run started
     both = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(toy_prepared), "--training-only",
                            "--decode-only"], capture_output=True, text=True, timeout=120)
