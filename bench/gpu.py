@@ -572,6 +572,8 @@ def main() -> None:
     only.add_argument("--training-only", action="store_true", help="the timed training rows alone")
     ap.add_argument("--test", default="test_2016_flickr", help="test split: DATA/NAME.{en,de}.txt")
     args = ap.parse_args()
+    if args.length is not None and not 2 <= args.length <= 512:
+        ap.error(f"--length must be in [2, 512] (padded subwords of a timed batch), got {args.length}")
     if not (args.data / "manifest.json").is_file():
         ap.error(f"--data {args.data}: not a prepared folder (no manifest.json; make one with aiayn prepare, "
                  "or bench/gpu_carry.sh)")

@@ -140,3 +140,6 @@ def test_training_only_times_the_training_rows_and_nothing_else(toy_prepared, tm
     both = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(toy_prepared), "--training-only",
                            "--decode-only"], capture_output=True, text=True, timeout=120)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    zero = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(toy_prepared), "--length", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert zero.returncode == 2 and "--length must be in [2, 512]" in zero.stderr.splitlines()[-1]
