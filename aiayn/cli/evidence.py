@@ -36,7 +36,7 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     if args.render_only:
         from ..evidence.suites import planned
 
-        out = render(report, command, planned(report))
+        out = render(report, command, planned(report, args.seeds), args.seeds)
     else:
         rows = [r for r in args.rows.split(",") if r] if args.rows else None
         out = reproduce(args.suite, Path(args.data) if args.data else None, work, report, rows, args.steps,
@@ -66,7 +66,8 @@ def add_reproduce(sub) -> None:
                    f"budget suite; budget: {2 * BUDGET_UPDATES})")
     p.add_argument("--valid-every", type=int, help="table3, arch, tune: validate every this many updates "
                    "(default: a tenth of --steps; e.g. 250 for a long rerun's curve)")
-    p.add_argument("--seeds", type=int, default=5, help="table3: seeds of each reference (default 5)")
+    p.add_argument("--seeds", type=int, default=5, help=
+                   "table3: seeds of each reference (default 5); with --render-only, the seeds the run used")
     p.add_argument("--extra-seeds", type=int, default=8,
                    help="table3: at most this many seed-2 runs of rows whose NLL change lies between 1 and 2.5 "
                    "interval half-widths (default 8); arch always adds seeds 2 and 3 of the Transformer and of "

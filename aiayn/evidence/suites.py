@@ -53,17 +53,17 @@ from .throughput import measure_throughput
 log = logging.getLogger("aiayn")
 
 
-def planned(report_dir: Path, arch_seeds: int = 3) -> dict[str, int]:
+def planned(report_dir: Path, seeds: int = 5, arch_seeds: int = 3) -> dict[str, int]:
     """Rows each suite has, for the report's progress line (second seeds of Table 3 apart): Table 3's
-    include the stability runs made so far, and the depth group's own reference when N=6 diverged;
-    arch's its later seeds of the Transformer and of each other family's best. A quick report's
-    rows (toy-sized, TINY) are the quick suite's."""
+    `seeds` references and its rows, the stability runs made so far and the depth group's own
+    references when N=6 diverged; arch's its later seeds of the Transformer and of each other
+    family's best. A quick report's rows (toy-sized, TINY) are the quick suite's."""
 
     results = load_results(Path(report_dir) / "results")
     quick = any(TINY.items() <= r.get("overrides", {}).items() for rs in results.values() for r in rs)
     stab = [r for r in results.get("table3", []) if r.get("family") == "stability"]
-    full = {"table3": table3_rows(), "arch": arch_rows(), "tune": tune_rows()}
-    seeds, q = (QUICK_SEEDS, quick_rows()) if quick else (5, full)
+    full = {"table3": table3_rows(seeds), "arch": arch_rows(), "tune": tune_rows()}
+    seeds, q = (QUICK_SEEDS, quick_rows()) if quick else (seeds, full)
     arch_seeds = QUICK_SEEDS if quick else arch_seeds
     depth_refs = sum(r.group == "ref" for r in depth_rows(seeds, 1.0, q["table3"])) if any(
         unstable(r) for r in stab) else 0
@@ -139,7 +139,8 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
            "allow_mixed": allow_mixed, "sentences": 20 if suite == "quick" else 0}
 
     # while rows run; the report is rendered once more after the last
-    render_report = at_most_every(RENDER_EVERY_S, lambda: render(report_dir, command, planned(report_dir)))
+    render_report = at_most_every(RENDER_EVERY_S,
+                                  lambda: render(report_dir, command, planned(report_dir, seeds), seeds))
 
     if suite == "quick":
         _quick(ctx, rows, render_report)
@@ -155,7 +156,7 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
         _tune(tune_rows(), protocol(steps, valid_every), ctx, rows, render_report)
     if suite in ("table1", "quick"):
         _table1(results, suite == "quick", device)
-    return render(report_dir, command, planned(report_dir))
+    return render(report_dir, command, planned(report_dir, seeds), seeds)
 
 
 def _table3(rows: list[Row], stab: list[Row], seeds: int, common: dict[str, Any], ctx: dict[str, Any],

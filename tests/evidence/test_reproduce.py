@@ -18,6 +18,7 @@ from scipy import stats as scipy_stats
 from torch.utils.flop_counter import FlopCounterMode
 
 from aiayn.config import preset
+from aiayn.evidence import suites
 from aiayn.evidence.plan import BUDGET_UPDATES, converged_at, diverged, protocol, table3_rows, unstable
 from aiayn.evidence.rows import row_config
 from aiayn.evidence.stats import paired_bootstrap
@@ -192,6 +193,21 @@ def test_the_committed_report_renders_byte_for_byte(tmp_path):
     p = reproduce("--suite", "table3", "--render-only", "--report", tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert (tmp_path / "REPORT.md").read_text() == (docs / "REPORT.md").read_text()
+
+
+def test_the_5000_update_report_renders_with_its_runs_seeds(tmp_path):
+    """docs/reproduction-5000 ran with `--seeds 2`: rendered with them, its progress counts Table 3's
+    rows with 2 reference seeds (3 fewer than 5 seeds) and its commands say so, byte for byte."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction-5000"
+    assert suites.planned(tmp_path, seeds=2)["table3"] == suites.planned(tmp_path)["table3"] - 3
+    shutil.copytree(docs / "results", tmp_path / "results")
+    p = reproduce("--suite", "table3", "--render-only", "--seeds", "2", "--report", tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    text = (tmp_path / "REPORT.md").read_text()
+    assert text == (docs / "REPORT.md").read_text()
+    n = len(list((docs / "results" / "table3").glob("*.json")))
+    assert f"table3 {n} of {suites.planned(tmp_path, seeds=2)['table3']} rows" in text
+    assert "--render-only --seeds 2`" in text and "--steps 5000 --valid-every 250 --seeds 2`" in text
 
 
 @pytest.mark.slow
