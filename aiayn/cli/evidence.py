@@ -66,8 +66,8 @@ def add_reproduce(sub) -> None:
                    f"budget suite; budget: {2 * BUDGET_UPDATES})")
     p.add_argument("--valid-every", type=int, help="table3, arch, tune: validate every this many updates "
                    "(default: a tenth of --steps; e.g. 250 for a long rerun's curve)")
-    p.add_argument("--seeds", type=int, default=5, help=
-                   "table3: seeds of each reference (default 5); with --render-only, the seeds the run used")
+    p.add_argument("--seeds", type=int, default=5,
+                   help="table3: seeds of each reference (default 5); with --render-only, the seeds the run used")
     p.add_argument("--extra-seeds", type=int, default=8,
                    help="table3: at most this many seed-2 runs of rows whose NLL change lies between 1 and 2.5 "
                    "interval half-widths (default 8); arch always adds seeds 2 and 3 of the Transformer and of "
