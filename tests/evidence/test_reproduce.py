@@ -220,6 +220,9 @@ def test_bad_suite_requests_get_one_line_errors(toy_prepared, tmp_path):
     assert p.returncode == 2 and "not a prepared data folder" in p.stderr
     p = reproduce("--suite", "table3", "--seeds", "1", "--data", toy_prepared, "--work", tmp_path)
     assert p.returncode == 2 and "--seeds must be >= 2" in p.stderr
+    p = reproduce("--suite", "table3", "--render-only", "--seeds", "0", "--report", tmp_path / "r")
+    assert p.returncode == 2 and "--seeds must be >= 2" in p.stderr and "got 0" in p.stderr
+    assert not (tmp_path / "r").exists()
     p = reproduce("--suite", "table3", "--extra-seeds", "-1", "--data", toy_prepared, "--work", tmp_path)
     assert p.returncode == 2 and "--extra-seeds must be >= 0, got -1" in p.stderr
     p = reproduce("--suite", "table3", "--valid-every", "0", "--data", toy_prepared, "--work", tmp_path)
