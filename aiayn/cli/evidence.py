@@ -33,12 +33,15 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     if args.seeds < 2:
         raise UserError(f"--seeds must be >= 2 (an interval needs two reference runs), got {args.seeds}")
     check_output_folder(report, is_report, "--report")
+    rows = [r for r in args.rows.split(",") if r] if args.rows else None
     if args.render_only:
-        from ..evidence.suites import planned
+        from ..evidence.suites import check_rows, planned
 
-        out = render(report, command, planned(report, args.seeds), args.seeds)
+        if rows and args.suite != "table3":
+            raise UserError("--rows with --render-only names the rows of a table3 run; give --suite table3")
+        check_rows(args.suite, rows, args.seeds)
+        out = render(report, command, planned(report, args.seeds, rows=rows), args.seeds, rows)
     else:
-        rows = [r for r in args.rows.split(",") if r] if args.rows else None
         out = reproduce(args.suite, Path(args.data) if args.data else None, work, report, rows, args.steps,
                         args.seeds, args.device, command, args.allow_mixed_commits, args.extra_seeds,
                         args.valid_every)
@@ -61,7 +64,8 @@ def add_reproduce(sub) -> None:
     p.add_argument("--report", help="folder for REPORT.md, its plots and results/ (default docs/reproduction; "
                    "quick: WORK/quick-report)")
     p.add_argument("--rows", help="comma-separated row names to run (default: all of the suite); table3's "
-                   "`second-seeds` and arch's `seeds` name the runs added from the results")
+                   "`second-seeds` and arch's `seeds` name the runs added from the results; with --render-only, "
+                   "the rows a table3 run was given (its report counts and names those)")
     p.add_argument("--steps", type=int, help=f"updates per row (default {BUDGET_UPDATES}: the budget chosen by the "
                    f"budget suite; budget: {2 * BUDGET_UPDATES})")
     p.add_argument("--valid-every", type=int, help="table3, arch, tune: validate every this many updates "

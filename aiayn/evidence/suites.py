@@ -53,11 +53,12 @@ from .throughput import measure_throughput
 log = logging.getLogger("aiayn")
 
 
-def planned(report_dir: Path, seeds: int = 5, arch_seeds: int = 3) -> dict[str, int]:
+def planned(report_dir: Path, seeds: int = 5, arch_seeds: int = 3, rows: list[str] | None = None) -> dict[str, int]:
     """Rows each suite has, for the report's progress line (second seeds of Table 3 apart): Table 3's
     `seeds` references and its rows, the stability runs made so far and the depth group's own
     references when N=6 diverged; arch's its later seeds of the Transformer and of each other
-    family's best. A quick report's rows (toy-sized, TINY) are the quick suite's."""
+    family's best; `rows`: the --rows a table3 report's run was given (those it names, as it runs
+    them). A quick report's rows (toy-sized, TINY) are the quick suite's."""
 
     results = load_results(Path(report_dir) / "results")
     quick = any(TINY.items() <= r.get("overrides", {}).items() for rs in results.values() for r in rs)
@@ -65,16 +66,26 @@ def planned(report_dir: Path, seeds: int = 5, arch_seeds: int = 3) -> dict[str, 
     full = {"table3": table3_rows(seeds), "arch": arch_rows(), "tune": tune_rows()}
     seeds, q = (QUICK_SEEDS, quick_rows()) if quick else (seeds, full)
     arch_seeds = QUICK_SEEDS if quick else arch_seeds
-    depth_refs = sum(r.group == "ref" for r in depth_rows(seeds, 1.0, q["table3"])) if any(
-        unstable(r) for r in stab) else 0
     families = len({r.group for r in q["arch"]})
     longer = {r.get("of") or r["row"] for r in results.get("tune", []) if r.get("family") == FLOPS}
     grid = {r.name for r in q["tune"]}
     beyond = {r["row"] for r in results.get("tune", []) if grid_run(r) and r["row"] not in grid}  # _extend_grid
-    return {"table3": len(q["table3"]) + len(stab) + depth_refs,
+    return {"table3": _table3_planned(q["table3"], stab, seeds, rows),
             "arch": len(q["arch"]) + families * (arch_seeds - 1),
             "tune": len(q["tune"]) + len(beyond) + len({r.group for r in q["tune"]}) * (arch_seeds - 1)
             + len(longer) * arch_seeds}
+
+
+def _table3_planned(rows: list[Row], stab: list[dict], seeds: int, only: list[str] | None) -> int:
+    """Table 3's runs as _table3 makes them: its rows, the depth group's references when N=6 diverged
+    and the stability runs made so far, of them the ones `only` names (the stability runs when it
+    names a depth row)."""
+    deep = depth_rows(seeds, 1.0, rows)
+    plan = rows + ([r for r in deep if r.group == "ref"] if any(unstable(r) for r in stab) else [])
+    if not only:
+        return len(plan) + len(stab)
+    wanted = any(r.name in only for r in stability_rows() + deep)
+    return sum(r.name in only or r.group in only for r in plan) + len(stab) * wanted
 
 
 # -- the suites ----------------------------------------------------------------------------------
@@ -134,7 +145,7 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
     results = report_dir / "results"
     if suite != "table1":
         _check_data(data_dir)
-        _check_rows(suite, rows, seeds)
+        check_rows(suite, rows, seeds)
     ctx = {"data_dir": Path(data_dir or "."), "work": Path(work), "results": results, "device": device,
            "allow_mixed": allow_mixed, "sentences": 20 if suite == "quick" else 0}
 
@@ -323,7 +334,7 @@ def _check_data(data_dir: Path | None) -> None:
         raise ConfigError(f"{data_dir}: not a prepared data folder (run `aiayn prepare` first)")
 
 
-def _check_rows(suite: str, rows: list[str] | None, seeds: int) -> None:
+def check_rows(suite: str, rows: list[str] | None, seeds: int) -> None:
     q = quick_rows()
     known = {"budget": ["ref"], "table3": [r.name for r in table3_rows(seeds, 0.4) + stability_rows()],
              "arch": [r.name for r in arch_rows()], "tune": [r.name for r in tune_rows()],

@@ -259,9 +259,10 @@ def _protocol_words(r0: dict) -> str:
             f"tables together. Every verdict holds {at}, not at the paper's scale. BP is the brevity penalty.")
 
 
-def table3_section(rs: list[dict], img: Path, machine_words, seeds: int = 5) -> list[str]:
+def table3_section(rs: list[dict], img: Path, machine_words, seeds: int = 5,
+                   rows: list[str] | None = None) -> list[str]:
     """Table 3's section: the protocol, one table per family, the verdict counts, provenance (the
-    command names `--valid-every` and `--seeds` where the run's differ from the defaults)."""
+    command names `--valid-every`, `--seeds` and `--rows` where the run's differ from the defaults)."""
     fam = families(rs)
     refs = fam["main"][0]
     if not refs:
@@ -269,6 +270,7 @@ def table3_section(rs: list[dict], img: Path, machine_words, seeds: int = 5) -> 
     r0, steps = refs[0], refs[0]["common"]["train.max_steps"]
     every = r0["common"].get("train.valid_every", max(1, steps // 10))
     flags = f" --valid-every {every}" * (every != max(1, steps // 10)) + f" --seeds {seeds}" * (seeds != 5)
+    flags += f" --rows {','.join(rows)}" if rows else ""
     out = ["## Table 3 at small scale", "", _protocol_words(r0), "",
            f"Made by `aiayn reproduce --suite table3 --steps {steps}{flags}`.", ""]
     stab_refs, stab = fam["stability"]

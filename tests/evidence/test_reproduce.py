@@ -19,7 +19,16 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from aiayn.config import preset
 from aiayn.evidence import suites
-from aiayn.evidence.plan import BUDGET_UPDATES, converged_at, diverged, protocol, table3_rows, unstable
+from aiayn.evidence.plan import (
+    BUDGET_UPDATES,
+    DEPTH,
+    LONGER,
+    converged_at,
+    diverged,
+    protocol,
+    table3_rows,
+    unstable,
+)
 from aiayn.evidence.rows import row_config
 from aiayn.evidence.stats import paired_bootstrap
 from aiayn.evidence.table1 import (
@@ -195,19 +204,46 @@ def test_the_committed_report_renders_byte_for_byte(tmp_path):
     assert (tmp_path / "REPORT.md").read_text() == (docs / "REPORT.md").read_text()
 
 
-def test_the_5000_update_report_renders_with_its_runs_seeds(tmp_path):
-    """docs/reproduction-5000 ran with `--seeds 2`: rendered with them, its progress counts Table 3's
-    rows with 2 reference seeds (3 fewer than 5 seeds) and its commands say so, byte for byte."""
+def test_the_5000_update_report_renders_with_its_runs_seeds_and_rows(tmp_path):
+    """docs/reproduction-5000 runs with `--seeds 2 --rows` LONGER: rendered with them, its progress
+    counts those rows with 2 reference seeds and its commands name both flags, byte for byte."""
     docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction-5000"
     assert suites.planned(tmp_path, seeds=2)["table3"] == suites.planned(tmp_path)["table3"] - 3
+    assert suites.planned(tmp_path, seeds=2, rows=list(LONGER))["table3"] == 2 + 9  # 2 references, 9 rows
     shutil.copytree(docs / "results", tmp_path / "results")
-    p = reproduce("--suite", "table3", "--render-only", "--seeds", "2", "--report", tmp_path)
+    rows = ",".join(LONGER)
+    p = reproduce("--suite", "table3", "--render-only", "--seeds", "2", "--rows", rows, "--report", tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     text = (tmp_path / "REPORT.md").read_text()
     assert text == (docs / "REPORT.md").read_text()
     n = len(list((docs / "results" / "table3").glob("*.json")))
-    assert f"table3 {n} of {suites.planned(tmp_path, seeds=2)['table3']} rows" in text
-    assert "--render-only --seeds 2`" in text and "--steps 5000 --valid-every 250 --seeds 2`" in text
+    assert f"table3 {n} of 11 rows" in text
+    assert f"--render-only --seeds 2 --rows {rows}`" in text
+    assert f"--steps 5000 --valid-every 250 --seeds 2 --rows {rows}`" in text
+
+
+def test_a_row_selection_counts_what_the_suite_would_run_of_it(tmp_path):
+    """On the committed 2,750-update results (N=6 diverged: the depth group has 5 references of its
+    own; 2 stability runs): `ref` is both groups' references, a depth row brings the stability runs."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction"
+    shutil.copytree(docs / "results" / "table3", tmp_path / "results" / "table3")
+    count = lambda rows: suites.planned(tmp_path, rows=rows)["table3"]  # noqa: E731
+    assert count(["ref"]) == 5 + 5
+    assert count(["C-N2"]) == 1 + 2 and count(["A-h16"]) == 1
+    assert count(list(LONGER)) == 10 + 9 + 2
+    assert count(None) == len(table3_rows()) + 5 + 2
+
+
+def test_the_longer_rerun_covers_the_rows_the_curve_leaves_unsettled():
+    """LONGER holds every row whose verdict changes sign along the committed 2,750-update curve or
+    whose final verdict none of its last three points shows (as REPORT.md names them), and the rows
+    issue #61 named: A-h16, the depth rows, C-dmodel512, D-ls0.0, E."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "reproduction" / "REPORT.md").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("Verdicts that change sign along the curve"))
+    flips, unsupported = (part.split(": ", 1)[1].split(". ")[0] for part in line.split(". Final verdicts"))
+    named = {r for r in (flips + ", " + unsupported).split(", ") if r != "none"}
+    assert named and named <= set(LONGER), named - set(LONGER)
+    assert {"A-h16", *DEPTH, "C-dmodel512", "D-ls0.0", "E", "ref"} <= set(LONGER)
 
 
 @pytest.mark.slow
@@ -223,6 +259,10 @@ def test_bad_suite_requests_get_one_line_errors(toy_prepared, tmp_path):
     p = reproduce("--suite", "table3", "--render-only", "--seeds", "0", "--report", tmp_path / "r")
     assert p.returncode == 2 and "--seeds must be >= 2" in p.stderr and "got 0" in p.stderr
     assert not (tmp_path / "r").exists()
+    for suite, rows, words in (("arch", "ref", "names the rows of a table3 run"),
+                               ("table3", "A-h3", "unknown row(s) A-h3")):
+        p = reproduce("--suite", suite, "--render-only", "--rows", rows, "--report", tmp_path / "r")
+        assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr and not (tmp_path / "r").exists()
     p = reproduce("--suite", "table3", "--extra-seeds", "-1", "--data", toy_prepared, "--work", tmp_path)
     assert p.returncode == 2 and "--extra-seeds must be >= 0, got -1" in p.stderr
     p = reproduce("--suite", "table3", "--valid-every", "0", "--data", toy_prepared, "--work", tmp_path)
