@@ -31,3 +31,37 @@ def _code_commit() -> str | None:
     written an hour later must not name whatever the working tree holds by then)."""
 
     return git_commit()
+
+
+def _machine_words(m: dict[str, Any]) -> str:
+    if m.get("gpu"):
+        return m["gpu"]
+    if "cpu_family" not in m:
+        return f"{m.get('cpu', '?')}, family and model not recorded"
+    return f"{m.get('cpu', '?')} family {m['cpu_family']} model {m['cpu_model']}, {m.get('class', '?')}"
+
+
+def compute_section(results: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The hours and hardware each suite's runs spent, summed from their result files (#61: "the
+    hours and hardware spent", from records rather than memory)."""
+    spent: dict[tuple[str, str], list] = {}
+    for suite, rs in results.items():
+        for r in rs:
+            if "train_minutes" in r:
+                cell = spent.setdefault((suite, _machine_words(r.get("machine", {}))), [0, 0.0, set()])
+                cell[0] += 1
+                cell[1] += r["train_minutes"] / 60
+                cell[2].add((r.get("machine", {}).get("git") or "?")[:7])
+    if not spent:
+        return []
+    out = ["## Compute spent", "",
+           "Training time as the result files record it (`train_minutes`: a run's clock while it trained, "
+           "validation included, across resumes; time a run sat stopped, e.g. paused while tests ran, counts; work "
+           "lost since the last checkpoint when a run was interrupted and the final evaluation do not), by suite "
+           "and machine.", "",
+           "| suite | machine | runs | training hours | commits |", "|---|---|--:|--:|---|"]
+    for (suite, words), (n, hours, commits) in sorted(spent.items()):
+        out.append(f"| {suite} | {words} | {n} | {hours:.1f} | {', '.join(sorted(commits))} |")
+    total = sum(c[1] for c in spent.values())
+    out += [f"| all | | {sum(c[0] for c in spent.values())} | {total:.1f} | |", ""]
+    return out

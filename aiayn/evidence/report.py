@@ -17,6 +17,7 @@ from ..files import atomic_write
 from .curves import curve_section
 from .families import chosen, seed_lines, tuned_lines
 from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedule, _plot_table1
+from .machine import compute_section
 from .plan import converged_at
 from .stats import p_text
 from .summary import summary_section
@@ -328,6 +329,7 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
         out += ["## The learning-rate schedules (Eq. 3)", "",
                 "The paper's base schedule beside each schedule the rows above trained with (from their configs).", "",
                 "![Eq. 3](img/schedule.png)", "", f"sacreBLEU signature: `{trained[0].get('signature', '?')}`", ""]
+    out += compute_section(results)
     if not trained and not t1_files and "budget" not in results:
         out += ["No suite has finished a run yet.", ""]
     path = report_dir / "REPORT.md"

@@ -1,12 +1,15 @@
 """The report's one-paragraph summary: the seeds that would settle a row, checked against scipy's t
 test on runs built to that count, and the rows it names, from results whose verdicts are known by hand."""
 
+import json
 import re
 import statistics
+from pathlib import Path
 
 import pytest
 from scipy import stats as scipy_stats
 
+from aiayn.evidence.machine import compute_section
 from aiayn.evidence.stats import seed_test, seeds_to_settle
 from aiayn.evidence.summary import summary_section
 
@@ -187,3 +190,28 @@ def test_verdicts_along_the_curve_are_judged_at_each_point_and_name_the_moving_r
     assert "| C-N1 | worse | agrees | agrees | agrees | agrees | agrees |" in text
     assert "change sign along the curve (agree at one point, contradict at another): C-dmodel512." in text
     assert curve_section(refs) == []  # no judged row: no section
+
+
+def test_compute_spent_sums_each_suites_hours_by_machine():
+    """The report's hours and hardware: a hand-made set of results on two machines, one of them
+    recorded before family and model were, and one result without a training time (not counted)."""
+    zen4 = {"cpu": "AMD EPYC", "cpu_family": 25, "cpu_model": 17, "class": "AVX-512 BF16", "git": "d38ac2b" + "0" * 33}
+    old = {"cpu": "AMD EPYC", "git": "a8de93c" + "0" * 33}
+    results = {"tune": [{"train_minutes": 30.0, "machine": zen4}, {"train_minutes": 60.0, "machine": zen4},
+                        {"train_minutes": 6.0, "machine": old}],
+               "heads": [{"machine": zen4}]}
+    text = "\n".join(compute_section(results))
+    assert "| tune | AMD EPYC family 25 model 17, AVX-512 BF16 | 2 | 1.5 | d38ac2b |" in text
+    assert "| tune | AMD EPYC, family and model not recorded | 1 | 0.1 | a8de93c |" in text
+    assert "| all | | 3 | 1.6 | |" in text and "heads" not in text
+    assert compute_section({"heads": [{"machine": zen4}]}) == []
+
+
+def test_the_committed_reports_hours_add_up_to_its_result_files():
+    """docs/reproduction/REPORT.md's total training hours are the sum of every committed result's
+    train_minutes (read here from the files, not through the report's loader)."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction"
+    minutes = [json.loads(f.read_text()).get("train_minutes") for f in (docs / "results").glob("*/*.json")]
+    minutes = [m for m in minutes if m is not None]
+    line = next(x for x in (docs / "REPORT.md").read_text().splitlines() if x.startswith("| all | |"))
+    assert line == f"| all | | {len(minutes)} | {sum(minutes) / 60:.1f} | |"
