@@ -239,7 +239,7 @@ def tune_rows() -> list[Row]:
             for fam, (name, words, over) in TUNED.items() for lr in TUNE_RATES for clip in TUNE_CLIPS]
 
 
-TUNE_EXTEND = 2  # doublings of the peak rate beyond the grid, at most, while a family's choice lies at its top
+TUNE_EXTEND = 4  # doublings of the peak rate beyond the grid, at most, while a family's choice lies at its top
 
 
 def extended(row: Row, rate: float) -> Row:

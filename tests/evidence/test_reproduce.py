@@ -461,15 +461,16 @@ def test_a_choice_at_the_grids_highest_rate_extends_the_grid_by_doublings_until_
     ctx = {"results": tmp_path / "results"}
     train("tune", tune_rows(), {}, ctx, None, None)
     rows = suites._extend_grid(tune_rows(), {}, ctx, lambda: None)
-    assert TUNE_EXTEND == 2 and ran[16:] == ["transformer-lr0.004-clip0", "bahdanau-lr0.004-clip0",
+    assert TUNE_EXTEND == 4 and ran[16:] == ["transformer-lr0.004-clip0", "bahdanau-lr0.004-clip0",
                                              "luong-lr0.004-clip0", "transformer-lr0.008-clip0",
-                                             "bahdanau-lr0.008-clip0"]
+                                             "bahdanau-lr0.008-clip0", "bahdanau-lr0.016-clip0",
+                                             "bahdanau-lr0.032-clip0"]
     picks = suites.tune_choices(rows, ctx["results"])
     assert {f: r.name for f, r in picks.items()} == {
-        "transformer": "transformer-lr0.004-clip0", "bahdanau": "bahdanau-lr0.008-clip0",  # inside; capped at an edge
+        "transformer": "transformer-lr0.004-clip0", "bahdanau": "bahdanau-lr0.032-clip0",  # inside; capped at an edge
         "luong": "luong-lr0.002-clip0", "conv": "conv-lr0.001-clip0"}  # inside after one row; the lowest rate
-    assert suites._extend_grid(tune_rows(), {}, ctx, lambda: None) == rows and len(ran) == 21  # resumed: the same
-    assert suites.planned(tmp_path)["tune"] == 16 + 5 + 4 * 2  # grid, its extension, 2 more seeds a family
+    assert suites._extend_grid(tune_rows(), {}, ctx, lambda: None) == rows and len(ran) == 23  # resumed: the same
+    assert suites.planned(tmp_path)["tune"] == 16 + 7 + 4 * 2  # grid, its extension, 2 more seeds a family
 
 
 def test_restricted_attention_equals_masked_full_attention():
