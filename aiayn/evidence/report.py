@@ -18,7 +18,7 @@ from .curves import curve_section
 from .families import chosen, seed_lines, tuned_lines
 from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedule, _plot_table1
 from .machine import compute_section
-from .plan import converged_at
+from .plan import converged_at, diverged
 from .stats import p_text
 from .summary import summary_section
 from .table1 import path_length, quadratic_fit, sequential_steps
@@ -132,6 +132,8 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
                    f"{b.get('bleu', float('nan')):.2f} ({b.get('bp', 0):.2f}) | "
                    + (f"{pbs['delta']:+.2f} ({p_text(pbs['p'])})" if pbs else "–")
                    + f" | {_test_bleu(r)} | {_test_bleu(r, 'test_2017_flickr')} |")
+    failed = [f"{r['row']} ({diverged(r).removeprefix('diverged: ')})" for r in rs if diverged(r)]
+    out += ["", f"Diverged{', so never a choice' * (suite == 'tune')}: {'; '.join(failed)}."] if failed else []
     reused = [f"{r['row']} is {r['reused']}" for r in rs if r.get("reused")]
     out += ["", f"The same training (config, data, commit) was run once and counted twice: {'; '.join(reused)}."] \
         if reused else []

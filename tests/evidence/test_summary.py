@@ -215,3 +215,16 @@ def test_the_committed_reports_hours_add_up_to_its_result_files():
     minutes = [m for m in minutes if m is not None]
     line = next(x for x in (docs / "REPORT.md").read_text().splitlines() if x.startswith("| all | |"))
     assert line == f"| all | | {len(minutes)} | {sum(minutes) / 60:.1f} | |"
+
+
+def test_the_tune_section_names_every_run_that_diverged():
+    """A grid run that blew up (plan.diverged, read here from each committed result) is named beside the
+    tune table, as a run that cannot be a choice, and none that trained is."""
+    from aiayn.evidence.plan import diverged
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction"
+    rs = [json.loads(f.read_text()) for f in sorted((docs / "results" / "tune").glob("*.json"))]
+    line = next(x for x in (docs / "REPORT.md").read_text().splitlines() if x.startswith("Diverged, so never"))
+    assert any(diverged(r) for r in rs)
+    for r in rs:
+        assert (f"{r['row']} (" in line) == bool(diverged(r)), r["row"]
