@@ -33,7 +33,8 @@ def _code_commit() -> str | None:
     return git_commit()
 
 
-def _machine_words(m: dict[str, Any]) -> str:
+def machine_words(m: dict[str, Any]) -> str:
+    """A result's machine in words: the GPU, or the CPU with its family, model and vector class."""
     if m.get("gpu"):
         return m["gpu"]
     if "cpu_family" not in m:
@@ -48,7 +49,7 @@ def compute_section(results: dict[str, list[dict[str, Any]]]) -> list[str]:
     for suite, rs in results.items():
         for r in rs:
             if "train_minutes" in r:
-                cell = spent.setdefault((suite, _machine_words(r.get("machine", {}))), [0, 0.0, set()])
+                cell = spent.setdefault((suite, machine_words(r.get("machine", {}))), [0, 0.0, set()])
                 cell[0] += 1
                 cell[1] += r["train_minutes"] / 60
                 cell[2].add((r.get("machine", {}).get("git") or "?")[:7])

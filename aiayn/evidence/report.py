@@ -17,7 +17,7 @@ from ..files import atomic_write
 from .curves import curve_section
 from .families import chosen, seed_lines, tuned_lines
 from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedule, _plot_table1
-from .machine import compute_section
+from .machine import compute_section, machine_words
 from .plan import converged_at, diverged
 from .stats import p_text
 from .summary import summary_section
@@ -52,9 +52,7 @@ def _fmt_machine(rs: list[dict]) -> str:
     seen: dict[str, list[str]] = {}
     for r in rs:
         m = r.get("machine", {})
-        cpu = m.get("cpu", "?") + (f" family {m['cpu_family']} model {m['cpu_model']}, {m.get('class', '?')}"
-                                   if "cpu_family" in m else ", family and model not recorded")
-        desc = f"{m.get('gpu') or cpu} ({r.get('device', '?')}, {m.get('threads', '?')} threads, " \
+        desc = f"{machine_words(m)} ({r.get('device', '?')}, {m.get('threads', '?')} threads, " \
                f"torch {m.get('torch', '?')})"
         seen.setdefault(desc, []).append(r.get("row", "?"))
     if len(seen) < 2:
