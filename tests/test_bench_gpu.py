@@ -47,7 +47,8 @@ def test_gpu_bench_dry_run_on_the_cpu(toy_prepared, tmp_path):
     dec = r["decoding"]
     assert dec["sentences"] == 20 and dec["aiayn fp32"]["sent_s"] > 0 and "bleu" in dec["aiayn fp32"]
     assert dec["model_choice"].split()[0] in ("base-multi30k", "multi30k-bf16-s1") and "cut" not in dec
-    assert "partial" not in dec and "Name" in dec["profile"]  # the section finished: the rounds, then the profile
+    assert "partial" not in dec and "Name" in dec["profile"]["table"]  # it finished: the rounds, then the profile
+    assert dec["profile"]["host_ms"] > 0 and dec["profile"]["gpu_ms"] is None  # a CPU run: no GPU time to give
     assert {"CTranslate2 float32", "CTranslate2 int8"} <= set(dec)  # measured, or skipped with the reason
     assert "| base | aiayn eager |" in log and "[" in res.stdout  # the table in the log, the sections printed
     assert "aiayn eager" in r["profile"]
