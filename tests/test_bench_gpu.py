@@ -5,6 +5,7 @@ decoding beside CTranslate2, the profile — so the GPU run is one command."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -48,7 +49,10 @@ def test_gpu_bench_dry_run_on_the_cpu(toy_prepared, tmp_path):
     assert dec["sentences"] == 20 and dec["aiayn fp32"]["sent_s"] > 0 and "bleu" in dec["aiayn fp32"]
     assert dec["model_choice"].split()[0] in ("base-multi30k", "multi30k-bf16-s1") and "cut" not in dec
     assert "partial" not in dec and "Name" in dec["profile"]["table"]  # it finished: the rounds, then the profile
-    assert dec["profile"]["host_ms"] > 0 and dec["profile"]["gpu_ms"] is None  # a CPU run: no GPU time to give
+    assert dec["profile"]["gpu_ms"] is None and dec["profile"]["kernel_launches"] == 0  # a CPU run: no GPU
+    value, unit = re.search(r"Self CPU time total: ([0-9.]+)(us|ms|s)", dec["profile"]["table"]).groups()
+    host_ms = float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]  # the profiler's own total, as it prints it
+    assert dec["profile"]["host_ms"] == pytest.approx(host_ms, rel=1e-3, abs=0.1) and host_ms > 0
     assert {"CTranslate2 float32", "CTranslate2 int8"} <= set(dec)  # measured, or skipped with the reason
     assert "| base | aiayn eager |" in log and "[" in res.stdout  # the table in the log, the sections printed
     assert "aiayn eager" in r["profile"]
