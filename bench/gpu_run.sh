@@ -7,7 +7,7 @@
 # (python3 is the machine's, the one with PyTorch; the device tool's call: carry .whl and .gpudata,
 # command `OUT=$OUT bash bench/gpu_run.sh --budget-s 480`, timeout 560: a visit is 15 minutes, start included.)
 #   BENCH=compile_shapes OUT=/some/dir bash bench/gpu_run.sh --preset base --max-tokens 8192
-# runs bench/compile_shapes.py instead (train.compile's bucketed shapes against automatic dynamic ones).
+# runs bench/compile_shapes.py instead; BENCH=compile_probe runs bench/compile_probe.py (no trained model needed) (train.compile's bucketed shapes against automatic dynamic ones).
 # LIMIT_S (default 530 for the bench, 585 for compile_shapes) ends the Python run early enough, inside the
 # device call's 560 s, for the logs to be packed (the third visit's call ended inside decoding and packed none).
 set -uo pipefail
@@ -24,6 +24,13 @@ for lib in libcublas libcublasLt; do
   [ -n "$found" ] && ln -sf "$found" "/tmp/cu12/$lib.so.12"
 done
 export LD_LIBRARY_PATH=/tmp/cu12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if [ "${BENCH:-gpu}" = compile_probe ]; then  # the compiled decoding step's graphs and cost (bench/compile_probe.py)
+  TORCH_LOGS=recompiles PYTHONUNBUFFERED=1 timeout "${LIMIT_S:-230}" python3 bench/compile_probe.py \
+    --data .gpudata/multi30k-en-de --device cuda --out "$OUT/probe.json" "$@" 2>&1 | grep -v '^ *$' > "$OUT/log.txt"
+  rc=${PIPESTATUS[0]}
+  cut -c1-300 "$OUT/log.txt" | tail -40
+  exit "$rc"
+fi
 if [ "${BENCH:-gpu}" = compile_shapes ]; then
   PYTHONUNBUFFERED=1 timeout "${LIMIT_S:-585}" python3 bench/compile_shapes.py --data .gpudata/multi30k-en-de \
     --device cuda --out "$OUT/compile_shapes.json" "$@" 2>&1 | tee "$OUT/log.txt" | grep -v Warning

@@ -148,3 +148,22 @@ def test_training_only_times_the_training_rows_and_nothing_else(toy_prepared, tm
     zero = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(toy_prepared), "--length", "0"],
                           capture_output=True, text=True, timeout=120)
     assert zero.returncode == 2 and "--length must be in [2, 512]" in zero.stderr.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_compile_probe_dry_run_on_the_cpu(toy_prepared, tmp_path):
+    """bench/compile_probe.py as the sixth visit ran it (BENCH=compile_probe), on a CPU and a toy model:
+    compile_now compiles every graph the search needs (none is added by the timed batches), and each
+    stage is in the JSON when it ends."""
+    env = dict(os.environ, OUT=str(tmp_path), BENCH="compile_probe", LIMIT_S="300",
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    res = subprocess.run(["bash", str(RUN), "--device", "cpu", "--data", str(toy_prepared), "--test", "test",
+                          "--set", "model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4", "decode.max_len_b=8",
+                          "--sentences", "6", "--rounds", "1"], capture_output=True, text=True, timeout=320, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + (tmp_path / "log.txt").read_text()[-3000:]
+    stages = {s["name"]: s for s in json.loads((tmp_path / "probe.json").read_text())["stages"]}
+    assert list(stages) == ["built", "compile_now", "first eager batch", "first compiled batch", "round 1"]
+    assert stages["built"]["graphs"] == 0 and stages["compile_now"]["graphs"] >= 4  # start and step, 1 and 3 sentences
+    assert stages["round 1"]["graphs"] == stages["compile_now"]["graphs"]
+    assert stages["round 1"]["compiled_over_eager"] > 0
+    assert "Recompiling function _tensor_step" in (tmp_path / "log.txt").read_text()  # TORCH_LOGS=recompiles, kept

@@ -1,0 +1,93 @@
+"""Where the compiled decoding step's time goes (issue #64): its compiling, graph by graph, then
+eager against compiled beam search on real sentences.
+
+The sixth GPU visit's `--decode-only` run spent over 360 s in the compiled step's first use and was
+cut before it timed anything. This probe needs no trained model (compiling and the step's cost do not
+depend on the weights' values; a model of random weights translates every sentence to its full length
++50, the search's longest): it builds the preset's model, compiles the step with `compile_now`, notes
+each graph dynamo compiles and when (TORCH_LOGS=recompiles prints why), then times beam 4, α 0.6 over
+the first sentences of test2016, eager and compiled alternately. What it has is written after every stage.
+
+    python bench/compile_probe.py --data DIR --device cuda --out probe.json [--preset base] [--sentences 64]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def graphs() -> int:
+    """Dynamo's count of the graphs it compiled in this process."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, required=True, help="a prepared directory (spm.model, the test sentences)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--preset", default="base")
+    ap.add_argument("--set", nargs="*", default=[], help="config overrides, e.g. model.N=1 (a quick CPU try)")
+    ap.add_argument("--test", default="test_2016_flickr", help="the sentences: DATA/NAME.en.txt")
+    ap.add_argument("--sentences", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    from aiayn.config import apply_overrides, preset
+    from aiayn.data.tokenizer import load_tokenizer
+    from aiayn.decode.translator import Translator
+    from aiayn.models.build import build_model
+
+    began, out = time.time(), {"command": " ".join(sys.argv), "torch": torch.__version__, "stages": []}
+
+    def stage(name: str, **facts) -> None:
+        out["stages"].append({"name": name, "at_s": round(time.time() - began, 1), "graphs": graphs(), **facts})
+        args.out.write_text(json.dumps(out, indent=1))
+        print(f"[{time.strftime('%H:%M:%S')}] {json.dumps(out['stages'][-1])}", flush=True)
+
+    device = torch.device(args.device)
+    tok = load_tokenizer(str(args.data / "spm.model"))
+    cfg = apply_overrides(preset(args.preset), dict(s.split("=", 1) for s in args.set))
+    cfg.model.vocab_size = len(tok)
+    torch.manual_seed(1)
+    model = build_model(cfg.model).to(device).eval()
+    precision = "bf16" if device.type == "cuda" else "fp32"
+    eager = Translator(model, tok, cfg.decode, device, precision)
+    compiled = Translator(model, tok, cfg.decode, device, precision, compiled=True)
+    src = (args.data / f"{args.test}.en.txt").read_text(encoding="utf-8").splitlines()[:args.sentences]
+    stage("built", device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+    stage("compile_now", seconds=round(compiled.compile_now(), 1))
+    systems = {"eager": eager, "compiled": compiled}
+    for name, t in systems.items():  # the real batch's first use: any graph compile_now did not make
+        start = time.perf_counter()
+        t.translate(src, beam=4, alpha=0.6)
+        sync(device)
+        stage(f"first {name} batch", seconds=round(time.perf_counter() - start, 2))
+    seconds: dict = {k: [] for k in systems}
+    for r in range(args.rounds):
+        for name, t in systems.items():
+            sync(device)
+            start = time.perf_counter()
+            t.translate(src, beam=4, alpha=0.6)
+            sync(device)
+            seconds[name].append(round(time.perf_counter() - start, 3))
+        ratio = statistics.median(seconds["eager"]) / statistics.median(seconds["compiled"])
+        stage(f"round {r + 1}", seconds=seconds, compiled_over_eager=round(ratio, 3))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
