@@ -67,13 +67,28 @@ def planned(report_dir: Path, seeds: int = 5, arch_seeds: int = 3, rows: list[st
     seeds, q = (QUICK_SEEDS, quick_rows()) if quick else (seeds, full)
     arch_seeds = QUICK_SEEDS if quick else arch_seeds
     families = len({r.group for r in q["arch"]})
-    longer = {r.get("of") or r["row"] for r in results.get("tune", []) if r.get("family") == FLOPS}
-    grid = {r.name for r in q["tune"]}
-    beyond = {r["row"] for r in results.get("tune", []) if grid_run(r) and r["row"] not in grid}  # _extend_grid
     return {"table3": _table3_planned(q["table3"], stab, seeds, rows),
             "arch": len(q["arch"]) + families * (arch_seeds - 1),
-            "tune": len(q["tune"]) + len(beyond) + len({r.group for r in q["tune"]}) * (arch_seeds - 1)
-            + len(longer) * arch_seeds}
+            "tune": _tune_planned(q["tune"], Path(report_dir) / "results", results, arch_seeds)}
+
+
+def _tune_planned(grid: list[Row], results_dir: Path, results: dict[str, list[dict]], seeds: int) -> int:
+    """The tune suite's runs as _tune makes them, counted from its finished results: the grid with the
+    extensions run and the one each family's choice at its highest rate calls for next (_extend_grid's
+    rule), `seeds` - 1 more seeds a family, and `seeds` runs at equal FLOPs for each family known to
+    spend fewer FLOPs than the Transformer's choice (flops_parity; run or not yet)."""
+    rows = grid
+    for _ in range(TUNE_EXTEND):
+        more = _extensions(rows, results_dir)
+        if not more:
+            break
+        rows = rows + more
+    beyond = {r["row"] for r in results.get("tune", []) if grid_run(r)} - {r.name for r in rows}  # older rules'
+    longer = {r.get("of") or r["row"] for r in results.get("tune", []) if r.get("family") == FLOPS}
+    measured = {r["row"] for r in results.get("tune", []) if "flops_per_token" in r}
+    picks = {g: r for g, r in tune_choices(rows, results_dir).items() if r.name in measured}
+    longer |= {equal_flops(r, n).name for r, n in flops_parity(picks, results_dir, 1)}
+    return len(rows) + len(beyond) + len({r.group for r in grid}) * (seeds - 1) + len(longer) * seeds
 
 
 def _table3_planned(rows: list[Row], stab: list[dict], seeds: int, only: list[str] | None) -> int:
@@ -262,14 +277,20 @@ def _extend_grid(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], r
     more row at twice that rate and the choice's clipping, TUNE_EXTEND times at most; the grid so
     extended (a resumed suite extends it the same way: each step reads only finished results)."""
     for _ in range(TUNE_EXTEND):
-        edges = grid_edges(_tune_results(rows, ctx["results"]))
-        more = [extended(r, 2 * r.overrides["train.peak_lr"]) for f, r in tune_choices(rows, ctx["results"]).items()
-                if edges.get(f) == "highest"]
+        more = _extensions(rows, ctx["results"])
         if not more:
             break
         rows = rows + more
         _run_rows("tune", more, common, ctx, None, render_report)
     return rows
+
+
+def _extensions(rows: list[Row], results: Path) -> list[Row]:
+    """The rows that extend a grid next: twice the rate of each family's choice that lies at its grid's
+    highest rate, read from finished results only (the suite and its planned count agree)."""
+    edges = grid_edges(_tune_results(rows, results))
+    return [extended(r, 2 * r.overrides["train.peak_lr"]) for f, r in tune_choices(rows, results).items()
+            if edges.get(f) == "highest"]
 
 
 def _tune_results(rows: list[Row], results: Path) -> list[dict]:

@@ -471,6 +471,17 @@ def test_a_choice_at_the_grids_highest_rate_extends_the_grid_by_doublings_until_
         "luong": "luong-lr0.002-clip0", "conv": "conv-lr0.001-clip0"}  # inside after one row; the lowest rate
     assert suites._extend_grid(tune_rows(), {}, ctx, lambda: None) == rows and len(ran) == 23  # resumed: the same
     assert suites.planned(tmp_path)["tune"] == 16 + 7 + 4 * 2  # grid, its extension, 2 more seeds a family
+    (out / "bahdanau-lr0.032-clip0.json").rename(tmp_path / "b32")  # as the suite stood before it ran
+    assert suites.planned(tmp_path)["tune"] == 16 + 7 + 4 * 2  # 6 extensions run, the 7th counted before it runs
+    (out / "bahdanau-lr0.016-clip0.json").rename(tmp_path / "b16")
+    assert suites.planned(tmp_path)["tune"] == 16 + 6 + 4 * 2
+    worse = json.loads((out / "bahdanau-lr0.008-clip0.json").read_text())  # 8e-3 worse than 4e-3: inside, done
+    (out / "bahdanau-lr0.008-clip0.json").write_text(json.dumps({**worse, "valid_nll": 9.0}))
+    assert suites.planned(tmp_path)["tune"] == 16 + 5 + 4 * 2
+    for f in out.glob("*.json"):  # the FLOPs a target token: conv spends fewer than the Transformer
+        r = json.loads(f.read_text())
+        f.write_text(json.dumps({**r, "flops_per_token": 1.0 if r["group"] == "conv" else 2.0}))
+    assert suites.planned(tmp_path)["tune"] == 16 + 5 + 4 * 2 + 3  # conv's choice at equal FLOPs, 3 seeds, planned
 
 
 def test_restricted_attention_equals_masked_full_attention():
