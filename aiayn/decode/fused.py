@@ -171,13 +171,15 @@ class FusedDecoder:
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, state: FusedState) -> Tensor:
         """Feed the next token of each row, tokens (R,) -> next-token logits (R, V)."""
-        return self._advance(self._step, tokens, state)
+        # Compiled, the first position runs eagerly: PyTorch specializes a history of length 1, so it
+        # cost two more step graphs (1 and 3 sentences), 55 s each to compile on an H200 (bench/README.md)
+        return self._advance(self._step if state.n else self._tensor_step, tokens, state)
 
     @torch.no_grad()
     def decode_hidden(self, tokens: Tensor, state: FusedState) -> Tensor:
         """`decode_step` without the output layer: the decoder's last states (R, d_model), for
         `project` (shortlist.py)."""
-        return self._advance(self._hidden, tokens, state)
+        return self._advance(self._hidden if state.n else self._tensor_hidden, tokens, state)
 
     @staticmethod
     def _advance(step, tokens: Tensor, state: FusedState) -> Tensor:
@@ -285,8 +287,9 @@ class FusedDecoder:
 def compiled_step(step, weights: Sequence[Tensor] = ()):
     """`step` under `torch.compile` (inductor) with dynamic shapes: rows, sources, source length,
     cache capacity and position are symbols, so one graph serves every batch; PyTorch specializes
-    sizes 0 and 1, which adds the first position and single-sentence batches (about 4 graphs,
-    compiled on first use, cached on disk by inductor across processes; equal sizes are not
+    sizes 0 and 1, which adds single-sentence batches (the first position, a history of length 1,
+    runs eagerly: `decode_step`), so the encoder and the step have 2 graphs each (compiled on
+    first use, cached on disk by inductor across processes; equal sizes are not
     merged into one symbol); the `weights` it reads have fixed sizes (as symbols they made the
     generated code generic: single-sentence int8 decoding took twice as long). Elementwise work
     (norms, softmax, int8 row quantization) fuses into generated C++; the numbers agree with eager

@@ -191,6 +191,27 @@ def test_compiled_decoding_is_off_by_default_and_selectable():
     assert on.search_model.compiled and on.search_model._step is not on.search_model._tensor_step
 
 
+def test_the_compiled_step_leaves_the_first_position_to_eager():
+    """A history of length 1 is a size PyTorch specializes: compiled, position 0 made two more step
+    graphs (1 and 3 sentences), ~55 s each on an H200 (bench/README.md, sixth visit). It runs eagerly
+    now, every later position through the compiled step, for logits and for decode_hidden alike."""
+    fused = FusedDecoder(toy(N=1), capacity=4, compiled=True)
+    seen: list[tuple[str, int]] = []
+    for name in ("_step", "_hidden"):  # stand-ins for the compiled callables: no compiling here
+        eager = getattr(fused, "_tensor" + name)
+        setattr(fused, name, lambda *a, name=name, eager=eager, **k: seen.append((name, a[1])) or eager(*a, **k))
+    fused._start = fused._tensor_start
+    state = fused.start_decoding(sources(), 4)
+    tokens = torch.full((12,), 5)
+    for _ in range(3):
+        fused.decode_step(tokens, state)
+    fused.decode_hidden(tokens, state)
+    assert seen == [("_step", 1), ("_step", 2), ("_hidden", 3)]
+    fresh = fused.start_decoding(sources(), 4)
+    fused.decode_hidden(tokens, fresh)  # position 0 of decode_hidden: eager too
+    assert seen[-1] == ("_hidden", 3) and fresh.n == 1
+
+
 @pytest.mark.slow
 @requires_vnni
 def test_the_compiled_step_has_the_batch_sizes_as_symbols_and_the_weights_sizes_fixed(monkeypatch):
