@@ -122,6 +122,10 @@ class FusedDecoder:
         self.encoder = encoder or model
         self.final = (model.dec_norm.weight.detach(), model.dec_norm.bias.detach()) if cfg.pre_norm else None
         self.compiled = compiled
+        # Compiled on a GPU, the first position runs eagerly: PyTorch specializes a history of length 1,
+        # which cost two more step graphs, ~55 s each to compile on an H200 (bench/README.md, sixth
+        # visit). A CPU compiles them in seconds and its single sentences ran ~1 ms slower without them.
+        self.eager_first = compiled and self.embed.device.type != "cpu"
         # (layer, head or None for the layer's mean): whose encoder-decoder attention each step's
         # argmax is taken from, for word alignments (decode/align.py); set by Translator, never compiled
         self.align_head: tuple[int, int | None] | None = None
@@ -171,15 +175,13 @@ class FusedDecoder:
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, state: FusedState) -> Tensor:
         """Feed the next token of each row, tokens (R,) -> next-token logits (R, V)."""
-        # Compiled, the first position runs eagerly: PyTorch specializes a history of length 1, so it
-        # cost two more step graphs (1 and 3 sentences), 55 s each to compile on an H200 (bench/README.md)
-        return self._advance(self._step if state.n else self._tensor_step, tokens, state)
+        return self._advance(self._step if state.n or not self.eager_first else self._tensor_step, tokens, state)
 
     @torch.no_grad()
     def decode_hidden(self, tokens: Tensor, state: FusedState) -> Tensor:
         """`decode_step` without the output layer: the decoder's last states (R, d_model), for
         `project` (shortlist.py)."""
-        return self._advance(self._hidden if state.n else self._tensor_hidden, tokens, state)
+        return self._advance(self._hidden if state.n or not self.eager_first else self._tensor_hidden, tokens, state)
 
     @staticmethod
     def _advance(step, tokens: Tensor, state: FusedState) -> Tensor:
@@ -287,8 +289,8 @@ class FusedDecoder:
 def compiled_step(step, weights: Sequence[Tensor] = ()):
     """`step` under `torch.compile` (inductor) with dynamic shapes: rows, sources, source length,
     cache capacity and position are symbols, so one graph serves every batch; PyTorch specializes
-    sizes 0 and 1, which adds single-sentence batches (the first position, a history of length 1,
-    runs eagerly: `decode_step`), so the encoder and the step have 2 graphs each (compiled on
+    sizes 0 and 1, which adds single-sentence batches and the first position (a history of length
+    1; on a GPU that position runs eagerly: `eager_first`): 6 graphs on a CPU, 4 on a GPU (compiled on
     first use, cached on disk by inductor across processes; equal sizes are not
     merged into one symbol); the `weights` it reads have fixed sizes (as symbols they made the
     generated code generic: single-sentence int8 decoding took twice as long). Elementwise work

@@ -191,25 +191,42 @@ def test_compiled_decoding_is_off_by_default_and_selectable():
     assert on.search_model.compiled and on.search_model._step is not on.search_model._tensor_step
 
 
-def test_the_compiled_step_leaves_the_first_position_to_eager():
+def test_a_gpu_leaves_the_compiled_steps_first_position_to_eager():
     """A history of length 1 is a size PyTorch specializes: compiled, position 0 made two more step
-    graphs (1 and 3 sentences), ~55 s each on an H200 (bench/README.md, sixth visit). It runs eagerly
-    now, every later position through the compiled step, for logits and for decode_hidden alike."""
+    graphs (1 and 3 sentences), ~55 s each on an H200 (bench/README.md, sixth visit), so on a GPU it
+    runs eagerly, every later position through the compiled step, for logits and decode_hidden alike.
+    A CPU keeps it compiled (seconds to compile; int8 single sentences ran ~1 ms slower eagerly).
+    A meta device stands in for the GPU in the rule; the routing runs on the CPU with the rule set."""
+    assert not FusedDecoder(toy(N=1), capacity=4, compiled=True).eager_first
+    assert FusedDecoder(toy(N=1).to("meta"), capacity=4, compiled=True).eager_first
+    assert not FusedDecoder(toy(N=1).to("meta"), capacity=4).eager_first  # eager anyway
+    for gpu, first in ((True, "_tensor_step"), (False, "_step")):
+        assert _routed(gpu) == [(first, 0), ("_step", 1), ("_step", 2), ("_hidden", 3),
+                                (first.replace("step", "hidden"), 0)], gpu
+
+
+def _routed(eager_first: bool) -> list[tuple[str, int]]:
+    """Which of the step's callables decode_step and decode_hidden hand to _advance, at which position:
+    three steps and a decode_hidden, then decode_hidden at position 0 of a fresh state."""
     fused = FusedDecoder(toy(N=1), capacity=4, compiled=True)
-    seen: list[tuple[str, int]] = []
-    for name in ("_step", "_hidden"):  # stand-ins for the compiled callables: no compiling here
-        eager = getattr(fused, "_tensor" + name)
-        setattr(fused, name, lambda *a, name=name, eager=eager, **k: seen.append((name, a[1])) or eager(*a, **k))
+    fused.eager_first = eager_first
+    fused._step = lambda *a, **k: fused._tensor_step(*a, **k)  # stand-ins for the compiled: no compiling
+    fused._hidden = lambda *a, **k: fused._tensor_hidden(*a, **k)
     fused._start = fused._tensor_start
-    state = fused.start_decoding(sources(), 4)
-    tokens = torch.full((12,), 5)
+    names = {"_step": fused._step, "_hidden": fused._hidden, "_tensor_step": fused._tensor_step,
+             "_tensor_hidden": fused._tensor_hidden}
+    seen, advance = [], fused._advance
+
+    def recording(step, tokens, state):
+        seen.append((next(n for n, f in names.items() if f == step), state.n))
+        return advance(step, tokens, state)
+    fused._advance = recording
+    state, tokens = fused.start_decoding(sources(), 4), torch.full((12,), 5)
     for _ in range(3):
         fused.decode_step(tokens, state)
     fused.decode_hidden(tokens, state)
-    assert seen == [("_step", 1), ("_step", 2), ("_hidden", 3)]
-    fresh = fused.start_decoding(sources(), 4)
-    fused.decode_hidden(tokens, fresh)  # position 0 of decode_hidden: eager too
-    assert seen[-1] == ("_hidden", 3) and fresh.n == 1
+    fused.decode_hidden(tokens, fused.start_decoding(sources(), 4))
+    return seen
 
 
 @pytest.mark.slow
