@@ -30,6 +30,14 @@ def graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def override(text: str) -> tuple[str, str]:
+    """One --set item, SECTION.FIELD=VALUE (the config checks the names and the value)."""
+    key, eq, value = text.partition("=")
+    if not eq or "." not in key:
+        raise argparse.ArgumentTypeError(f"--set {text!r}: expected SECTION.FIELD=VALUE, e.g. model.N=1")
+    return key, value
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -40,7 +48,8 @@ def main() -> int:
     ap.add_argument("--data", type=Path, required=True, help="a prepared directory (spm.model, the test sentences)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--preset", default="base")
-    ap.add_argument("--set", nargs="*", default=[], help="config overrides, e.g. model.N=1 (a quick CPU try)")
+    ap.add_argument("--set", nargs="*", default=[], type=override,
+                    help="config overrides, e.g. model.N=1 (a quick CPU try)")
     ap.add_argument("--test", default="test_2016_flickr", help="the sentences: DATA/NAME.en.txt")
     ap.add_argument("--sentences", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
@@ -59,15 +68,20 @@ def main() -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {json.dumps(out['stages'][-1])}", flush=True)
 
     device = torch.device(args.device)
-    tok = load_tokenizer(str(args.data / "spm.model"))
-    cfg = apply_overrides(preset(args.preset), dict(s.split("=", 1) for s in args.set))
+    from aiayn.errors import AiaynError
+
+    try:
+        cfg = apply_overrides(preset(args.preset), dict(args.set))
+        tok = load_tokenizer(str(args.data / "spm.model"))
+        src = (args.data / f"{args.test}.en.txt").read_text(encoding="utf-8").splitlines()[:args.sentences]
+    except (AiaynError, OSError) as e:
+        ap.error(str(e))
     cfg.model.vocab_size = len(tok)
     torch.manual_seed(1)
     model = build_model(cfg.model).to(device).eval()
     precision = "bf16" if device.type == "cuda" else "fp32"
     eager = Translator(model, tok, cfg.decode, device, precision)
     compiled = Translator(model, tok, cfg.decode, device, precision, compiled=True)
-    src = (args.data / f"{args.test}.en.txt").read_text(encoding="utf-8").splitlines()[:args.sentences]
     stage("built", device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
     stage("compile_now", seconds=round(compiled.compile_now(), 1))
     systems = {"eager": eager, "compiled": compiled}

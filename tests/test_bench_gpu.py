@@ -168,3 +168,14 @@ def test_compile_probe_dry_run_on_the_cpu(toy_prepared, tmp_path):
     assert stages["round 1"]["graphs"] == stages["compile_now"]["graphs"]
     assert stages["round 1"]["compiled_over_eager"] > 0
     assert "Recompiling function _tensor_step" in (tmp_path / "log.txt").read_text()  # TORCH_LOGS=recompiles, kept
+
+
+@pytest.mark.parametrize("args, says", [(["--set", "model.N"], "expected SECTION.FIELD=VALUE"),
+                                        (["--set", "model.Q=1"], "unknown config key 'model.Q'"),
+                                        ([], "spm.model")])
+def test_compile_probe_refuses_bad_input_in_one_line(tmp_path, args, says):
+    probe = RUN.parent / "compile_probe.py"
+    res = subprocess.run([sys.executable, str(probe), "--data", str(tmp_path), "--device", "cpu",
+                          "--out", str(tmp_path / "p.json"), *args], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and says in res.stderr.strip().splitlines()[-1] and "Traceback" not in res.stderr
+    assert not (tmp_path / "p.json").exists()
