@@ -6,7 +6,9 @@ cut before it timed anything. This probe needs no trained model (compiling and t
 depend on the weights' values; a model of random weights translates every sentence to its full length
 +50, the search's longest): it builds the preset's model, compiles the step with `compile_now`, notes
 each graph dynamo compiles and when (TORCH_LOGS=recompiles prints why), then times beam 4, α 0.6 over
-the first sentences of test2016, eager and compiled alternately. What it has is written after every stage.
+the first sentences of test2016, eager and compiled alternately, and eager through the other attention
+route (SDPA's kernel or the written-out products: a GPU's eager step takes SDPA, a CPU's the products).
+What it has is written after every stage.
 
     python bench/compile_probe.py --data DIR --device cuda --out probe.json [--preset base] [--sentences 64]
 """
@@ -82,9 +84,13 @@ def main() -> int:
     precision = "bf16" if device.type == "cuda" else "fp32"
     eager = Translator(model, tok, cfg.decode, device, precision)
     compiled = Translator(model, tok, cfg.decode, device, precision, compiled=True)
-    stage("built", device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+    other = Translator(model, tok, cfg.decode, device, precision)  # eager through the other attention route
+    other.search_model.sdpa = not eager.search_model.sdpa  # a GPU's is SDPA, a CPU's the written-out products
+    routes = {True: "sdpa", False: "explicit"}
+    stage("built", device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+          eager=routes[eager.search_model.sdpa])
     stage("compile_now", seconds=round(compiled.compile_now(), 1))
-    systems = {"eager": eager, "compiled": compiled}
+    systems = {"eager": eager, f"eager {routes[other.search_model.sdpa]}": other, "compiled": compiled}
     for name, t in systems.items():  # the real batch's first use: any graph compile_now did not make
         start = time.perf_counter()
         t.translate(src, beam=4, alpha=0.6)
@@ -98,8 +104,11 @@ def main() -> int:
             t.translate(src, beam=4, alpha=0.6)
             sync(device)
             seconds[name].append(round(time.perf_counter() - start, 3))
-        ratio = statistics.median(seconds["eager"]) / statistics.median(seconds["compiled"])
-        stage(f"round {r + 1}", seconds=seconds, compiled_over_eager=round(ratio, 3))
+        med = {k: statistics.median(v) for k, v in seconds.items()}
+        sdpa, explicit = (med["eager"], med["eager explicit"]) if eager.search_model.sdpa else (
+            med["eager sdpa"], med["eager"])
+        stage(f"round {r + 1}", seconds=seconds, compiled_over_eager=round(med["eager"] / med["compiled"], 3),
+              sdpa_speedup=round(explicit / sdpa, 3))  # > 1: SDPA's route is the faster
     return 0
 
 

@@ -162,7 +162,9 @@ def test_compile_probe_dry_run_on_the_cpu(toy_prepared, tmp_path):
                           "--sentences", "6", "--rounds", "1"], capture_output=True, text=True, timeout=320, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + (tmp_path / "log.txt").read_text()[-3000:]
     stages = {s["name"]: s for s in json.loads((tmp_path / "probe.json").read_text())["stages"]}
-    assert list(stages) == ["built", "compile_now", "first eager batch", "first compiled batch", "round 1"]
+    assert list(stages) == ["built", "compile_now", "first eager batch", "first eager sdpa batch",
+                            "first compiled batch", "round 1"]
+    assert stages["built"]["eager"] == "explicit" and stages["round 1"]["sdpa_speedup"] > 0  # a CPU's eager route
     assert stages["built"]["graphs"] == 0  # a CPU's 6: start, first step and later steps, each for 1 and 3 sentences
     assert stages["compile_now"]["graphs"] == 6
     assert stages["round 1"]["graphs"] == stages["compile_now"]["graphs"]
@@ -179,3 +181,22 @@ def test_compile_probe_refuses_bad_input_in_one_line(tmp_path, args, says):
                           "--out", str(tmp_path / "p.json"), *args], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and says in res.stderr.strip().splitlines()[-1] and "Traceback" not in res.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+def test_decode_launches_counts_fewer_kernels_through_sdpa_and_matches_the_committed_table(tmp_path):
+    """bench/decode_launches.py: a GPU's eager step (SDPA) launches far fewer kernels than the written-out
+    route, and the committed bench/decode_launches.json (bench/README.md's table) is what the code counts
+    today: a change to the step's kernels must re-run the bench."""
+    script = RUN.parent / "decode_launches.py"
+    res = subprocess.run([sys.executable, str(script), "--presets", "multi30k", "--out", str(tmp_path / "l.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = {(r["precision"], r["attention"]): r for r in json.loads((tmp_path / "l.json").read_text())["rows"]}
+    for precision in ("bfloat16", "float32"):
+        sdpa, explicit = rows[precision, "sdpa"], rows[precision, "explicit"]
+        assert sdpa["step kernels"] < 0.7 * explicit["step kernels"]
+        assert "clone" in explicit["step by op"] and "clone" not in sdpa["step by op"]  # the history read in place
+    committed = json.loads((RUN.parent / "decode_launches.json").read_text())["rows"]
+    for r in committed:
+        if r["preset"] == "multi30k":
+            assert r == rows[r["precision"], r["attention"]], (r["precision"], r["attention"])

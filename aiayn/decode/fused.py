@@ -64,7 +64,7 @@ class FusedState:
 
     def __init__(self, cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int, rows: int,
                  layers: list[_Layer], dtype: torch.dtype, capacity: int = 64):
-        self.cross, self.pad, self.group, self.n = cross, pad, group, 0  # pad: (B, 1, 1, S), True at padding
+        self.cross, self.pad, self.group, self.n = cross, pad, group, 0  # pad (B, 1, 1, S): True at padding; sdpa: -inf
         self.not_word: Tensor | None = None  # (B, 1, S) True at EOS and padding, while alignments are taken
         self.attended: Tensor | None = None  # (R,): the source position each row attended to most, last step
         dev = pad.device  # the buffers live where the model runs (a GPU's decoding failed on CPU buffers)
@@ -100,7 +100,8 @@ class FusedDecoder:
     same per-channel weight scales and per-row activation scales, so the same numbers). encoder:
     the model whose `encode` runs (default `model`; int8: translate.quantize_int8's copy).
     compiled: the step, and the encoder with the encoder-decoder projections, run through
-    `torch.compile` (see `compiled_step`)."""
+    `torch.compile` (see `compiled_step`). Eager off the CPU, attention is SDPA's kernel, as the
+    model's own there (`sdpa`; bench/decode_launches.py: 41 % fewer kernels a base step)."""
 
     def __init__(self, model, dtype: torch.dtype = torch.float32, capacity: int = 64, int8: bool = False,
                  encoder=None, compiled: bool = False):
@@ -126,6 +127,9 @@ class FusedDecoder:
         # which cost two more step graphs, ~55 s each to compile on an H200 (bench/README.md, sixth
         # visit). A CPU compiles them in seconds and its single sentences ran ~1 ms slower without them.
         self.eager_first = compiled and self.embed.device.type != "cpu"
+        # Eager off the CPU, attention is SDPA's one kernel, as the model's own there (models/attention.py):
+        # a GPU step is launch-bound, and the explicit products cost 8 kernels a self-attention, 7 a cross.
+        self.sdpa = not compiled and self.embed.device.type != "cpu"
         # (layer, head or None for the layer's mean): whose encoder-decoder attention each step's
         # argmax is taken from, for word alignments (decode/align.py); set by Translator, never compiled
         self.align_head: tuple[int, int | None] | None = None
@@ -155,7 +159,9 @@ class FusedDecoder:
     def start_decoding(self, src: Tensor, group: int = 1) -> FusedState:
         """Encode src (B, S) with the model, project every layer's encoder-decoder keys and values."""
         cross, mask = self._start(src.clone(memory_format=torch.contiguous_format))  # a slice compiled again
-        state = FusedState(cross, ~mask, group, src.size(0) * group, self.layers, self.dtype, self.capacity)
+        pad = ~mask if not self.sdpa else torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(
+            ~mask, float("-inf"))  # SDPA's additive mask: a boolean one it converts again in every call
+        state = FusedState(cross, pad, group, src.size(0) * group, self.layers, self.dtype, self.capacity)
         if self.align_head is not None and not self.compiled:
             state.not_word = ((src == PAD) | (src == EOS))[:, None, :]
         return state
@@ -262,6 +268,9 @@ class FusedDecoder:
         if self.compiled:  # products and sums inductor fuses with the gather: the history is never copied
             scores = (q.view(1, R, h, dk).float() * keys.float()).sum(-1) / math.sqrt(dk)  # (n + 1, R, h)
             a = (torch.softmax(scores, dim=0).unsqueeze(-1) * values.float()).sum(0).to(q.dtype)
+        elif self.sdpa:  # the history read in place: (R, h, n + 1, d) views, the last dimension contiguous
+            a = F.scaled_dot_product_attention(q.view(R, h, 1, dk), keys.permute(1, 2, 0, 3),
+                                               values.permute(1, 2, 0, 3))
         else:  # the module's arithmetic (model.py), bit for bit
             scores = q.view(R, h, 1, dk) @ keys.permute(1, 2, 3, 0) / math.sqrt(dk)  # (R, h, 1, n + 1)
             a = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ values.permute(1, 2, 0, 3)
@@ -276,7 +285,11 @@ class FusedDecoder:
         k, v = kv
         B = k.size(0)
         q = self.linear(y, L.cq).view(B, g, h, dk).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1) / math.sqrt(dk)).masked_fill(pad, float("-inf"))
+        if self.sdpa and probe is None:  # pad: 0, or -inf at padding (start_decoding)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=pad)
+            return self.linear(a.transpose(1, 2).reshape(B * g, h * dv), L.co)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(dk)
+        scores = scores.masked_fill(pad, float("-inf")) if pad.dtype == torch.bool else scores + pad
         p = torch.softmax(scores.float(), dim=-1)
         if probe is not None:
             head = self.align_head[1]
