@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch._dynamo.decorators import mark_unbacked
 from torch.fx.experimental import _config as fx_config
 
 from ..data.tokenizer import EOS, PAD
@@ -127,6 +128,10 @@ class FusedDecoder:
         # which cost two more step graphs, ~55 s each to compile on an H200 (bench/README.md, sixth
         # visit). A CPU compiles them in seconds and its single sentences ran ~1 ms slower without them.
         self.eager_first = compiled and self.embed.device.type != "cpu"
+        # Compiled on a GPU, the numbers of rows and sources are unbacked symbols, which PyTorch does not
+        # specialize at 1: one sentence and a batch share their graphs (2 instead of 4). A CPU keeps the
+        # specialized ones: there the merged graphs compiled 39 % faster but decoded 2-6 % slower.
+        self.unbacked = compiled and self.embed.device.type != "cpu"
         # Eager off the CPU, attention is SDPA's one kernel, as the model's own there (models/attention.py):
         # a GPU step is launch-bound, and the explicit products cost 8 kernels a self-attention, 7 a cross.
         self.sdpa = not compiled and self.embed.device.type != "cpu"
@@ -135,9 +140,20 @@ class FusedDecoder:
         self.align_head: tuple[int, int | None] | None = None
         cpu_onednn = onednn_available() and self.embed.device.type == "cpu" and not compiled
         self.fp32_linear = _onednn if cpu_onednn else F.linear  # inductor picks its own kernel
-        self._step = compiled_step(self._tensor_step, self._weight_tensors()) if compiled else self._tensor_step
-        self._start = compiled_step(self._tensor_start, self._weight_tensors()) if compiled else self._tensor_start
-        self._hidden = compiled_step(self._tensor_hidden, self._weight_tensors()) if compiled else self._tensor_hidden
+        weights = self._weight_tensors()
+        self._step = compiled_step(self._tensor_step, weights, self._rows) if compiled else self._tensor_step
+        self._start = compiled_step(self._tensor_start, weights, self._rows) if compiled else self._tensor_start
+        self._hidden = compiled_step(self._tensor_hidden, weights, self._rows) if compiled else self._tensor_hidden
+
+    def _rows(self, args: tuple) -> list[tuple[Tensor, int]]:
+        """With `unbacked`, the compiled callables' (tensor, dimension) pairs that count rows or sources:
+        the start's sources (B, S); the step's tokens, row table, caches, encoder side and padding."""
+        if not self.unbacked:
+            return []
+        if len(args) == 1:
+            return [(args[0], 0)]
+        tokens, _, ks, vs, idx, cross, pad = args[:7]
+        return [(tokens, 0), (idx, 1), (pad, 0), *((x, 1) for x in ks + vs), *((x, 0) for kv in cross for x in kv)]
 
     def _weight_tensors(self) -> list[Tensor]:
         """Every tensor the step reads besides its arguments: the weights, embeddings and positions."""
@@ -299,13 +315,14 @@ class FusedDecoder:
         return self.linear(a.transpose(1, 2).reshape(B * g, h * dv), L.co)
 
 
-def compiled_step(step, weights: Sequence[Tensor] = ()):
+def compiled_step(step, weights: Sequence[Tensor] = (), unbacked=None):
     """`step` under `torch.compile` (inductor) with dynamic shapes: rows, sources, source length,
     cache capacity and position are symbols, so one graph serves every batch; PyTorch specializes
     sizes 0 and 1, which adds single-sentence batches and the first position (a history of length
-    1; on a GPU that position runs eagerly: `eager_first`): 6 graphs on a CPU, 4 on a GPU (compiled on
-    first use, cached on disk by inductor across processes; equal sizes are not
-    merged into one symbol); the `weights` it reads have fixed sizes (as symbols they made the
+    1; on a GPU that position runs eagerly: `eager_first`, and `unbacked(args)` names the (tensor,
+    dimension) pairs made unbacked symbols, never specialized, so one sentence shares a batch's graphs):
+    6 graphs on a CPU, 2 on a GPU (compiled on first use, cached on disk by inductor across processes;
+    equal sizes are not merged into one symbol); the `weights` it reads have fixed sizes (as symbols they made the
     generated code generic: single-sentence int8 decoding took twice as long). Elementwise work
     (norms, softmax, int8 row quantization) fuses into generated C++; the numbers agree with eager
     to rounding, not bit for bit (fusions keep some intermediates in fp32)."""
@@ -319,6 +336,8 @@ def compiled_step(step, weights: Sequence[Tensor] = ()):
     compiled = torch.compile(step, dynamic=True)
 
     def run(*args):
+        for t, dim in unbacked(args) if unbacked else ():
+            mark_unbacked(t, dim)
         # No "duck" sizes: by default PyTorch gives sizes that happen to be equal one symbol (a
         # cache of capacity 64 and d_k = 64), and the cache's growth to 128 then compiled again.
         with fx_config.patch(use_duck_shape=False):

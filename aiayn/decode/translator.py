@@ -325,8 +325,8 @@ class Translator:
 
     def compile_now(self) -> float:
         """With `compiled`, compile the encoder and the decoder step now (their graphs: one sentence
-        and a batch; the step's first position and the rest, on a GPU the rest only) so no request
-        waits for it; returns the seconds it took."""
+        and a batch; the step's first position and the rest; on a GPU one graph each, the rest of the
+        positions only: fused.compiled_step) so no request waits for it; returns the seconds it took."""
         if not (self.compiled and _casts_itself(self.search_model)):
             return 0.0
         start = time.perf_counter()

@@ -202,10 +202,42 @@ def test_a_gpu_leaves_the_compiled_steps_first_position_to_eager():
     assert not FusedDecoder(toy(N=1), capacity=4, compiled=True).eager_first
     assert FusedDecoder(toy(N=1).to("meta"), capacity=4, compiled=True).eager_first
     assert not FusedDecoder(toy(N=1).to("meta"), capacity=4).eager_first  # eager anyway
+    assert FusedDecoder(toy(N=1).to("meta"), capacity=4, compiled=True).unbacked
+    assert not FusedDecoder(toy(N=1), capacity=4, compiled=True).unbacked
     for gpu, first in ((True, "_tensor_step"), (False, "_step")):
         assert _routed(gpu) == [(first, 0), ("_step", 1), ("_step", 2), ("_hidden", 3),
                                 (first.replace("step", "hidden"), 0)], gpu
 
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_on_a_gpu_one_sentence_and_a_batch_share_the_compiled_graphs(gpu, monkeypatch):
+    """Compiled on a GPU, rows and sources are unbacked symbols (`FusedDecoder.unbacked`), so PyTorch
+    does not specialize them at 1: with the first position eager there, start and step make 2 graphs
+    for one sentence and a batch, where specialized they made 4 (a CPU, whose first position is
+    compiled too: 6). Dynamo's graphs are counted by a backend that runs them as captured (no
+    compiling); the search finds the eager one's hypotheses, alone and in a batch. The rules are set on
+    the CPU as a GPU has them (test_a_gpu_leaves_the_compiled_steps_first_position_to_eager)."""
+    graphs: list[str] = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, **{**kw, "backend": record}))
+    torch._dynamo.reset()
+    model = toy(N=1)
+    eager, compiled = FusedDecoder(model, capacity=4), FusedDecoder(model, capacity=4, compiled=True)
+    compiled.eager_first = compiled.unbacked = gpu
+    src = sources()
+
+    def key(m, s):
+        return [[(h.tokens, round(h.score, 3)) for h in x] for x in beam_search(m, s, 4, 0.6, max_len_b=12)]
+
+    for s in (src[1:2, :5], src):  # one sentence, then three
+        assert key(compiled, s) == key(eager, s)
+    assert len(graphs) == (2 if gpu else 6), len(graphs)
 
 def _routed(eager_first: bool) -> list[tuple[str, int]]:
     """Which of the step's callables decode_step and decode_hidden hand to _advance, at which position:
