@@ -136,10 +136,10 @@ def tuned_lines(rs: list[dict]) -> list[str]:
             f"{base[0]['row']}: mean, Δ ± 95 % interval of the difference, p of the pooled t test):", "",
             f"- **{base[0]['row']}** (Transformer), {len(base)} seeds: {comparison_words(base, [])}."]
     for f, g in sorted(updates.items()):
-        out.append(f"- **{g[0]['row']}** ({f}), {len(g)} seeds, {g[0]['updates']:,} updates: "
+        out.append(f"- **{g[0]['row']}** ({f}), {len(g)} seed{'s' * (len(g) > 1)}, {g[0]['updates']:,} updates: "
                    f"{comparison_words(g, base)}.")
     for f, g in sorted(flops.items()):
-        out.append(f"- **{g[0]['row']}** ({f} at the Transformer's training FLOPs), {len(g)} seeds, "
+        out.append(f"- **{g[0]['row']}** ({f} at the Transformer's training FLOPs), {len(g)} seed{'s' * (len(g) > 1)}, "
                    f"{g[0]['updates']:,} updates: {comparison_words(g, base)}.")
     return out
 

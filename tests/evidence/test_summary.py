@@ -138,6 +138,8 @@ def test_the_tune_suite_chooses_each_familys_lowest_validation_nll_and_compares_
     assert "At an edge" in "\n".join(summary_section({"tune": rated})) and "At an edge" not in text
     assert "conv, 3 seeds: valid NLL 1.6033 (-0.0667" in text  # the mean of 1.91, 1.50, 1.40 against 1.67
     assert "conv at the Transformer's training FLOPs (2,750 updates), 3 seeds: valid NLL 1.8000 (+0.1300" in text
+    lone = "\n".join(tuned_lines(grid + _seeds("luong-lr0.001-clip0", "luong", [1.9], [38.0])))
+    assert "(luong), 1 seed, 2,750 updates: valid NLL 1.9000" in lone and "(conv), 3 seeds, " in lone
 
 
 def test_every_committed_result_config_rebuilds_its_parameter_count():
