@@ -144,12 +144,19 @@ def tuned_lines(rs: list[dict]) -> list[str]:
     return out
 
 
+def tuned_complete(rs: list[dict]) -> bool:
+    """Whether every family's choice has as many seeds as the Transformer's (the tune suite's seeds are in)."""
+    base, updates, _ = tuned_groups(rs)
+    return len(base) > 1 and bool(updates) and all(len(g) >= len(base) for g in updates.values())
+
+
 def tuned_words(rs: list[dict]) -> str:
     """The summary's sentence on the families, from the tune suite's choices and their seeds."""
     base, updates, flops = tuned_groups(rs)
     seeded = {f: g for f, g in updates.items() if len(g) > 1}
     if len(base) < 2 or not seeded:
         return ""
+    waiting = sorted(f for f, g in updates.items() if len(g) < len(base))  # their seeds not all in yet
     parts = [f"{f}, {len(g)} seeds: {comparison_words(g, base)}" for f, g in sorted(seeded.items())]
     parts += [f"{f} at the Transformer's training FLOPs ({g[0]['updates']:,} updates), {len(g)} seeds: "
               f"{comparison_words(g, base)}"
@@ -157,4 +164,4 @@ def tuned_words(rs: list[dict]) -> str:
     return (f"Every family tuned on validation (peak rate × clipping, one seed a setting) and run with seeds at its "
             f"choice, family minus the Transformer ({base[0]['row']}, {len(base)} seeds; mean, Δ ± 95 % interval, "
             f"p of the pooled t test) at {base[0]['updates']:,} updates on Multi30k. " + ". ".join(parts) + "."
-            + _edge_words(rs))
+            + (f" Seeds still to come: {', '.join(waiting)}." if waiting else "") + _edge_words(rs))

@@ -4,7 +4,7 @@ are inconclusive and how many more seeds would settle them; the Transformer agai
 from __future__ import annotations
 
 from .claims import SAME, judged
-from .families import comparison_words, tuned_words
+from .families import comparison_words, tuned_complete, tuned_words
 from .plan import NLL_MARGIN
 from .power import POWER, judged_count
 from .stats import seeds_to_settle
@@ -101,12 +101,15 @@ def arch_words(rs: list[dict], tuned: bool) -> str:
     return (f"The Transformer ({len(base)} seeds: {comparison_words(base, [], ('valid NLL', 'valid BLEU'))}) against "
             f"each family at the same {base[0]['updates']:,} updates, family minus Transformer (mean, Δ ± 95 % "
             "interval, p of the pooled t test; a model run once: the prediction test against the Transformer's "
-            "seeds). " + ". ".join(parts) + "." + ("" if tuned else " The baselines train at their presets' rate "
-            "and clipping, not chosen on validation (the tune suite has not run)."))
+            "seeds). " + ". ".join(parts) + "." + (" The baselines here train at their presets' rate and clipping; "
+            "the tune suite chooses each family's on validation." if tuned else " The baselines train at their "
+            "presets' rate and clipping, not chosen on validation (the tune suite has not run)."))
 
 
 def summary_section(results: dict[str, list[dict]]) -> list[str]:
     """The report's opening summary, from the same results as its tables."""
-    arch = tuned_words(results.get("tune", [])) or arch_words(results.get("arch", []), "tune" in results)
-    words = [w for w in (table3_words(results.get("table3", [])), arch) if w]
+    tune = results.get("tune", [])
+    tuned = tuned_words(tune)  # the fair comparison; the presets' one stays until every family's seeds are in
+    arch = "" if tuned and tuned_complete(tune) else arch_words(results.get("arch", []), "tune" in results)
+    words = [w for w in (table3_words(results.get("table3", [])), arch, tuned) if w]
     return ["## Summary", "", " ".join(words), ""] if words else []

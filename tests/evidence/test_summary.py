@@ -142,6 +142,26 @@ def test_the_tune_suite_chooses_each_familys_lowest_validation_nll_and_compares_
     assert "(luong), 1 seed, 2,750 updates: valid NLL 1.9000" in lone and "(conv), 3 seeds, " in lone
 
 
+def test_the_summary_keeps_the_presets_comparison_until_every_tuned_family_has_its_seeds():
+    """While the tune suite's seeds come in, the summary gives the presets' comparison (arch) and the tuned
+    one for the families seeded so far; once every family's choice has the Transformer's count of seeds,
+    only the tuned one."""
+    arch = (_seeds("transformer", "transformer", [1.67, 1.68, 1.66], [39.6, 39.3, 40.0])
+            + _seeds("conv", "convolutional", [1.92, 1.925, 1.918], [38.2, 38.1, 38.3]))
+    tune = (_seeds("transformer-lr0.002-clip1", "transformer", [1.66, 1.665, 1.661], [39.4, 39.5, 39.2])
+            + _seeds("conv-lr0.004-clip1", "conv", [1.70], [39.0])
+            + _seeds("bahdanau-lr0.016-clip0", "bahdanau", [1.67, 1.65], [39.6, 40.0]))
+    partial = "\n".join(summary_section({"arch": arch, "tune": tune}))
+    assert "conv, 3 seeds: valid NLL 1.9210" in partial and "train at their presets' rate and clipping;" in partial
+    assert "Every family tuned on validation" in partial and "bahdanau, 2 seeds: valid NLL 1.6600" in partial
+    assert "Seeds still to come: bahdanau, conv." in partial
+    complete = tune + _seeds("bahdanau-lr0.016-clip0", "bahdanau", [1.66, 1.66, 1.66], [0, 0, 0])[2:] + [
+        {**r, "row": f"conv-lr0.004-clip1-s{r['seed']}"} for r in _seeds("conv-lr0.004-clip1", "conv",
+                                                                         [1.7, 1.71, 1.72], [39, 39, 39])[1:]]
+    done = "\n".join(summary_section({"arch": arch, "tune": complete}))
+    assert "Every family tuned on validation" in done and "conv, 3 seeds: valid NLL 1.7" in done
+    assert "presets' rate" not in done and "1.9210" not in done and "still to come" not in done
+
 def test_every_committed_result_config_rebuilds_its_parameter_count():
     """A result's recorded config is the model that ran: built again (on the meta device, no memory),
     it has the parameter count the run recorded (15 files once said vocab_size 37000 for 8,000)."""
