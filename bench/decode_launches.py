@@ -69,9 +69,16 @@ def main() -> int:
     ap.add_argument("--presets", default="multi30k,base")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("decode_launches.json"))
     args = ap.parse_args()
+    from aiayn.errors import AiaynError
+    names = args.presets.split(",")
+    try:
+        for name in names:  # every name checked before counting
+            preset(name)
+    except AiaynError as e:
+        ap.error(str(e))
     rows = []
     print(f"{'model':10} {'precision':9} {'attention':9} {'step kernels':>12} {'search kernels/step':>20}")
-    for name in args.presets.split(","):
+    for name in names:
         for dtype in (torch.bfloat16, torch.float32):
             for sdpa in (False, True):
                 r = {"preset": name, "precision": str(dtype).removeprefix("torch."),

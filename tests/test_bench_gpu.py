@@ -200,3 +200,10 @@ def test_decode_launches_counts_fewer_kernels_through_sdpa_and_matches_the_commi
     for r in committed:
         if r["preset"] == "multi30k":
             assert r == rows[r["precision"], r["attention"]], (r["precision"], r["attention"])
+
+
+def test_decode_launches_refuses_an_unknown_preset_in_one_line(tmp_path):
+    res = subprocess.run([sys.executable, str(RUN.parent / "decode_launches.py"), "--presets", "multi30k,nope",
+                          "--out", str(tmp_path / "l.json")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "unknown preset 'nope'" in res.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in res.stderr and not (tmp_path / "l.json").exists()
