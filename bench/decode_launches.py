@@ -3,7 +3,9 @@
 Counts the ATen operations that compute (views, which launch nothing, left out) in one `FusedDecoder`
 step and in one step of beam search (the step plus the search's own bookkeeping), for each attention
 route: the written-out products of Eq. 1 (a CPU's) and SDPA's one kernel (a GPU's, as the model's own
-attention takes there). The counts come from PyTorch's dispatcher on the CPU, so any machine gives
+attention takes there), and SDPA's step replayed as one CUDA graph (`graphs`, decode/graphed.py: what
+runs outside the graph, the graph's replay counted as one launch, its recording as the eager warm-up it
+runs). The counts come from PyTorch's dispatcher on the CPU, so any machine gives
 them; a CUDA run launches about one kernel per counted operation. Random weights (the count does not
 depend on their values), 3 sentences of 12 tokens, beam 4, 11 search steps. Prints a table and writes
 bench/decode_launches.json.
@@ -25,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiayn.config import preset  # noqa: E402
 from aiayn.decode.fused import FusedDecoder  # noqa: E402
+from aiayn.decode.graphed import StepGraph  # noqa: E402
 from aiayn.decode.search import beam_search  # noqa: E402
 from aiayn.decode.translator import cast_bf16  # noqa: E402
 from aiayn.models.build import build_model  # noqa: E402
@@ -39,26 +42,49 @@ class Counted(TorchDispatchMode):
         super().__init__()
         self.ops: collections.Counter = collections.Counter()
         self.kernels = 0
+        self.replaying = False  # inside a graph's replay: one launch, counted by `replayed`
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.replaying:
+            return func(*args, **(kwargs or {}))
         self.ops[func.overloadpacket.__name__] += 1
         self.kernels += not func.is_view and func.overloadpacket.__name__ != "_unsafe_view"
         return func(*args, **(kwargs or {}))
 
 
-def count(name: str, dtype: torch.dtype, sdpa: bool) -> dict:
+def replayed(counted: Counted):
+    """StepGraph's replay (emulated on the CPU) counted as the one launch it is on a GPU."""
+    def replay(graph: StepGraph) -> None:
+        counted.ops["graph replay"] += 1
+        counted.kernels += 1
+        counted.replaying = True
+        try:
+            real(graph)
+        finally:
+            counted.replaying = False
+    real = StepGraph._replay
+    StepGraph._replay = replay
+    return real
+
+
+def count(name: str, dtype: torch.dtype, attention: str) -> dict:
     torch.manual_seed(0)
     model = build_model(preset(name).model).eval()
     fused = FusedDecoder(cast_bf16(model) if dtype == torch.bfloat16 else model, dtype)
-    fused.sdpa = sdpa
+    fused.sdpa, fused.graphs = attention != "explicit", attention == "graphs"
     src = torch.randint(4, model.cfg.vocab_size, (3, 12))
     state, tokens = fused.start_decoding(src, group=4), torch.full((12,), 5)
     for _ in range(3):  # past the first positions and any lazy set-up
         fused.decode_step(tokens, state)
-    with Counted() as step:
-        fused.decode_step(tokens, state)
-    with Counted() as search:
-        beam_search(fused, src, beam=4, max_len_a=0.0, max_len_b=STEPS - 1)
+    step, search = Counted(), Counted()
+    for counted, run in ((step, lambda: fused.decode_step(tokens, state)),
+                         (search, lambda: beam_search(fused, src, beam=4, max_len_a=0.0, max_len_b=STEPS - 1))):
+        real = replayed(counted)
+        try:
+            with counted:
+                run()
+        finally:
+            StepGraph._replay = real
     return {"step kernels": step.kernels, "step ops": sum(step.ops.values()),
             "search kernels per step": round(search.kernels / STEPS, 1),
             "step by op": dict(step.ops.most_common())}
@@ -80,9 +106,9 @@ def main() -> int:
     print(f"{'model':10} {'precision':9} {'attention':9} {'step kernels':>12} {'search kernels/step':>20}")
     for name in names:
         for dtype in (torch.bfloat16, torch.float32):
-            for sdpa in (False, True):
+            for attention in ("explicit", "sdpa", "graphs"):
                 r = {"preset": name, "precision": str(dtype).removeprefix("torch."),
-                     "attention": "sdpa" if sdpa else "explicit", **count(name, dtype, sdpa)}
+                     "attention": attention, **count(name, dtype, attention)}
                 rows.append(r)
                 print(f"{name:10} {r['precision']:9} {r['attention']:9} {r['step kernels']:>12} "
                       f"{r['search kernels per step']:>20}")

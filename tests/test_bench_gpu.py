@@ -163,8 +163,10 @@ def test_compile_probe_dry_run_on_the_cpu(toy_prepared, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + (tmp_path / "log.txt").read_text()[-3000:]
     stages = {s["name"]: s for s in json.loads((tmp_path / "probe.json").read_text())["stages"]}
     assert list(stages) == ["built", "compile_now", "first eager batch", "first eager sdpa batch",
-                            "first compiled batch", "round 1"]
+                            "first eager graphs batch", "first compiled batch", "round 1"]
     assert stages["built"]["eager"] == "explicit" and stages["round 1"]["sdpa_speedup"] > 0  # a CPU's eager route
+    assert stages["round 1"]["graphs_speedup"] > 0  # graphs emulated on a CPU: timed, not faster
+    assert stages["first eager graphs batch"]["same_as_eager"] == 6  # of 6 sentences
     assert stages["built"]["graphs"] == 0  # a CPU's 6: start, first step and later steps, each for 1 and 3 sentences
     assert stages["compile_now"]["graphs"] == 6
     assert stages["round 1"]["graphs"] == stages["compile_now"]["graphs"]
@@ -185,8 +187,9 @@ def test_compile_probe_refuses_bad_input_in_one_line(tmp_path, args, says):
 
 def test_decode_launches_counts_fewer_kernels_through_sdpa_and_matches_the_committed_table(tmp_path):
     """bench/decode_launches.py: a GPU's eager step (SDPA) launches far fewer kernels than the written-out
-    route, and the committed bench/decode_launches.json (bench/README.md's table) is what the code counts
-    today: a change to the step's kernels must re-run the bench."""
+    route, the graphed step three (the replay and its two inputs), and the committed
+    bench/decode_launches.json (bench/README.md's table) is what the code counts today: a change to
+    the step's kernels must re-run the bench."""
     script = RUN.parent / "decode_launches.py"
     res = subprocess.run([sys.executable, str(script), "--presets", "multi30k", "--out", str(tmp_path / "l.json")],
                          capture_output=True, text=True, timeout=300)
@@ -196,6 +199,9 @@ def test_decode_launches_counts_fewer_kernels_through_sdpa_and_matches_the_commi
         sdpa, explicit = rows[precision, "sdpa"], rows[precision, "explicit"]
         assert sdpa["step kernels"] < 0.7 * explicit["step kernels"]
         assert "clone" in explicit["step by op"] and "clone" not in sdpa["step by op"]  # the history read in place
+        graphs = rows[precision, "graphs"]  # the tokens and the position copied in, one replay
+        assert graphs["step kernels"] == 3 and graphs["step by op"]["graph replay"] == 1
+        assert graphs["search kernels per step"] < 0.65 * sdpa["search kernels per step"]
     committed = json.loads((RUN.parent / "decode_launches.json").read_text())["rows"]
     for r in committed:
         if r["preset"] == "multi30k":

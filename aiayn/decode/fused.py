@@ -26,6 +26,7 @@ from ..data.tokenizer import EOS, PAD
 from ..device import inductor_cache
 from ..models.linear import Int8Linear, _onednn, onednn_available
 from ..models.transformer import ACTIVATIONS, Transformer
+from .graphed import StepGraph
 
 
 def fusable(model) -> bool:
@@ -64,25 +65,34 @@ class FusedState:
     vectors); the step gathers each row's history through it. The encoder side once per source."""
 
     def __init__(self, cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int, rows: int,
-                 layers: list[_Layer], dtype: torch.dtype, capacity: int = 64):
+                 layers: list[_Layer], dtype: torch.dtype, capacity: int = 64, static: bool = False):
         self.cross, self.pad, self.group, self.n = cross, pad, group, 0  # pad (B, 1, 1, S): True at padding; sdpa: -inf
         self.not_word: Tensor | None = None  # (B, 1, S) True at EOS and padding, while alignments are taken
         self.attended: Tensor | None = None  # (R,): the source position each row attended to most, last step
+        # static (graphed.py): every tensor keeps its size and place, the live rows and sources their prefix;
+        # the buffers start as zeros (a graph attends over all of them, masked) and reorders write in place.
+        self.static, self.graph = static, None
         dev = pad.device  # the buffers live where the model runs (a GPU's decoding failed on CPU buffers)
-        self.k = [torch.empty(capacity, rows, L.heads[0], L.heads[1], dtype=dtype, device=dev) for L in layers]
-        self.v = [torch.empty(capacity, rows, L.heads[0], L.heads[2], dtype=dtype, device=dev) for L in layers]
-        self.idx = torch.empty(capacity, rows, dtype=torch.long, device=dev)
+        new = torch.zeros if static else torch.empty
+        self.k = [new(capacity, rows, L.heads[0], L.heads[1], dtype=dtype, device=dev) for L in layers]
+        self.v = [new(capacity, rows, L.heads[0], L.heads[2], dtype=dtype, device=dev) for L in layers]
+        self.idx = new(capacity, rows, dtype=torch.long, device=dev)
 
     def grow(self) -> None:
         """Double the capacity, keeping what is filled."""
         def doubled(x: Tensor) -> Tensor:
-            y = x.new_empty(2 * x.size(0), *x.shape[1:])
+            y = (x.new_zeros if self.static else x.new_empty)(2 * x.size(0), *x.shape[1:])
             y[:self.n] = x[:self.n]
             return y
         self.k, self.v, self.idx = [doubled(x) for x in self.k], [doubled(x) for x in self.v], doubled(self.idx)
 
     def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
         """Keep decoder rows `rows`; `sources` selects the sources when that set changes."""
+        if self.static:  # in place, into the prefix: a graph reads these very tensors
+            for x in [t for kv in self.cross for t in kv] + [self.pad] if sources is not None else []:
+                x[:sources.numel()] = x.index_select(0, sources)
+            self.idx[:self.n, :rows.numel()] = self.idx[:self.n].index_select(1, rows)
+            return
         if sources is not None:
             self.cross = [(k.index_select(0, sources), v.index_select(0, sources)) for k, v in self.cross]
             self.pad = self.pad.index_select(0, sources)
@@ -135,6 +145,9 @@ class FusedDecoder:
         # Eager off the CPU, attention is SDPA's one kernel, as the model's own there (models/attention.py):
         # a GPU step is launch-bound, and the explicit products cost 8 kernels a self-attention, 7 a cross.
         self.sdpa = not compiled and self.embed.device.type != "cpu"
+        # Eager, each batch's step may be replayed as one CUDA graph (graphed.py; emulated on a CPU). Off until a
+        # GPU has timed it against the eager step (bench/compile_probe.py).
+        self.graphs = False
         # (layer, head or None for the layer's mean): whose encoder-decoder attention each step's
         # argmax is taken from, for word alignments (decode/align.py); set by Translator, never compiled
         self.align_head: tuple[int, int | None] | None = None
@@ -175,11 +188,15 @@ class FusedDecoder:
     def start_decoding(self, src: Tensor, group: int = 1) -> FusedState:
         """Encode src (B, S) with the model, project every layer's encoder-decoder keys and values."""
         cross, mask = self._start(src.clone(memory_format=torch.contiguous_format))  # a slice compiled again
-        pad = ~mask if not self.sdpa else torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(
-            ~mask, float("-inf"))  # SDPA's additive mask: a boolean one it converts again in every call
-        state = FusedState(cross, pad, group, src.size(0) * group, self.layers, self.dtype, self.capacity)
+        graphed = self.graphs and not self.compiled and self.align_head is None
+        pad = ~mask if not (self.sdpa or graphed) else torch.zeros(mask.shape, dtype=self.dtype, device=mask.device
+                                                                  ).masked_fill(~mask, float("-inf"))
+        # (SDPA's additive mask: a boolean one it converts again in every call)
+        state = FusedState(cross, pad, group, src.size(0) * group, self.layers, self.dtype, self.capacity, graphed)
         if self.align_head is not None and not self.compiled:
             state.not_word = ((src == PAD) | (src == EOS))[:, None, :]
+        if graphed:
+            state.graph = StepGraph(self, state)
         return state
 
     def _tensor_start(self, src: Tensor) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
@@ -197,12 +214,16 @@ class FusedDecoder:
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, state: FusedState) -> Tensor:
         """Feed the next token of each row, tokens (R,) -> next-token logits (R, V)."""
+        if state.graph is not None:  # the logits are a view of the graph's output: read before the next step
+            return self._advance(lambda *_: state.graph(tokens), tokens, state)
         return self._advance(self._step if state.n or not self.eager_first else self._tensor_step, tokens, state)
 
     @torch.no_grad()
     def decode_hidden(self, tokens: Tensor, state: FusedState) -> Tensor:
         """`decode_step` without the output layer: the decoder's last states (R, d_model), for
         `project` (shortlist.py)."""
+        if state.graph is not None:
+            raise ValueError("a graphed decoding state steps through decode_step only (no shortlist)")
         return self._advance(self._hidden if state.n or not self.eager_first else self._tensor_hidden, tokens, state)
 
     @staticmethod
@@ -253,8 +274,14 @@ class FusedDecoder:
         # Where each row's positions 0..n lie in a buffer seen as (capacity · rows, h, d).
         where = (idx[:n + 1] + torch.arange(n + 1, device=tokens.device)[:, None] * cap_rows).view(-1)
         x = self.embed.index_select(0, tokens) * self.scale + self.pos[n]
+        return self._layers(x, lambda y, i, L: self._self_attention(y, L, ks[i], vs[i], n, where), cross, pad, group,
+                            probe)
+
+    def _layers(self, x: Tensor, attend, cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int,
+                probe: list | None = None) -> Tensor:
+        """The decoder's layers over the embedded tokens x (R, d_model); attend(y, i, L): layer i's self-attention."""
         for i, L in enumerate(self.layers):
-            x = self._out(x, L.norms[0], self._self_attention(self._inp(x, L.norms[0]), L, ks[i], vs[i], n, where))
+            x = self._out(x, L.norms[0], attend(self._inp(x, L.norms[0]), i, L))
             y = self._cross_attention(self._inp(x, L.norms[1]), L, cross[i], pad, group,
                                       probe if probe is not None and i == self.align_head[0] else None)
             x = self._out(x, L.norms[1], y)

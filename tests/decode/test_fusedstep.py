@@ -33,8 +33,10 @@ def sources(B: int = 3, S: int = 9) -> torch.Tensor:
     return src
 
 
-def steps_agree(model, fused, bf16: bool, group: int = 4, steps: int = 9, close: float = 0.0) -> None:
-    """close: 0, bit for bit; else the largest difference allowed (SDPA's kernel reads other strides)."""
+def steps_agree(model, fused, bf16: bool, group: int = 4, steps: int = 9, close: float = 0.0,
+                of_row: bool = False) -> None:
+    """close: 0, bit for bit; else the largest difference allowed (SDPA's kernel reads other strides),
+    or with `of_row` the largest as a fraction of the row's largest logit (bf16 rounding's scale)."""
     src = sources()
     g = torch.Generator().manual_seed(2)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -46,8 +48,10 @@ def steps_agree(model, fused, bf16: bool, group: int = 4, steps: int = 9, close:
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             a = model.decode_step(tokens, ref)
         b = fused.decode_step(tokens, got)
-        assert torch.equal(a, b) if not close else torch.allclose(a.float(), b.float(), atol=close, rtol=close), (
-            t, float((a.float() - b.float()).abs().max()))
+        a, b = a.float(), b.float()
+        near = ((a - b).abs() <= close * b.abs().amax(-1, keepdim=True)).all() if of_row else torch.allclose(
+            a, b, atol=close, rtol=close)
+        assert torch.equal(a, b) if not close else near, (t, float((a - b).abs().max()))
         # beams reorder within their sentence; at step 4 the middle sentence leaves the batch
         perm = torch.stack([torch.randperm(group, generator=g) for _ in range(n)]) + torch.arange(n)[:, None] * group
         sources_kept = torch.tensor([0, 2][:n - 1]) if t == 4 else None

@@ -1,0 +1,118 @@
+"""The graphed decoding step (graphed.py) against the eager one: what a CUDA graph would replay,
+emulated on the CPU — the same logits through reorders, dropped sentences and cache growth; the
+same hypotheses; recorded once a batch and again only when the cache grows; and a step that a graph
+can hold at all: no read back to the host, the same kernels on the same shapes at every position."""
+
+import pytest
+import torch
+from test_fusedstep import sources, steps_agree, toy
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from aiayn.decode.fused import FusedDecoder
+from aiayn.decode.graphed import StepGraph, static_logits
+from aiayn.decode.search import beam_search, greedy_search
+from aiayn.decode.translator import cast_bf16
+
+
+def graphed(model, bf16: bool, capacity: int = 2) -> FusedDecoder:
+    """A fused decoder as a GPU's would be with graphs on: SDPA's attention, each step replayed."""
+    fused = FusedDecoder(model, torch.bfloat16 if bf16 else torch.float32, capacity=capacity)
+    fused.sdpa = fused.graphs = True
+    return fused
+
+
+def sdpa_model(bf16: bool):
+    model = cast_bf16(toy()) if bf16 else toy()
+    for m in model.modules():
+        if hasattr(m, "use_sdpa"):
+            m.use_sdpa = True
+    return model
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_graphed_step_computes_the_models_step(bf16):
+    """Step by step against the model's modules (SDPA, as on a GPU), the cache growing from 2 rows:
+    fp32 to 1e-5; bf16 to 2^-6 of each row's largest logit (a unit or two in bf16's last place: the
+    masked later positions change the kernel's blocking, not the weights, as exp(-inf) = 0)."""
+    model = sdpa_model(bf16)
+    steps_agree(model, graphed(model, bf16), bf16, close=2 ** -6 if bf16 else 1e-5, of_row=bf16)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_search_through_the_graphed_step_finds_what_the_eager_step_finds(bf16):
+    model = sdpa_model(bf16)
+    eager = FusedDecoder(model, torch.bfloat16 if bf16 else torch.float32, capacity=2)
+    eager.sdpa = True
+    src = sources()
+    for beam in (1, 4):
+        a, b = (beam_search(m, src, beam=beam, nbest=beam, max_len_b=12) for m in (eager, graphed(model, bf16)))
+        assert [[h.tokens for h in x] for x in a] == [[h.tokens for h in x] for x in b]
+        scores = [h.score for x in b for h in x]
+        assert [h.score for x in a for h in x] == pytest.approx(scores, abs=0.05 if bf16 else 1e-4)
+    a, b = (greedy_search(m, src, max_len_b=12) for m in (eager, graphed(model, bf16)))
+    assert [h.tokens for h in a] == [h.tokens for h in b]
+
+
+def test_a_graph_is_recorded_once_a_batch_and_again_only_when_the_cache_grows(monkeypatch):
+    """Reorders and dropped sentences write into the recorded tensors (a graph reads those addresses);
+    only the cache's growth (new buffers) records again: capacity 4, 9 steps -> at steps 0, 4 and 8."""
+    recorded = []
+    real = StepGraph._record
+    monkeypatch.setattr(StepGraph, "_record", lambda self: recorded.append(self.state.n) or real(self))
+    fused = graphed(toy(), False, capacity=4)
+    state = fused.start_decoding(sources(), 4)
+    tensors = [state.idx, state.pad, *(t for kv in state.cross for t in kv)]
+    for t in range(9):
+        fused.decode_step(torch.full((12 if t < 4 else 8,), 5 + t), state)
+        keep = torch.tensor([0, 2]) if t == 3 else None  # the middle sentence leaves after step 3
+        state.reorder(torch.arange(8) if t >= 3 else torch.arange(12).flip(0), keep)
+        if t < 3:
+            assert all(a is b for a, b in zip(tensors, [state.idx, state.pad, *(t for kv in state.cross for t in kv)]))
+    assert recorded == [0, 4, 8]
+    assert state.graph.out.shape == (12, 97)  # every row of the batch as it started
+
+
+class Seen(TorchDispatchMode):
+    """Each ATen operation with its output shapes, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        shapes = [tuple(o.shape) for o in (out if isinstance(out, (list, tuple)) else [out]) if torch.is_tensor(o)]
+        self.ops.append((func.overloadpacket.__name__, shapes))
+        return out
+
+
+def test_the_graphed_step_waits_for_nothing_and_launches_the_same_kernels_at_every_position():
+    """What a CUDA graph can replay: no operation that reads a value back to the host (an .item(),
+    a nonzero, a data-dependent size), and the same operations on the same shapes whatever the
+    position and the tokens (a graph replays what it recorded, sizes included)."""
+    fused = graphed(sdpa_model(True), True, capacity=8)
+    state = fused.start_decoding(sources(), 4)
+    graph = state.graph
+    runs = []
+    for n in (1, 6):
+        graph.tokens.random_(4, 97)
+        graph.n.fill_(n)
+        with Seen() as seen:
+            static_logits(fused, *graph._args())
+        runs.append(seen.ops)
+    assert runs[0] == runs[1]
+    reads_back = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "masked_select", "unique",
+                  "_unique2", "repeat_interleave", "to"}
+    names = {name for name, _ in runs[0]}
+    assert not names & reads_back and "_scaled_dot_product_flash_attention_for_cpu" in names
+
+
+def test_graphs_are_off_unless_asked_and_never_with_alignments_compiling_or_a_shortlist():
+    model = toy()
+    assert not FusedDecoder(model).graphs and FusedDecoder(model).start_decoding(sources(), 4).graph is None
+    fused = graphed(model, False)
+    fused.align_head = (1, None)
+    assert fused.start_decoding(sources(), 4).graph is None
+    fused.align_head = None
+    with pytest.raises(ValueError, match="decode_step only"):
+        fused.decode_hidden(torch.full((12,), 5), fused.start_decoding(sources(), 4))
