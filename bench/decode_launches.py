@@ -5,8 +5,10 @@ step and in one step of beam search (the step plus the search's own bookkeeping)
 route: the written-out products of Eq. 1 (a CPU's) and SDPA's one kernel (a GPU's, as the model's own
 attention takes there), and SDPA's step replayed as one CUDA graph (`graphs`, decode/graphed.py: what
 runs outside the graph, the graph's replay counted as one launch, its recording as the eager warm-up it
-runs). The counts come from PyTorch's dispatcher on the CPU, so any machine gives
-them; a CUDA run launches about one kernel per counted operation. Random weights (the count does not
+runs), and with it beam search's whole step as one graph (`graphed search`, what the translator runs
+when graphs are on; the encoder, the first step and the looks at which sentences are done outside).
+The counts come from PyTorch's dispatcher on the CPU, so any machine gives them; a CUDA run launches
+about one kernel per counted operation. Random weights (the count does not
 depend on their values), 3 sentences of 12 tokens, beam 4, 11 search steps. Prints a table and writes
 bench/decode_launches.json.
 
@@ -27,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiayn.config import preset  # noqa: E402
 from aiayn.decode.fused import FusedDecoder  # noqa: E402
-from aiayn.decode.graphed import StepGraph  # noqa: E402
+from aiayn.decode.graphed import Recorded, graphed_beam_search  # noqa: E402
 from aiayn.decode.search import beam_search  # noqa: E402
 from aiayn.decode.translator import cast_bf16  # noqa: E402
 from aiayn.models.build import build_model  # noqa: E402
@@ -53,17 +55,17 @@ class Counted(TorchDispatchMode):
 
 
 def replayed(counted: Counted):
-    """StepGraph's replay (emulated on the CPU) counted as the one launch it is on a GPU."""
-    def replay(graph: StepGraph) -> None:
+    """A graph's replay (emulated on the CPU) counted as the one launch it is on a GPU."""
+    def replay(graph: Recorded):
         counted.ops["graph replay"] += 1
         counted.kernels += 1
         counted.replaying = True
         try:
-            real(graph)
+            return real(graph)
         finally:
             counted.replaying = False
-    real = StepGraph._replay
-    StepGraph._replay = replay
+    real = Recorded.replay
+    Recorded.replay = replay
     return real
 
 
@@ -76,17 +78,21 @@ def count(name: str, dtype: torch.dtype, attention: str) -> dict:
     state, tokens = fused.start_decoding(src, group=4), torch.full((12,), 5)
     for _ in range(3):  # past the first positions and any lazy set-up
         fused.decode_step(tokens, state)
-    step, search = Counted(), Counted()
-    for counted, run in ((step, lambda: fused.decode_step(tokens, state)),
-                         (search, lambda: beam_search(fused, src, beam=4, max_len_a=0.0, max_len_b=STEPS - 1))):
+    step, search, whole = Counted(), Counted(), Counted()
+    runs = [(step, lambda: fused.decode_step(tokens, state)),
+            (search, lambda: beam_search(fused, src, beam=4, max_len_a=0.0, max_len_b=STEPS - 1))]
+    if attention == "graphs":  # the whole search step as one graph (what the translator runs with graphs on)
+        runs.append((whole, lambda: graphed_beam_search(fused, src, beam=4, max_len_a=0.0, max_len_b=STEPS - 1)))
+    for counted, run in runs:
         real = replayed(counted)
         try:
             with counted:
                 run()
         finally:
-            StepGraph._replay = real
+            Recorded.replay = real
+    graphed = {"graphed search kernels per step": round(whole.kernels / STEPS, 1)} if attention == "graphs" else {}
     return {"step kernels": step.kernels, "step ops": sum(step.ops.values()),
-            "search kernels per step": round(search.kernels / STEPS, 1),
+            "search kernels per step": round(search.kernels / STEPS, 1), **graphed,
             "step by op": dict(step.ops.most_common())}
 
 
@@ -103,7 +109,8 @@ def main() -> int:
     except AiaynError as e:
         ap.error(str(e))
     rows = []
-    print(f"{'model':10} {'precision':9} {'attention':9} {'step kernels':>12} {'search kernels/step':>20}")
+    print(f"{'model':10} {'precision':9} {'attention':9} {'step kernels':>12} {'search kernels/step':>20} "
+          f"{'graphed search':>15}")
     for name in names:
         for dtype in (torch.bfloat16, torch.float32):
             for attention in ("explicit", "sdpa", "graphs"):
@@ -111,7 +118,7 @@ def main() -> int:
                      "attention": attention, **count(name, dtype, attention)}
                 rows.append(r)
                 print(f"{name:10} {r['precision']:9} {r['attention']:9} {r['step kernels']:>12} "
-                      f"{r['search kernels per step']:>20}")
+                      f"{r['search kernels per step']:>20} {r.get('graphed search kernels per step', ''):>15}")
     args.out.write_text(json.dumps({"command": " ".join(sys.argv), "torch": torch.__version__, "rows": rows},
                                    indent=1) + "\n")
     print(f"wrote {args.out}")

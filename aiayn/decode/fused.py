@@ -185,14 +185,16 @@ class FusedDecoder:
         return F.linear(x.to(dtype), *wb)
 
     @torch.no_grad()
-    def start_decoding(self, src: Tensor, group: int = 1) -> FusedState:
-        """Encode src (B, S) with the model, project every layer's encoder-decoder keys and values."""
+    def start_decoding(self, src: Tensor, group: int = 1, capacity: int | None = None) -> FusedState:
+        """Encode src (B, S) with the model, project every layer's encoder-decoder keys and values;
+        `capacity`: the positions the caches hold before they grow (default self.capacity)."""
         cross, mask = self._start(src.clone(memory_format=torch.contiguous_format))  # a slice compiled again
         graphed = self.graphs and not self.compiled and self.align_head is None
         pad = ~mask if not (self.sdpa or graphed) else torch.zeros(mask.shape, dtype=self.dtype, device=mask.device
                                                                   ).masked_fill(~mask, float("-inf"))
         # (SDPA's additive mask: a boolean one it converts again in every call)
-        state = FusedState(cross, pad, group, src.size(0) * group, self.layers, self.dtype, self.capacity, graphed)
+        state = FusedState(cross, pad, group, src.size(0) * group, self.layers, self.dtype, capacity or self.capacity,
+                           graphed)
         if self.align_head is not None and not self.compiled:
             state.not_word = ((src == PAD) | (src == EOS))[:, None, :]
         if graphed:

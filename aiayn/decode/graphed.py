@@ -8,7 +8,10 @@ self-attention cache, the positions after the current one masked (Eq. 1 with -in
 scores, which gives them weight 0), with the position a tensor on the device (`n`), and computes every
 row of the batch as it started: finished sentences' rows and sources stay, stale, behind the live
 prefix (`FusedState.static`). The graph is recorded at a batch's first step and again when its cache
-grows; in between each step copies the tokens in, sets the position and replays.
+grows; in between each step copies the tokens in, sets the position and replays. Beam search can go
+further (`graphed_beam_search`): the whole search step — the decoder step, the top-k, the finished
+hypotheses, the beams' reorder — is one graph, and only each look at which sentences are done
+(every LOOK_EVERY steps) waits for the device.
 
 On a CPU the same static step runs eagerly, "replayed" by calling it again on the tensors it was
 recorded with (not the state's current ones, as a graph's recorded addresses): the tests check there
@@ -18,10 +21,26 @@ what a graph would compute.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..data.tokenizer import BOS, EOS, PAD
+from .search import (
+    LOOK_EVERY,
+    Hypothesis,
+    _live,
+    _merge_finished,
+    _open,
+    _results,
+    _top_lprobs,
+    beam_search,
+    length_penalty,
+    max_lengths,
+)
 
 log = logging.getLogger("aiayn")
 
@@ -57,51 +76,155 @@ def _self_attention(dec, y: Tensor, L, kc: Tensor, vc: Tensor, n: Tensor, where:
     return dec.linear(a.reshape(R, h * dv), L.o)
 
 
+class Recorded:
+    """`fn()` over tensors that keep their places, run once (the warm-up, a real call: its result is
+    returned by `first`), then recorded as a CUDA graph; `replay()` runs the recording. On a CPU
+    nothing is recorded and `replay()` calls `fn` again (fn must read the tensors it was given, as a
+    graph reads its recorded addresses)."""
+
+    def __init__(self, fn: Callable[[], Tensor | None], device: torch.device) -> None:
+        self.fn, self.graph = fn, None
+        if device.type != "cuda":
+            self.first = self.out = fn()
+            return
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # lazy set-up (cuBLAS workspaces) must not happen inside the capture
+            self.first = fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):  # records; runs nothing
+            self.out = fn()
+
+    def replay(self) -> Tensor | None:
+        if self.graph is None:
+            out = self.fn()
+            if out is not None:
+                self.out.copy_(out)  # the one output tensor a graph has
+        else:
+            self.graph.replay()
+        return self.out
+
+
 class StepGraph:
-    """One batch's step (`static_logits` over a static FusedState), recorded as a CUDA graph on its
-    first call and whenever the cache has grown (new buffers), replayed otherwise. Returns the first
-    R rows of the graph's output, overwritten by the next step."""
+    """One batch's step (`static_logits` over a static FusedState), recorded on its first call and
+    whenever the cache has grown (new buffers), replayed otherwise. Returns the first R rows of the
+    graph's output, overwritten by the next step."""
 
     def __init__(self, dec, state) -> None:
         self.dec, self.state = dec, state
         rows = state.idx.size(1)
         self.tokens = torch.zeros(rows, dtype=torch.long, device=state.idx.device)
         self.n = torch.zeros(1, dtype=torch.long, device=state.idx.device)
-        self.recorded: tuple | None = None  # the tensors the graph reads (its addresses)
-        self.graph = None
-        self.out: Tensor | None = None
-        self.cuda = state.idx.device.type == "cuda"
+        self.recorded: Recorded | None = None
+        self.k0: Tensor | None = None  # the first cache buffer recorded: a new one means the cache grew
 
     def __call__(self, tokens: Tensor) -> Tensor:
         st = self.state
         self.tokens[:tokens.numel()] = tokens  # rows past the live ones keep stale tokens: computed, never read
         self.n.fill_(st.n)
-        if self.recorded is None or self.recorded[2][0] is not st.k[0]:  # first step, or the cache grew
-            self._record()
-        self._replay()
-        return self.out[:tokens.numel()]
+        if self.k0 is not st.k[0]:  # first step, or the cache grew
+            out = self._record()
+        else:
+            out = self.recorded.replay()
+        return out[:tokens.numel()]
 
     def _args(self) -> tuple:
         st = self.state
         return (self.tokens, self.n, list(st.k), list(st.v), st.idx, [tuple(kv) for kv in st.cross], st.pad, st.group)
 
-    def _record(self) -> None:
-        self.recorded, self.graph = self._args(), None
-        if not self.cuda:
-            self.out = static_logits(self.dec, *self.recorded)
-            return
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # a warm-up run: lazy set-up (cuBLAS workspaces) must not happen in capture
-            static_logits(self.dec, *self.recorded)  # (it writes position n as the replay will: the same values)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = static_logits(self.dec, *self.recorded)
+    def _record(self) -> Tensor:
+        self.k0, args = self.state.k[0], self._args()
+        self.recorded = None  # the old graph's memory goes first
+        self.recorded = Recorded(lambda: static_logits(self.dec, *args), self.state.idx.device)
         log.debug("decoding step recorded as a CUDA graph (%d rows, capacity %d)", *self.state.idx.shape[::-1])
+        return self.recorded.first  # the warm-up's logits: this step's (writing position n again gives the same)
 
-    def _replay(self) -> None:
-        if self.graph is not None:
-            self.graph.replay()
-        else:  # a CPU: the recorded tensors, whatever the state holds now
-            self.out.copy_(static_logits(self.dec, *self.recorded))
+
+@dataclass(frozen=True)
+class _Beams:
+    """Beam search's state in tensors that keep their places: each row's next token and history
+    (B·k, L), the live scores (B, k), the k best finished hypotheses (float64 scores (B, k), tokens
+    (B, k, L)), the step t (1,), each sentence's maximum length (B,) and its ids (B,)."""
+
+    tokens: Tensor
+    hist: Tensor
+    scores: Tensor
+    fin_score: Tensor
+    fins: Tensor
+    t: Tensor
+    max_len: Tensor
+    ids: Tensor
+
+    @staticmethod
+    def start(max_len: Tensor, k: int, L: int) -> _Beams:
+        B, dev = max_len.numel(), max_len.device
+        scores = torch.full((B, k), float("-inf"), device=dev)
+        scores[:, 0] = 0.0  # one live beam at the start
+        return _Beams(torch.full((B * k,), BOS, dtype=torch.long, device=dev),
+                      torch.full((B * k, L), PAD, dtype=torch.long, device=dev), scores,
+                      torch.full((B, k), float("-inf"), dtype=torch.float64, device=dev),
+                      torch.full((B, k, L), PAD, dtype=torch.long, device=dev),
+                      torch.zeros(1, dtype=torch.long, device=dev), max_len, torch.arange(B, device=dev))
+
+
+def _search_step(dec, b: _Beams, state: tuple, k: int, alpha: float) -> None:
+    """One step of beam search (search.beam_search's, every sentence kept, nothing read back): the
+    decoder step at position t, the 2k best continuations, those ending in EOS set aside, the k best
+    others continued (histories and the cache's row table reordered in place), t + 1."""
+    ks, vs, idx, cross, pad = state
+    B = b.scores.size(0)
+    logits = static_logits(dec, b.tokens, b.t, ks, vs, idx, cross, pad, k)
+    at_max = (b.t >= b.max_len)[:, None].expand(B, k).reshape(-1)
+    row_lp, row_tok = _top_lprobs(logits, 2 * k, at_max, branchless=True)
+    c = row_lp.size(1)
+    cand = (b.scores.unsqueeze(-1) + row_lp.view(B, k, c)).view(B, k * c)
+    top_scores, top_idx = cand.topk(min(2 * k, k * c), dim=1)
+    top_beam, top_tok = top_idx // c, row_tok.view(B, k * c).gather(1, top_idx)
+    is_eos = (top_tok == EOS) & torch.isfinite(top_scores)
+    row_base = b.ids.unsqueeze(1) * k
+    rows = (row_base + top_beam[:, :k]).view(-1)
+    _merge_finished(b.fin_score, [b.fins], b.ids, top_scores[:, :k], [b.hist[rows]], is_eos[:, :k],
+                    length_penalty(b.t.double() + 1, alpha))
+    new_scores, new_tok, src_rows = _live(top_scores, top_tok, top_beam, is_eos, row_base, k)
+    b.hist.copy_(b.hist.index_select(0, src_rows))
+    b.hist.index_copy_(1, b.t, new_tok.view(-1, 1))
+    idx.copy_(idx.index_select(1, src_rows))  # every position: later ones are masked, whatever they hold
+    b.scores.copy_(new_scores)
+    b.tokens.copy_(new_tok.view(-1))
+    b.t.add_(1)
+
+
+@torch.no_grad()
+def graphed_beam_search(dec, src: Tensor, beam: int = 4, alpha: float = 0.6, max_len_a: float = 1.0,
+                        max_len_b: int = 50, nbest: int = 1, limit: int = 1023, look_every: int = LOOK_EVERY
+                        ) -> list[list[Hypothesis]]:
+    """search.beam_search (§6.1) with each step one CUDA graph replay (emulated on a CPU): the same
+    hypotheses. Sentences that are done stay in the batch (they search on without changing their n
+    best, as between two looks in beam_search) until all are, read every `look_every` steps."""
+    k = beam
+    max_len = max_lengths(src, max_len_a, max_len_b, limit)
+    L = int(max_len.max()) + 1
+    st = dec.start_decoding(src, group=k, capacity=L)  # never grows: one recording
+    if not st.static:
+        raise ValueError("graphed_beam_search needs a fused decoder with graphs on (FusedDecoder.graphs)")
+    b = _Beams.start(max_len, k, L)
+    state = (list(st.k), list(st.v), st.idx, [tuple(kv) for kv in st.cross], st.pad)
+    bound_lp = length_penalty(max_len.double() + 1, alpha)
+    graph = Recorded(lambda: _search_step(dec, b, state, k, alpha), src.device)  # step 0, then recorded
+    for t in range(L):
+        if t:
+            graph.replay()
+        if (t % look_every == look_every - 1 or t >= L - 1) and not _open(
+                b.fin_score[:, nbest - 1], b.scores[:, 0], bound_lp, t >= max_len).numel():
+            break
+    return _results(b.fin_score[:, :nbest], [b.fins[:, :nbest]])
+
+
+def search_beams(model, src: Tensor, beam: int, alpha: float, max_len_a: float, max_len_b: int, nbest: int,
+                 limit: int, abandoned=None) -> list[list[Hypothesis]]:
+    """beam_search; for a fused decoder with `graphs` on (no alignments, not compiled) and no
+    requests that may be abandoned, graphed_beam_search."""
+    if getattr(model, "graphs", False) and abandoned is None and model.align_head is None and not model.compiled:
+        return graphed_beam_search(model, src, beam, alpha, max_len_a, max_len_b, nbest, limit)
+    return beam_search(model, src, beam, alpha, max_len_a, max_len_b, nbest, limit, abandoned)

@@ -25,7 +25,8 @@ from ..score import Links
 from .align import cross_attention, links_of, word_links
 from .ensemble import Ensemble, load_models
 from .fused import FusedDecoder, fusable
-from .search import Hypothesis, beam_search, greedy_search
+from .graphed import search_beams
+from .search import Hypothesis, greedy_search
 from .shortlist import Shortlist, ShortlistDecoder, ShortlistError, vocabulary_id
 
 log = logging.getLogger("aiayn")
@@ -52,7 +53,6 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     the fly): linear.Int8Linear. Embeddings, LayerNorm, softmax and attention stay in fp32; the
     tied output layer gets its own int8 copy of the embedding matrix, the embeddings keep theirs."""
     import copy
-
 
     model = copy.deepcopy(model)
     for parent in list(model.modules()):
@@ -291,7 +291,7 @@ class Translator:
                 if beam == 1:
                     hyps = [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, limit, gone)]
                 else:
-                    hyps = beam_search(model, src, beam, alpha, d.max_len_a, d.max_len_b, nbest, limit, gone)
+                    hyps = search_beams(model, src, beam, alpha, d.max_len_a, d.max_len_b, nbest, limit, gone)
             if isinstance(model, ShortlistDecoder):
                 hyps = model.full_ids(hyps)
             for i, h in zip(batch, hyps):

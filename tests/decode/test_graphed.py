@@ -9,7 +9,7 @@ from test_fusedstep import sources, steps_agree, toy
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from aiayn.decode.fused import FusedDecoder
-from aiayn.decode.graphed import StepGraph, static_logits
+from aiayn.decode.graphed import StepGraph, graphed_beam_search, search_beams, static_logits
 from aiayn.decode.search import beam_search, greedy_search
 from aiayn.decode.translator import cast_bf16
 
@@ -69,7 +69,7 @@ def test_a_graph_is_recorded_once_a_batch_and_again_only_when_the_cache_grows(mo
         if t < 3:
             assert all(a is b for a, b in zip(tensors, [state.idx, state.pad, *(t for kv in state.cross for t in kv)]))
     assert recorded == [0, 4, 8]
-    assert state.graph.out.shape == (12, 97)  # every row of the batch as it started
+    assert state.graph.recorded.out.shape == (12, 97)  # every row of the batch as it started
 
 
 class Seen(TorchDispatchMode):
@@ -116,3 +116,59 @@ def test_graphs_are_off_unless_asked_and_never_with_alignments_compiling_or_a_sh
     fused.align_head = None
     with pytest.raises(ValueError, match="decode_step only"):
         fused.decode_hidden(torch.full((12,), 5), fused.start_decoding(sources(), 4))
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_graphed_beam_search_finds_what_beam_search_finds(bf16):
+    """The whole search step as one graph (emulated): every sentence kept until all are done, done
+    ones searching on: the hypotheses and scores of search.beam_search, any beam, n-best and α,
+    sentences that end early and ones cut at their maximum length; in fp32 through the eager step,
+    in bf16 through the graphed step (bf16's rounding otherwise decides near-ties; the scores agree
+    to 0.1, as the caches' capacities, so the masked lengths, differ)."""
+    model = sdpa_model(bf16)
+    eager = FusedDecoder(model, torch.bfloat16 if bf16 else torch.float32)
+    eager.sdpa = True
+    eager = graphed(model, bf16) if bf16 else eager
+    src = sources()
+    ends = set()
+    for beam, nbest, alpha, max_b in [(4, 2, 0.6, 12), (2, 1, 0.0, 3), (5, 5, 1.0, 9), (4, 1, 0.6, 50)]:
+        want = beam_search(eager, src, beam, alpha, 1.0, max_b, nbest)
+        got = graphed_beam_search(graphed(model, bf16), src, beam, alpha, 1.0, max_b, nbest)
+        assert [[h.tokens for h in x] for x in want] == [[h.tokens for h in x] for x in got]
+        scores = [h.score for x in want for h in x]
+        assert [h.score for x in got for h in x] == pytest.approx(scores, abs=0.1 if bf16 else 1e-5)
+        ends |= {len(h[0].tokens) for h in want}
+    assert len(ends) >= 3
+
+
+def test_the_graphed_search_step_reads_nothing_back_and_looks_every_few_steps(monkeypatch):
+    """The search step a graph records reads nothing back to the host and runs the same operations on
+    the same shapes at every step; the host reads which sentences are done once every LOOK_EVERY steps."""
+    from aiayn.decode import graphed as g
+    runs, looks = [], []
+    real_step, real_open = g._search_step, g._open
+
+    def step(*args):
+        with Seen() as seen:
+            real_step(*args)
+        runs.append(seen.ops)
+
+    monkeypatch.setattr(g, "_search_step", step)
+    monkeypatch.setattr(g, "_open", lambda *a: looks.append(1) or real_open(*a))
+    g.graphed_beam_search(graphed(sdpa_model(True), True), sources(), 4, 0.6, 1.0, 20, 1)
+    assert len(runs) == 30 and all(r == runs[0] for r in runs)  # max length 9 + 20, plus the EOS step
+    assert len(looks) == 8  # steps 3, 7, ..., 27 and the last
+    reads_back = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "masked_select", "unique"}
+    assert not {name for name, _ in runs[0]} & reads_back
+
+
+def test_the_translator_searches_through_graphs_when_they_are_on(monkeypatch):
+    from aiayn.decode import graphed as g
+    used = []
+    monkeypatch.setattr(g, "graphed_beam_search", lambda *a: used.append(1) or [[] for _ in range(a[1].size(0))])
+    fused = graphed(toy(), False)
+    search_beams(fused, sources(), 4, 0.6, 1.0, 5, 1, 100)
+    search_beams(fused, sources(), 4, 0.6, 1.0, 5, 1, 100, abandoned=lambda ids: ids < 0)  # a server's: eager
+    fused.graphs = False
+    search_beams(fused, sources(), 4, 0.6, 1.0, 5, 1, 100)
+    assert used == [1]
