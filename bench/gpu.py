@@ -423,8 +423,13 @@ def decode_bench(args, checkpoint: Path, src: list[str], ref: list[str], deadlin
     out: dict = {"sentences": 0, "checkpoint": checkpoint.parent.parent.name}
     systems = decode_systems(args, checkpoint, out, deadline)
     began = time.perf_counter()
-    for run in systems.values():
-        run(src[:64])  # warm-up: kernels, allocator
+    for name, run in list(systems.items()):
+        try:
+            run(src[:64])  # warm-up: kernels, allocator, graphs recorded
+        except Exception as e:  # one system failing (a CUDA graph's capture) leaves the others timed
+            traceback.print_exc()
+            out[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            del systems[name]
     n = fitting(len(src), min(64, len(src)), time.perf_counter() - began, args.decode_rounds, deadline - time.time())
     if n < len(src):
         out["cut"] = (f"{n} of {len(src)} sentences: the warm-up's pace, {args.decode_rounds} rounds, "
@@ -451,7 +456,8 @@ COMPILE_DECODING_S = 360
 def decode_systems(args, checkpoint: Path, out: dict, deadline: float) -> dict:
     """The systems in the order of the issue's target: aiayn, CTranslate2 float16 (int8_float16), then
     CTranslate2 float16 at aiayn's GPU batch size (16,384 source tokens, device.decode_batch_tokens), aiayn at
-    the CPU's 4,096, and the compiled step (only with COMPILE_DECODING_S left)."""
+    the CPU's 4,096, aiayn's search step as a CUDA graph, and the compiled step (only with COMPILE_DECODING_S
+    left)."""
     from aiayn.decode.translator import Translator
 
     cuda = args.device.startswith("cuda")
@@ -470,6 +476,9 @@ def decode_systems(args, checkpoint: Path, out: dict, deadline: float) -> dict:
         out["CTranslate2 float16, 16k-token batches"] = {"skipped": f"{type(e).__name__}: {e}"[:500]}
     tb = Translator.load(checkpoint, device=args.device, precision="bf16", max_tokens=4096)
     systems["aiayn bf16, 4k-token batches"] = lambda s: tb.translate(s, beam=4, alpha=0.6)  # the CPU's size
+    tg = Translator.load(checkpoint, device=args.device, precision="bf16")
+    tg.search_model.graphs = True  # decode/graphed.py: each search step one CUDA graph replay
+    systems["aiayn bf16 graphs"] = lambda s: tg.translate(s, beam=4, alpha=0.6)
     if deadline - time.time() < COMPILE_DECODING_S:
         out["aiayn bf16 compiled"] = {"skipped": f"{deadline - time.time():.0f} s left, "
                                                  f"{COMPILE_DECODING_S} s kept for compiling"}
