@@ -48,7 +48,7 @@ def test_search_through_the_graphed_step_finds_what_the_eager_step_finds(bf16):
         a, b = (beam_search(m, src, beam=beam, nbest=beam, max_len_b=12) for m in (eager, graphed(model, bf16)))
         assert [[h.tokens for h in x] for x in a] == [[h.tokens for h in x] for x in b]
         scores = [h.score for x in b for h in x]
-        assert [h.score for x in a for h in x] == pytest.approx(scores, abs=0.05 if bf16 else 1e-4)
+        assert [h.score for x in a for h in x] == pytest.approx(scores, abs=0.1 if bf16 else 1e-4)  # bf16: ~1 ulp
     a, b = (greedy_search(m, src, max_len_b=12) for m in (eager, graphed(model, bf16)))
     assert [h.tokens for h in a] == [h.tokens for h in b]
 
