@@ -28,10 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..data.tokenizer import BOS, EOS, PAD
+from ..data.tokenizer import BOS, PAD
 from .search import (
     LOOK_EVERY,
     Hypothesis,
+    _candidates,
     _live,
     _merge_finished,
     _open,
@@ -177,11 +178,7 @@ def _search_step(dec, b: _Beams, state: tuple, k: int, alpha: float) -> None:
     logits = static_logits(dec, b.tokens, b.t, ks, vs, idx, cross, pad, k)
     at_max = (b.t >= b.max_len)[:, None].expand(B, k).reshape(-1)
     row_lp, row_tok = _top_lprobs(logits, 2 * k, at_max, branchless=True)
-    c = row_lp.size(1)
-    cand = (b.scores.unsqueeze(-1) + row_lp.view(B, k, c)).view(B, k * c)
-    top_scores, top_idx = cand.topk(min(2 * k, k * c), dim=1)
-    top_beam, top_tok = top_idx // c, row_tok.view(B, k * c).gather(1, top_idx)
-    is_eos = (top_tok == EOS) & torch.isfinite(top_scores)
+    top_scores, top_beam, top_tok, is_eos = _candidates(b.scores, row_lp, row_tok, k)
     row_base = b.ids.unsqueeze(1) * k
     rows = (row_base + top_beam[:, :k]).view(-1)
     _merge_finished(b.fin_score, [b.fins], b.ids, top_scores[:, :k], [b.hist[rows]], is_eos[:, :k],

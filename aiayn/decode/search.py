@@ -180,11 +180,7 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         # The 2k best continuations of a sentence are among the 2k best of each of its beams.
         at_max = (t >= max_len[active]).repeat_interleave(k)
         row_lp, row_tok = _top_lprobs(model.decode_step(tokens, cache), 2 * k, at_max)  # (n*k, c)
-        c = row_lp.size(1)
-        cand = (scores.unsqueeze(-1) + row_lp.view(n, k, c)).view(n, k * c)
-        top_scores, top_idx = cand.topk(min(2 * k, k * c), dim=1)  # (n, 2k)
-        top_beam, top_tok = top_idx // c, row_tok.view(n, k * c).gather(1, top_idx)
-        is_eos = (top_tok == EOS) & torch.isfinite(top_scores)
+        top_scores, top_beam, top_tok, is_eos = _candidates(scores, row_lp, row_tok, k)
         row_base = torch.arange(n, device=dev).unsqueeze(1) * k
         if look_every > 1 or is_eos[:, :k].any():  # without looking, set aside (maybe nothing) every step
             rows = (row_base + top_beam[:, :k]).view(-1)
@@ -207,6 +203,16 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         cache.reorder(src_rows, keep if dropped else None)
         scores, tokens = new_scores, new_tok.view(-1)
     return _results(fin_score[:, :nbest], [f[:, :nbest] for f in fins])
+
+
+def _candidates(scores: Tensor, row_lp: Tensor, row_tok: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Each sentence's 2k best continuations (n, 2k), from the live scores (n, k) and each beam's c best
+    next tokens (n·k, c): their scores, beams, tokens, and whether they end (EOS with a finite score)."""
+    n, c = scores.size(0), row_lp.size(1)
+    cand = (scores.unsqueeze(-1) + row_lp.view(n, k, c)).view(n, k * c)
+    top_scores, top_idx = cand.topk(min(2 * k, k * c), dim=1)
+    top_beam, top_tok = top_idx // c, row_tok.view(n, k * c).gather(1, top_idx)
+    return top_scores, top_beam, top_tok, (top_tok == EOS) & torch.isfinite(top_scores)
 
 
 def _extended(hists: list[Tensor], src_rows: Tensor, new_tok: Tensor, cache, t: int) -> list[Tensor]:
