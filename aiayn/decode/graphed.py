@@ -11,7 +11,8 @@ prefix (`FusedState.static`). The graph is recorded at a batch's first step and 
 grows; in between each step copies the tokens in, sets the position and replays. Beam search can go
 further (`graphed_beam_search`): the whole search step — the decoder step, the top-k, the finished
 hypotheses, the beams' reorder — is one graph, and only each look at which sentences are done
-(every LOOK_EVERY steps) waits for the device.
+(every LOOK_EVERY steps) waits for the device; once at most SHRINK of the batch is open, the open
+sentences go on alone, recorded again.
 
 On a CPU the same static step runs eagerly, "replayed" by calling it again on the tensors it was
 recorded with (not the state's current ones, as a graph's recorded addresses): the tests check there
@@ -44,6 +45,7 @@ from .search import (
 )
 
 log = logging.getLogger("aiayn")
+SHRINK = 0.5  # graphed search: the open sentences go on alone once at most this fraction of the batch
 
 
 def static_logits(dec, tokens: Tensor, n: Tensor, ks: list[Tensor], vs: list[Tensor], idx: Tensor,
@@ -192,30 +194,63 @@ def _search_step(dec, b: _Beams, state: tuple, k: int, alpha: float) -> None:
     b.t.add_(1)
 
 
+def _shrunk(b: _Beams, state: tuple, keep: Tensor, k: int) -> tuple[_Beams, tuple]:
+    """The open sentences `keep` alone, in new tensors (a graph recorded again): each row's cache
+    gathered through the row table into its own buffer row (its positions in order, the table then
+    the identity), the sources, scores, finished hypotheses and histories selected."""
+    ks, vs, idx, cross, pad = state
+    cap, R = idx.shape
+    rows = (keep[:, None] * k + torch.arange(k, device=keep.device)).view(-1)
+    where = (idx.index_select(1, rows) + torch.arange(cap, device=idx.device)[:, None] * R).view(-1)
+
+    def gather(c: Tensor) -> Tensor:
+        return c.view(-1, *c.shape[2:]).index_select(0, where).view(cap, rows.numel(), *c.shape[2:])
+
+    new_idx = torch.arange(rows.numel(), device=idx.device).expand(cap, -1).contiguous()
+    state = ([gather(c) for c in ks], [gather(c) for c in vs], new_idx,
+             [(ck.index_select(0, keep), cv.index_select(0, keep)) for ck, cv in cross], pad.index_select(0, keep))
+    b = _Beams(b.tokens[rows], b.hist[rows], b.scores[keep], b.fin_score[keep], b.fins[keep], b.t.clone(),
+               b.max_len[keep], torch.arange(keep.numel(), device=keep.device))
+    return b, state
+
+
 @torch.no_grad()
 def graphed_beam_search(dec, src: Tensor, beam: int = 4, alpha: float = 0.6, max_len_a: float = 1.0,
-                        max_len_b: int = 50, nbest: int = 1, limit: int = 1023, look_every: int = LOOK_EVERY
-                        ) -> list[list[Hypothesis]]:
+                        max_len_b: int = 50, nbest: int = 1, limit: int = 1023, look_every: int = LOOK_EVERY,
+                        shrink: float = SHRINK) -> list[list[Hypothesis]]:
     """search.beam_search (§6.1) with each step one CUDA graph replay (emulated on a CPU): the same
     hypotheses. Sentences that are done stay in the batch (they search on without changing their n
-    best, as between two looks in beam_search) until all are, read every `look_every` steps."""
+    best, as between two looks in beam_search), read every `look_every` steps, until at most
+    `shrink` of the batch is open: then the open ones go on alone, recorded again (0: never)."""
     k = beam
     max_len = max_lengths(src, max_len_a, max_len_b, limit)
     L = int(max_len.max()) + 1
-    st = dec.start_decoding(src, group=k, capacity=L)  # never grows: one recording
+    st = dec.start_decoding(src, group=k, capacity=L)  # never grows: recorded again only to shrink
     if not st.static:
         raise ValueError("graphed_beam_search needs a fused decoder with graphs on (FusedDecoder.graphs)")
     b = _Beams.start(max_len, k, L)
     state = (list(st.k), list(st.v), st.idx, [tuple(kv) for kv in st.cross], st.pad)
+    del st  # its buffers go with the batch's first graph when the batch shrinks
+    fin_score, fins = b.fin_score[:, :nbest].clone(), b.fins[:, :nbest].clone()  # every sentence's, once done
+    which = torch.arange(src.size(0), device=src.device)  # the batch's sentences, as numbered in src
     bound_lp = length_penalty(max_len.double() + 1, alpha)
-    graph = Recorded(lambda: _search_step(dec, b, state, k, alpha), src.device)  # step 0, then recorded
+    graph = None
     for t in range(L):
-        if t:
+        if graph is None:  # the warm-up runs step t, then the step is recorded
+            graph = Recorded(lambda b=b, state=state: _search_step(dec, b, state, k, alpha), src.device)
+        else:
             graph.replay()
-        if (t % look_every == look_every - 1 or t >= L - 1) and not _open(
-                b.fin_score[:, nbest - 1], b.scores[:, 0], bound_lp, t >= max_len).numel():
+        if t % look_every != look_every - 1 and t < L - 1:
+            continue
+        live = _open(b.fin_score[:, nbest - 1], b.scores[:, 0], bound_lp, t >= b.max_len)
+        if live.numel() > shrink * b.scores.size(0) or live.numel() == b.scores.size(0):
+            continue
+        fin_score[which], fins[which] = b.fin_score[:, :nbest], b.fins[:, :nbest]
+        if not live.numel():
             break
-    return _results(b.fin_score[:, :nbest], [b.fins[:, :nbest]])
+        (b, state), which, bound_lp, graph = _shrunk(b, state, live, k), which[live], bound_lp[live], None
+        log.debug("graphed search: %d sentences open at step %d, recorded again", live.numel(), t)
+    return _results(fin_score, [fins])
 
 
 def search_beams(model, src: Tensor, beam: int, alpha: float, max_len_a: float, max_len_b: int, nbest: int,

@@ -120,8 +120,8 @@ def test_graphs_are_off_unless_asked_and_never_with_alignments_compiling_or_a_sh
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_graphed_beam_search_finds_what_beam_search_finds(bf16):
-    """The whole search step as one graph (emulated): every sentence kept until all are done, done
-    ones searching on: the hypotheses and scores of search.beam_search, any beam, n-best and α,
+    """The whole search step as one graph (emulated): every sentence kept while half the batch is open,
+    done ones searching on: the hypotheses and scores of search.beam_search, any beam, n-best and α,
     sentences that end early and ones cut at their maximum length; in fp32 through the eager step,
     in bf16 through the graphed step (bf16's rounding otherwise decides near-ties; the scores agree
     to 0.1, as the caches' capacities, so the masked lengths, differ)."""
@@ -155,11 +155,56 @@ def test_the_graphed_search_step_reads_nothing_back_and_looks_every_few_steps(mo
 
     monkeypatch.setattr(g, "_search_step", step)
     monkeypatch.setattr(g, "_open", lambda *a: looks.append(1) or real_open(*a))
-    g.graphed_beam_search(graphed(sdpa_model(True), True), sources(), 4, 0.6, 1.0, 20, 1)
+    g.graphed_beam_search(graphed(sdpa_model(True), True), sources(), 4, 0.6, 1.0, 20, 1, shrink=0.0)
     assert len(runs) == 30 and all(r == runs[0] for r in runs)  # max length 9 + 20, plus the EOS step
     assert len(looks) == 8  # steps 3, 7, ..., 27 and the last
     reads_back = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "masked_select", "unique"}
     assert not {name for name, _ in runs[0]} & reads_back
+
+
+def many_sources(B: int = 8, S: int = 11) -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(4, 97, (B, S), generator=g)
+    for b in range(B):
+        n = 3 + (b * 5) % (S - 2)  # lengths 3..S, in no order
+        src[b, n - 1], src[b, n:] = 2, 0
+    return src
+
+
+@pytest.mark.parametrize("shrink", [0.5, 1.0])
+def test_a_graphed_search_goes_on_with_its_open_sentences_alone_and_finds_the_same(monkeypatch, shrink):
+    """Once at most `shrink` of the batch is open (1.0: at every look), the open sentences' rows go on
+    in new tensors, recorded again: each row's cache gathered through the row table, the sources,
+    scores and finished hypotheses selected, the done sentences' results kept in their places. The
+    hypotheses and scores stay beam_search's (fp32, eager step), over beams, n-best and α; the batch
+    was recorded more than once, each time smaller, and once with no shrinking."""
+    from aiayn.decode import graphed as g
+    sizes = []
+
+    class Counted(g.Recorded):
+        def __init__(self, fn, device):
+            sizes.append(None)
+            super().__init__(fn, device)
+
+    monkeypatch.setattr(g, "Recorded", Counted)
+    real = g._shrunk
+    monkeypatch.setattr(g, "_shrunk", lambda b, state, keep, k: sizes.append(keep.numel()) or real(b, state, keep, k))
+    model = sdpa_model(False)
+    eager = FusedDecoder(model, torch.float32)
+    eager.sdpa = True
+    src = many_sources()
+    for beam, nbest, alpha, max_b in [(4, 2, 0.6, 12), (2, 1, 0.0, 6), (5, 5, 1.0, 9), (3, 1, 0.6, 30)]:
+        sizes.clear()
+        want = beam_search(eager, src, beam, alpha, 1.0, max_b, nbest)
+        got = g.graphed_beam_search(graphed(model, False), src, beam, alpha, 1.0, max_b, nbest, shrink=shrink)
+        assert [[h.tokens for h in x] for x in want] == [[h.tokens for h in x] for x in got]
+        assert [h.score for x in got for h in x] == pytest.approx([h.score for x in want for h in x], abs=1e-5)
+        shrunk = [n for n in sizes if n is not None]
+        assert shrunk and all(a > b for a, b in zip(shrunk, shrunk[1:])) and shrunk[0] <= shrink * src.size(0)
+        assert sizes.count(None) == len(shrunk) + 1
+        sizes.clear()
+        g.graphed_beam_search(graphed(model, False), src, beam, alpha, 1.0, max_b, nbest, shrink=0.0)
+        assert sizes == [None]
 
 
 def test_the_translator_searches_through_graphs_when_they_are_on(monkeypatch):
