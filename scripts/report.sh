@@ -12,5 +12,5 @@ $R arch "$@"
 $R table3 --rows A-h1,A-h16,B-dk16,C-dmodel128,C-dmodel512,D-pdrop0.0,D-ls0.0,E "$@"
 $R table3 --rows C-N1,C-N2,C-N6,depth-ref-s1,depth-ref-s2,depth-ref-s3,depth-ref-s4,depth-ref-s5 "$@"
 $R table3 --rows A-h2,A-h8,B-dk32,C-dff512,C-dff2048,D-pdrop0.1,D-pdrop0.3,D-ls0.2 "$@"
-$R table3 "$@"  # every row done: the second seeds (--extra-seeds, default 8) and the paired tests
+$R table3 "$@"  # every row done: the second seeds (--extra-seeds, default 12) and the paired tests
 $R table1 "$@"  # timings: run it when nothing else runs (the report records the load average)

@@ -147,7 +147,7 @@ def _run_rows(suite: str, rows: list[Row], common: dict[str, Any], ctx: dict[str
 
 def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, rows: list[str] | None = None,
               steps: int | None = None, seeds: int = 5, device: str | None = None, command: str = "",
-              allow_mixed: bool = False, extra_seeds: int = 8, valid_every: int | None = None) -> Path:
+              allow_mixed: bool = False, extra_seeds: int = 12, valid_every: int | None = None) -> Path:
     """Run a suite (skipping finished rows, resuming interrupted ones) and render the report;
     extra_seeds: at most this many second-seed runs of Table 3's rows near the line; valid_every:
     validation spacing in updates (default: a tenth of the run)."""
@@ -186,7 +186,7 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
 
 
 def _table3(rows: list[Row], stab: list[Row], seeds: int, common: dict[str, Any], ctx: dict[str, Any],
-            only: list[str] | None, render_report, extra_seeds: int = 8) -> None:
+            only: list[str] | None, render_report, extra_seeds: int = 12) -> None:
     """The stability check, then the reference seeds and the rows, then at most `extra_seeds`
     second seeds of rows near the line, then the paired tests."""
     wanted = not only or any(r.name in only for r in stab + depth_rows(seeds, 1.0, rows))

@@ -259,6 +259,28 @@ def _protocol_words(r0: dict) -> str:
             f"tables together. Every verdict holds {at}, not at the paper's scale. BP is the brevity penalty.")
 
 
+def seed_rule_words(fam: dict[str, tuple[list[dict], list[dict]]]) -> str:
+    """Which rows the seed rule picked (run once, NLL change 1-2.5 half-widths of the reference's
+    interval) and whether each got its second seed: what `--extra-seeds`' cap left out, said ("" before
+    any row has run)."""
+    seeded, once = [], []
+    for f in ("main", "depth"):
+        refs, rows = fam[f]
+        twice, ref_nll = {r.get("of") for r in rows if r.get("seed", 1) > 1}, [x["valid_nll"] for x in refs]
+        for r in rows:
+            t = None if r.get("seed", 1) > 1 or diverged(r) else seed_test(r["valid_nll"], ref_nll)
+            ratio = abs(t.delta) / t.pi95 if t is not None and t.pi95 > 0 else 0.0
+            if r["row"] in twice:
+                seeded.append(r["row"])
+            elif 1.0 <= ratio <= 2.5:
+                once.append(f"{r['row']} ({ratio:.2f} half-widths)")
+    if not (seeded or once or fam["main"][1] or fam["depth"][1]):
+        return ""
+    return (f"Second seeds (the rule above, nearest the line first, at most `--extra-seeds`): {len(seeded)} rows have "
+            f"one ({', '.join(seeded) or 'none'}); " + (f"picked by the rule but still run once: {', '.join(once)}."
+                                                        if once else "every row the rule picks has its second seed."))
+
+
 def table3_section(rs: list[dict], img: Path, machine_words, seeds: int = 5,
                    rows: list[str] | None = None) -> list[str]:
     """Table 3's section: the protocol, one table per family, the verdict counts, provenance (the
@@ -298,6 +320,7 @@ def table3_section(rs: list[dict], img: Path, machine_words, seeds: int = 5,
         verdicts += vs
     summary = _summary(verdicts)
     out += summary + [""] if summary else []
+    out += [seed_rule_words(fam), ""] if seed_rule_words(fam) else []
     better = [v.r["row"] for v in verdicts if v.nll and v.nll.delta < 0 and v.nll.p < 0.05]
     out += [("Rows with a lower validation NLL than their reference, p < 0.05 unadjusted (candidates for the "
              "preset): " + ", ".join(better) + ".") if better else "No row has a lower validation NLL than its "

@@ -407,6 +407,34 @@ def test_second_seeds_resumed_pick_the_same_rows(tmp_path):
     assert [r.name for r in second_seeds(list(rows.values()), out)[:2]] == first
 
 
+def test_the_report_names_the_rows_the_seed_rule_picked_that_the_cap_left_at_one_seed():
+    """REPORT.md says which rows have their second seed and which the rule picked (1-2.5 half-widths,
+    either direction, each family against its own reference) but `--extra-seeds` left at one, with
+    their distance: the cap visible, not only in the docs."""
+    from aiayn.evidence.stats import prediction_halfwidth
+    from aiayn.evidence.verdicts import families, seed_rule_words
+
+    ref, depth = [2.00, 2.02, 1.98, 2.01, 1.99], [3.0, 3.1, 2.9, 3.05, 2.95]
+    h, hd = prediction_halfwidth(ref), prediction_halfwidth(depth)
+
+    def r(name, group, nll, family="main", seed=1):
+        return {"row": name, "of": name.removesuffix(f"-s{seed}"), "seed": seed, "group": group, "family": family,
+                "valid_nll": nll, "valid_ppl": 7.0, "curve": []}
+
+    rs = ([r(f"ref-s{i}", "ref", v, seed=i) for i, v in enumerate(ref, 1)]
+          + [r(f"depth-ref-s{i}", "ref", v, "depth", i) for i, v in enumerate(depth, 1)]
+          + [r("A-h1", "A", 2.0 + 1.5 * h), r("D-ls0.0", "D", 2.0 - 2.2 * h), r("E", "E", 2.0 + 0.5 * h),
+             r("A-h16", "A", 2.0 + 3.0 * h), r("B-dk16", "B", 2.0 + 1.2 * h), r("B-dk16-s2", "B", 2.0, seed=2),
+             r("C-N2", "C", 3.0 + 2.0 * hd, "depth"), r("C-N1", "C", 3.0 + 2.0 * h, "depth")])
+    words = seed_rule_words(families(rs))
+    assert "2 rows have one (B-dk16, C-N2" not in words  # C-N2 has no second seed here
+    assert "1 rows have one (B-dk16)" in words
+    assert "still run once: A-h1 (1.50 half-widths), D-ls0.0 (2.20 half-widths), C-N2 (2.00 half-widths)." in words
+    rs.append(r("A-h1-s2", "A", 2.0, seed=2))
+    rs += [r("D-ls0.0-s2", "D", 2.0, seed=2), r("C-N2-s2", "C", 3.0, "depth", 2)]
+    assert seed_rule_words(families(rs)).endswith("every row the rule picks has its second seed.")
+
+
 def test_the_tune_suite_seeds_a_family_only_once_its_grid_is_done_and_matches_the_transformers_flops(tmp_path):
     """Seeds go to a family's lowest validation NLL once its whole grid has run (a resumed suite picks the
     same); a family spending fewer training FLOPs per token than the Transformer's choice trains to the
