@@ -601,6 +601,15 @@ def test_reproduce_command_is_in_the_readme():
     assert "aiayn reproduce --suite quick" in readme and "docs/reproduction/REPORT.md" in readme
 
 
+def test_the_whole_report_script_runs_every_suite_the_report_renders():
+    """scripts/report.sh is "the whole report": every suite but the toy one, Table 1 last (it times)."""
+    from aiayn.evidence.plan import SUITES
+
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "report.sh").read_text()
+    runs = [line.split()[1] for line in script.splitlines() if line.startswith("$R ")]
+    assert set(runs) == set(SUITES) - {"quick"} and runs[-1] == "table1"
+
+
 def test_the_size_matched_baselines_have_the_transformers_parameters():
     """luong-7.6M and ConvS2S within 3 % of the Transformer's count at the multi30k vocabulary."""
     from aiayn.evidence.plan import arch_rows
