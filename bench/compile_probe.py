@@ -9,7 +9,8 @@ each graph dynamo compiles and when (TORCH_LOGS=recompiles prints why), then tim
 the first sentences of test2016, eager and compiled alternately, eager through the other attention
 route (SDPA's kernel or the written-out products: a GPU's eager step takes SDPA, a CPU's the products),
 and SDPA's eager step replayed as one CUDA graph a step (decode/graphed.py; emulated on a CPU, where it
-is only checked), with how many of its translations equal eager's. What it has is written after every stage.
+is only checked), shrinking to the open sentences at half the batch and kept whole (`shrink_speedup`),
+with how many of its translations equal eager's. What it has is written after every stage.
 
     python bench/compile_probe.py --data DIR --device cuda --out probe.json [--preset base] [--sentences 64]
 """
@@ -89,12 +90,15 @@ def main() -> int:
     other.search_model.sdpa = not eager.search_model.sdpa  # a GPU's is SDPA, a CPU's the written-out products
     graphed = Translator(model, tok, cfg.decode, device, precision)  # SDPA's step replayed as a CUDA graph
     graphed.search_model.sdpa = graphed.search_model.graphs = True
+    whole = Translator(model, tok, cfg.decode, device, precision)  # the same, each batch's graph never shrunk
+    whole.search_model.sdpa = whole.search_model.graphs = True
+    whole.search_model.shrink = 0.0
     routes = {True: "sdpa", False: "explicit"}
     stage("built", device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
           eager=routes[eager.search_model.sdpa])
     stage("compile_now", seconds=round(compiled.compile_now(), 1))
     systems = {"eager": eager, f"eager {routes[other.search_model.sdpa]}": other, "eager graphs": graphed,
-               "compiled": compiled}
+               "eager graphs whole": whole, "compiled": compiled}
     first = {}
     for name, t in list(systems.items()):  # the real batch's first use: any graph compile_now did not make
         start = time.perf_counter()
@@ -120,7 +124,9 @@ def main() -> int:
             med["eager sdpa"], med["eager"])
         stage(f"round {r + 1}", seconds=seconds, compiled_over_eager=round(med["eager"] / med["compiled"], 3),
               sdpa_speedup=round(explicit / sdpa, 3),  # > 1: SDPA's route is the faster
-              graphs_speedup=round(sdpa / med["eager graphs"], 3) if "eager graphs" in med else None)  # > 1: faster
+              graphs_speedup=round(sdpa / med["eager graphs"], 3) if "eager graphs" in med else None,  # > 1: faster
+              shrink_speedup=round(med["eager graphs whole"] / med["eager graphs"], 3)  # > 1: shrinking pays
+              if {"eager graphs", "eager graphs whole"} <= med.keys() else None)
     return 0
 
 

@@ -163,10 +163,12 @@ def test_compile_probe_dry_run_on_the_cpu(toy_prepared, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + (tmp_path / "log.txt").read_text()[-3000:]
     stages = {s["name"]: s for s in json.loads((tmp_path / "probe.json").read_text())["stages"]}
     assert list(stages) == ["built", "compile_now", "first eager batch", "first eager sdpa batch",
-                            "first eager graphs batch", "first compiled batch", "round 1"]
+                            "first eager graphs batch", "first eager graphs whole batch", "first compiled batch",
+                            "round 1"]
     assert stages["built"]["eager"] == "explicit" and stages["round 1"]["sdpa_speedup"] > 0  # a CPU's eager route
     assert stages["round 1"]["graphs_speedup"] > 0  # graphs emulated on a CPU: timed, not faster
     assert stages["first eager graphs batch"]["same_as_eager"] == 6  # of 6 sentences
+    assert stages["first eager graphs whole batch"]["same_as_eager"] == 6 and stages["round 1"]["shrink_speedup"] > 0
     assert stages["built"]["graphs"] == 0  # a CPU's 6: start, first step and later steps, each for 1 and 3 sentences
     assert stages["compile_now"]["graphs"] == 6
     assert stages["round 1"]["graphs"] == stages["compile_now"]["graphs"]

@@ -26,7 +26,7 @@ from ..data.tokenizer import EOS, PAD
 from ..device import inductor_cache
 from ..models.linear import Int8Linear, _onednn, onednn_available
 from ..models.transformer import ACTIVATIONS, Transformer
-from .graphed import StepGraph
+from .graphed import SHRINK, StepGraph
 
 
 def fusable(model) -> bool:
@@ -146,8 +146,9 @@ class FusedDecoder:
         # a GPU step is launch-bound, and the explicit products cost 8 kernels a self-attention, 7 a cross.
         self.sdpa = not compiled and self.embed.device.type != "cpu"
         # Eager, each batch's step may be replayed as one CUDA graph (graphed.py; emulated on a CPU). Off until a
-        # GPU has timed it against the eager step (bench/compile_probe.py).
-        self.graphs = False
+        # GPU has timed it against the eager step (bench/compile_probe.py); beam search's graph shrinks to its open
+        # sentences once at most `shrink` of the batch is (graphed.graphed_beam_search; 0: never).
+        self.graphs, self.shrink = False, SHRINK
         # (layer, head or None for the layer's mean): whose encoder-decoder attention each step's
         # argmax is taken from, for word alignments (decode/align.py); set by Translator, never compiled
         self.align_head: tuple[int, int | None] | None = None

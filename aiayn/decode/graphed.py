@@ -256,7 +256,8 @@ def graphed_beam_search(dec, src: Tensor, beam: int = 4, alpha: float = 0.6, max
 def search_beams(model, src: Tensor, beam: int, alpha: float, max_len_a: float, max_len_b: int, nbest: int,
                  limit: int, abandoned=None) -> list[list[Hypothesis]]:
     """beam_search; for a fused decoder with `graphs` on (no alignments, not compiled) and no
-    requests that may be abandoned, graphed_beam_search."""
+    requests that may be abandoned, graphed_beam_search, shrinking as the decoder's `shrink` says."""
     if getattr(model, "graphs", False) and abandoned is None and model.align_head is None and not model.compiled:
-        return graphed_beam_search(model, src, beam, alpha, max_len_a, max_len_b, nbest, limit)
+        return graphed_beam_search(model, src, beam, alpha, max_len_a, max_len_b, nbest, limit,
+                                   shrink=getattr(model, "shrink", SHRINK))
     return beam_search(model, src, beam, alpha, max_len_a, max_len_b, nbest, limit, abandoned)

@@ -210,10 +210,13 @@ def test_a_graphed_search_goes_on_with_its_open_sentences_alone_and_finds_the_sa
 def test_the_translator_searches_through_graphs_when_they_are_on(monkeypatch):
     from aiayn.decode import graphed as g
     used = []
-    monkeypatch.setattr(g, "graphed_beam_search", lambda *a: used.append(1) or [[] for _ in range(a[1].size(0))])
+    monkeypatch.setattr(g, "graphed_beam_search",
+                        lambda *a, shrink: used.append(shrink) or [[] for _ in range(a[1].size(0))])
     fused = graphed(toy(), False)
+    search_beams(fused, sources(), 4, 0.6, 1.0, 5, 1, 100)
+    fused.shrink = 0.0
     search_beams(fused, sources(), 4, 0.6, 1.0, 5, 1, 100)
     search_beams(fused, sources(), 4, 0.6, 1.0, 5, 1, 100, abandoned=lambda ids: ids < 0)  # a server's: eager
     fused.graphs = False
     search_beams(fused, sources(), 4, 0.6, 1.0, 5, 1, 100)
-    assert used == [1]
+    assert used == [0.5, 0.0]  # the decoder's shrink
