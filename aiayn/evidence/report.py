@@ -106,8 +106,9 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
     tp = (throughput or {}).get("models", {})
     title = ("## Transformer, recurrent and convolutional models (Table 2's comparison at small scale)"
              if suite == "arch" else "## Every family's rate and clipping, chosen on validation; seeds at its choice")
-    longer = " (the NAME-flops runs longer: to the Transformer's training FLOPs)" if any(
-        r.get("family") == "flops" for r in rs) else ""
+    flops = sorted({(r.get("of") or r["row"], r["updates"]) for r in rs if r.get("family") == "flops"})
+    longer = (" (" + ", ".join(f"{name} {n:,}" for name, n in flops) + ": to the Transformer's training FLOPs)"
+              if flops else "")
     out = [title, "", f"Every model trains {ref['updates']:,} updates{longer} on {data_words(ref)}, the same batches, "
            "checkpoints at the same "
            "spacing, the last 5 averaged, beam 4, α 0.6. Training FLOPs per target token count one forward and "
