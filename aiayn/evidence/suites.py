@@ -189,8 +189,8 @@ def _table3(rows: list[Row], stab: list[Row], seeds: int, common: dict[str, Any]
             only: list[str] | None, render_report, extra_seeds: int = 12) -> None:
     """The stability check, then the reference seeds and the rows, then at most `extra_seeds`
     second seeds of rows near the line, then the paired tests."""
-    wanted = not only or any(r.name in only for r in stab + depth_rows(seeds, 1.0, rows))
-    lr_scale = stability(stab, common, ctx) if wanted else None  # only the depth rows need the check
+    wanted = not only or SECOND_SEEDS in only or any(r.name in only for r in stab + depth_rows(seeds, 1.0, rows))
+    lr_scale = stability(stab, common, ctx) if wanted else None  # the depth rows (and their second seeds) need it
     if lr_scale is not None:
         rows = [r for r in rows if r.name not in DEPTH] + depth_rows(seeds, lr_scale, rows)
     _run_rows("table3", rows, common, ctx, only, render_report)

@@ -26,6 +26,7 @@ from aiayn.evidence.plan import (
     converged_at,
     diverged,
     protocol,
+    stability_rows,
     table3_rows,
     unstable,
 )
@@ -433,6 +434,34 @@ def test_the_report_names_the_rows_the_seed_rule_picked_that_the_cap_left_at_one
     rs.append(r("A-h1-s2", "A", 2.0, seed=2))
     rs += [r("D-ls0.0-s2", "D", 2.0, seed=2), r("C-N2-s2", "C", 3.0, "depth", 2)]
     assert seed_rule_words(families(rs)).endswith("every row the rule picks has its second seed.")
+
+
+def test_second_seeds_asked_alone_judge_a_depth_row_against_its_own_reference_at_its_rate(tmp_path, monkeypatch):
+    """`--rows second-seeds` alone: a depth row is picked by its distance from the depth reference and its
+    second seed trains at the depth rows' rate, as in a full run (not as a main-family row at the suite's)."""
+    from aiayn.evidence.stats import prediction_halfwidth
+
+    out = tmp_path / "results" / "table3"
+    out.mkdir(parents=True)
+    main, depth = [2.00, 2.02, 1.98, 2.01, 1.99], [3.0, 3.1, 2.9, 3.05, 2.95]
+
+    def put(name, group, nll, family, seed=1):
+        r = {"row": name, "seed": seed, "group": group, "family": family, "valid_nll": nll, "valid_ppl": 7.0,
+             "curve": []}
+        (out / f"{name}.json").write_text(json.dumps(r))
+
+    for i, (a, b) in enumerate(zip(main, depth), 1):
+        put(f"ref-s{i}", "ref", a, "main", i)
+        put(f"depth-ref-s{i}", "ref", b, "depth", i)
+    put("C-N2", "C", 3.0 + 1.5 * prediction_halfwidth(depth), "depth")  # 1.5 half-widths of its own reference
+    ran = []
+    monkeypatch.setattr(suites, "stability", lambda *a: 0.4)
+    monkeypatch.setattr(suites, "_run_rows", lambda suite, rows, common, ctx, only, render: ran.extend(
+        r for r in rows if not only or r.name in only or r.group in only))
+    monkeypatch.setattr(suites, "pair_with_references", lambda *a: None)
+    suites._table3(table3_rows(5), stability_rows(), 5, {}, {"results": tmp_path / "results", "data_dir": tmp_path},
+                   [suites.SECOND_SEEDS], lambda: None)
+    assert [(r.name, r.family, r.overrides.get("train.lr_scale")) for r in ran] == [("C-N2-s2", "depth", 0.4)]
 
 
 def test_the_tune_suite_seeds_a_family_only_once_its_grid_is_done_and_matches_the_transformers_flops(tmp_path):
