@@ -3,7 +3,8 @@
 Two implementations of one formula: on a CPU, 64-row chunks that stay in cache; on a GPU, the
 row functions below compiled by TorchInductor into a couple of fused kernels (forward: one read of
 the logits; backward: one read, one write), because there the chunks' many elementwise passes over
-the logits took ~30 % of a compiled base update (bench/README.md, H200 profile).
+the logits took ~30 % of a compiled base update (bench/README.md, H200 profile); compiled for any
+number of rows, the vocabulary a constant (see `_fused`).
 """
 
 from __future__ import annotations
@@ -47,14 +48,19 @@ def _fused_here(x: Tensor) -> bool:
 
 @functools.cache
 def _fused(name: str):
-    """The row function compiled for any number of rows (dynamic shapes: token-count batches); where
-    TorchInductor cannot compile it (no Triton for this GPU, say), the same function uncompiled,
-    with one warning."""
+    """The row function compiled for any number of rows (token-count batches) with the vocabulary a
+    constant: a symbolic size keeps Triton from proving 16-byte alignment, so it loads scalars
+    (pytorch/pytorch#176653: 1.5-3.4x slower kernels; the fifth H200 profile had these two at ~1 TB/s of
+    4.8). Where TorchInductor cannot compile it (no Triton for this GPU, say), the same function
+    uncompiled, with one warning."""
     fn = {"forward": rows_forward, "backward": rows_backward}[name]
-    compiled = torch.compile(fn, dynamic=True)
+    compiled = torch.compile(fn)  # dynamic only where marked below: the rows
 
     def run(*args):
         nonlocal compiled
+        for a in args:
+            if isinstance(a, Tensor):
+                torch._dynamo.maybe_mark_dynamic(a, 0)  # every tensor argument is (rows, ...)
         try:
             return compiled(*args)
         except Exception as e:  # compiler errors come in many classes; the formula does not change

@@ -132,9 +132,23 @@ def test_the_gpus_fused_loss_equals_the_formula(monkeypatch, eps, dtype):
 
 @pytest.mark.slow
 def test_the_gpus_fused_loss_compiles_for_any_number_of_rows(monkeypatch):
-    """torch.compile(dynamic=True) of the row functions (TorchInductor on the CPU here): two batch
-    sizes, one graph each way, the same values as the formula."""
+    """torch.compile of the row functions (TorchInductor on the CPU here), the rows dynamic and the
+    vocabulary a constant in the generated code (a symbolic one costs Triton its vector loads): three
+    batch sizes, one graph each way, the same values as the formula."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+
+    from aiayn.training import loss as L
+
     _gpu_path(monkeypatch, compiled=True)
+    monkeypatch.setattr(L, "_fused", functools.cache(L._fused.__wrapped__))  # compiled afresh here
+    torch._dynamo.reset()
+    x, t = torch.randn(33, 29, requires_grad=True), torch.randint(0, 29, (33,))
+    with torch.no_grad():  # as autograd runs a backward, on the logits it saved
+        _, code = run_and_get_code(L._fused("backward"), x, t, torch.logsumexp(x, -1), torch.ones(33), 0.1)
+    kernel = "\n".join(code)
+    assert "29L" in kernel and "ks1" not in kernel and "ks0" in kernel  # one size symbol, the rows'
+    graphs = counters["stats"]["unique_graphs"]
     for rows in (40, 57):
         torch.manual_seed(rows)
         logits = torch.randn(rows, 29, requires_grad=True)
@@ -146,6 +160,7 @@ def test_the_gpus_fused_loss_compiles_for_any_number_of_rows(monkeypatch):
         loss.backward()
         ref.backward()
         torch.testing.assert_close(logits.grad, ref_in.grad, atol=1e-6, rtol=1e-4)
+    assert counters["stats"]["unique_graphs"] - graphs == 1  # the forward's; the backward's was compiled above
 
 
 def test_the_fused_loss_runs_uncompiled_where_the_compiler_fails(monkeypatch, caplog):
