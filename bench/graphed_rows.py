@@ -28,9 +28,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiayn.decode import graphed  # noqa: E402
+from aiayn.decode.fused import FusedDecoder  # noqa: E402
 from aiayn.decode.search import beam_search  # noqa: E402
 from aiayn.decode.translator import Translator  # noqa: E402
 from aiayn.device import cpu_class  # noqa: E402
+from aiayn.errors import AiaynError  # noqa: E402
 
 
 def _batches(tr: Translator, ids: list[list[int]], max_tokens: int) -> list[tuple[list[int], torch.Tensor]]:
@@ -89,11 +91,21 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--out", default=str(Path(__file__).with_name("graphed_rows.json")))
     a = ap.parse_args()
+    if a.max_tokens < 1 or a.beam < 1:
+        ap.error(f"--max-tokens and --beam must be >= 1, got {a.max_tokens} and {a.beam}")
     torch.manual_seed(0)
-    tr = Translator.load(a.checkpoint, device="cpu", precision="fp32")
+    try:  # a checkpoint or text that cannot be read: one line, no traceback
+        tr = Translator.load(a.checkpoint, device="cpu", precision="fp32")
+        lines = Path(a.source).read_text(encoding="utf-8").splitlines()
+        refs = Path(a.reference).read_text(encoding="utf-8").splitlines() if a.reference else None
+    except (AiaynError, OSError, UnicodeDecodeError) as e:
+        ap.error(str(e))
+    if refs is not None and len(refs) != len(lines):
+        ap.error(f"--reference {a.reference}: {len(refs)} lines, --source {a.source}: {len(lines)}")
     fd = tr.search_model
+    if not isinstance(fd, FusedDecoder):
+        ap.error(f"--checkpoint {a.checkpoint}: not a Transformer the fused step takes (no graphed search)")
     fd.sdpa = True  # a GPU's attention, which the graphed step takes
-    lines = Path(a.source).read_text(encoding="utf-8").splitlines()
     batches = _batches(tr, tr.encode_sources(lines), a.max_tokens)
     rows, outs = [], {}
     for mode in ("eager", "whole", "shrink"):
@@ -106,8 +118,7 @@ def main() -> None:
             undo()
         row = {"search": mode, **counts, "cpu_seconds": round(time.perf_counter() - t0, 1),
                "same_as_eager": sum(x == y for x, y in zip(outs[mode], outs["eager"]))}
-        if a.reference:
-            refs = Path(a.reference).read_text(encoding="utf-8").splitlines()
+        if refs is not None:
             hyp = tr.tokenizer.decode(outs[mode])
             row["bleu"] = round(sacrebleu.corpus_bleu(hyp, [refs]).score, 2)
         rows.append(row)

@@ -12,6 +12,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import tiny_config
+
+import aiayn
+from aiayn.checkpoint import list_checkpoints
 
 RUN = Path(__file__).resolve().parents[1] / "bench" / "gpu_run.sh"
 
@@ -216,3 +220,33 @@ def test_decode_launches_refuses_an_unknown_preset_in_one_line(tmp_path):
                           "--out", str(tmp_path / "l.json")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "unknown preset 'nope'" in res.stderr.strip().splitlines()[-1]
     assert "Traceback" not in res.stderr and not (tmp_path / "l.json").exists()
+
+
+def test_graphed_rows_counts_a_trained_models_search_three_ways(toy_prepared, tmp_path):
+    """bench/graphed_rows.py on a model trained here: each graphed search translates as eager beam search
+    does, the graph kept whole computes the most decoder rows, shrinking no fewer than eager's, and a
+    whole batch is recorded once."""
+    aiayn.train(tiny_config(max_steps=30), str(toy_prepared), str(tmp_path / "run"))
+    out = tmp_path / "rows.json"
+    res = subprocess.run([sys.executable, str(RUN.parent / "graphed_rows.py"), "--checkpoint",
+                          str(list_checkpoints(tmp_path / "run")[-1]), "--source", str(toy_prepared / "test.en.txt"),
+                          "--reference", str(toy_prepared / "test.de.txt"), "--max-tokens", "300", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(out.read_text())
+    rows = {r["search"]: r for r in got["rows"]}
+    n = got["sentences"]
+    assert len(got["batches"]) > 1 and sum(got["batches"]) == n
+    assert all(r["same_as_eager"] == n for r in rows.values()) and len({r["bleu"] for r in rows.values()}) == 1
+    assert rows["eager"]["row_steps"] <= rows["shrink"]["row_steps"] <= rows["whole"]["row_steps"]
+    assert rows["eager"]["recordings"] == 0 and rows["whole"]["recordings"] == len(got["batches"])
+    assert rows["shrink"]["recordings"] >= rows["whole"]["recordings"]
+
+
+@pytest.mark.parametrize("args, says", [(["--checkpoint", "/nonexistent", "--source", "x"], "checkpoint not found"),
+                                        (["--checkpoint", "x", "--source", "y", "--beam", "0"], "must be >= 1")])
+def test_graphed_rows_refuses_bad_input_in_one_line(tmp_path, args, says):
+    res = subprocess.run([sys.executable, str(RUN.parent / "graphed_rows.py"), *args, "--out",
+                          str(tmp_path / "o.json")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and says in res.stderr.strip().splitlines()[-1] and "Traceback" not in res.stderr
+    assert not (tmp_path / "o.json").exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..training.optim import noam_lr
 from .claims import SAME, Claim, claim_of, judged
 from .figures import _plot_curves, _valid_bleu
-from .plan import BLEU_MARGIN, NLL_MARGIN, diverged, unstable
+from .plan import BLEU_MARGIN, NLL_MARGIN, diverged, second_seed_distance, unstable
 from .power import claims_table, power_table
 from .stats import (
     SeedTest,
@@ -268,12 +268,12 @@ def seed_rule_words(fam: dict[str, tuple[list[dict], list[dict]]]) -> str:
         refs, rows = fam[f]
         twice, ref_nll = {r.get("of") for r in rows if r.get("seed", 1) > 1}, [x["valid_nll"] for x in refs]
         for r in rows:
-            t = None if r.get("seed", 1) > 1 or diverged(r) else seed_test(r["valid_nll"], ref_nll)
-            ratio = abs(t.delta) / t.pi95 if t is not None and t.pi95 > 0 else 0.0
             if r["row"] in twice:
                 seeded.append(r["row"])
-            elif 1.0 <= ratio <= 2.5:
-                once.append(f"{r['row']} ({ratio:.2f} half-widths)")
+            elif r.get("seed", 1) == 1 and not diverged(r) and second_seed_distance(r["valid_nll"], ref_nll
+                                                                                    ) is not None:  # the rule
+                t = seed_test(r["valid_nll"], ref_nll)
+                once.append(f"{r['row']} ({abs(t.delta) / t.pi95:.2f} half-widths)")
     if not (seeded or once or fam["main"][1] or fam["depth"][1]):
         return ""
     return (f"Second seeds (the rule above, nearest the line first, at most `--extra-seeds`): {len(seeded)} rows have "
@@ -320,7 +320,8 @@ def table3_section(rs: list[dict], img: Path, machine_words, seeds: int = 5,
         verdicts += vs
     summary = _summary(verdicts)
     out += summary + [""] if summary else []
-    out += [seed_rule_words(fam), ""] if seed_rule_words(fam) else []
+    seed_rule = seed_rule_words(fam)
+    out += [seed_rule, ""] if seed_rule else []
     better = [v.r["row"] for v in verdicts if v.nll and v.nll.delta < 0 and v.nll.p < 0.05]
     out += [("Rows with a lower validation NLL than their reference, p < 0.05 unadjusted (candidates for the "
              "preset): " + ", ".join(better) + ".") if better else "No row has a lower validation NLL than its "
