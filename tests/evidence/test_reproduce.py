@@ -217,8 +217,13 @@ def test_the_5000_update_report_renders_with_its_runs_seeds_and_rows(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     text = (tmp_path / "REPORT.md").read_text()
     assert text == (docs / "REPORT.md").read_text()
-    n = len(list((docs / "results" / "table3").glob("*.json")))
-    assert f"table3 {n} of 11 rows" in text
+    made = [json.loads(f.read_text()) for f in (docs / "results" / "table3").glob("*.json")]
+    stab = [r for r in made if r.get("family") == "stability"]
+    # N=6 did not train at the suite's rate: its last NLL more than 2 % above its best (the curve holds PPL)
+    diverged = any(r["row"] == "stability-N6-x1" and r["valid_nll"] > 1.02 * math.log(min(c[1] for c in r["curve"]))
+                   for r in stab)
+    planned = 2 + 9 + 2 * diverged + len(stab)  # references, rows, the depth group's references, stability runs
+    assert f"table3 {len(made)} of {planned} rows" in text
     assert f"--render-only --seeds 2 --rows {rows}`" in text
     assert f"--steps 5000 --valid-every 250 --seeds 2 --rows {rows}`" in text
 
