@@ -202,7 +202,7 @@ class TrainConfig:
     precision: str = "auto"  # auto (bf16 where native, fp16 on older GPUs, else fp32: device.py) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the model (PyTorch's automatic dynamic shapes)
     compile_buckets: bool = False  # with compile: lengths padded to a ladder, one graph per length (batches.py)
-    threads: int = 0  # CPU threads; 0 = all cores
+    threads: int = 0  # CPU threads; 0 = OMP_NUM_THREADS if set (one process), else all cores
     log_every: int = 50
     valid_every: int = 1000  # steps; 0 = only at the end
     valid_bleu_sentences: int = 500  # greedy BLEU on the first K validation pairs; 0 = off

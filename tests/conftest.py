@@ -11,6 +11,9 @@ from aiayn.device import int8_kernel, int8_products
 # threads that wait spin, and a 5-second test took 55 s beside the other worker's busy test)
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+# and the processes the tests start get the same share (aiayn, PyTorch and OpenMP read it): two workers'
+# children at two threads each on two cores spin at every barrier (the quick suite took 115 s, 52 s alone)
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 # inductor's on-disk cache does not key on oneDNN's ISA limit: kernels compiled without
 # ONEDNN_MAX_CPU_ISA crashed compiled decoding run under it (the AVX2 stand-in), so each limit gets its own
 if os.environ.get("ONEDNN_MAX_CPU_ISA") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:

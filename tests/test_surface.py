@@ -207,6 +207,18 @@ def test_a_command_does_not_import_scipy_until_it_needs_it():
     assert abs(t_quantile(0.975, 4) - 2.7764451) < 1e-6 and seed_test(1.0, [0.0, 0.1, -0.1]).p < 0.05
 
 
+def test_translating_eagerly_does_not_import_dynamo(ckpt, tmp_path):
+    """torch._dynamo (the compiler's front end) cost every `aiayn translate` 0.9 s of a 2.8 s start; only
+    --compile needs it."""
+    (tmp_path / "in.txt").write_text("a dog runs\n")
+    code = ("import sys\nfrom aiayn.cli import main\nmain(['translate', '--checkpoint', sys.argv[1], '-i', "
+            "sys.argv[2]])\nprint('torch._dynamo' in sys.modules, file=sys.stderr)")
+    p = subprocess.run([sys.executable, "-c", code, str(ckpt), str(tmp_path / "in.txt")], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.count("\n") == 1, p.stderr[-2000:]
+    assert p.stderr.rstrip().endswith("False"), p.stderr[-2000:]
+
+
 def test_the_package_loads_its_torch_names_on_first_use():
     """`import aiayn` alone leaves torch unloaded; every public name still resolves, is listed by dir(),
     and aiayn.train stays the function after its module is imported."""

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch._dynamo.decorators import mark_unbacked
-from torch.fx.experimental import _config as fx_config
 
 from ..data.tokenizer import EOS, PAD
 from ..device import inductor_cache
@@ -356,6 +354,9 @@ def compiled_step(step, weights: Sequence[Tensor] = (), unbacked=None):
     generated code generic: single-sentence int8 decoding took twice as long). Elementwise work
     (norms, softmax, int8 row quantization) fuses into generated C++; the numbers agree with eager
     to rounding, not bit for bit (fusions keep some intermediates in fp32)."""
+    from torch._dynamo.decorators import mark_unbacked  # here, not at the top: torch._dynamo costs ~0.9 s to import
+    from torch.fx.experimental import _config as fx_config
+
     # Dynamo keeps its graphs per code object and guards them on the decoder's weights, so each
     # FusedDecoder adds about 4: the default limit of 8 would leave a third one uncompiled.
     if torch._dynamo.config.recompile_limit < 64:

@@ -47,6 +47,19 @@ class Dist:
         return self.rank == 0
 
 
+def cpu_threads(threads: int, world: int) -> int:
+    """CPU threads for one process: train.threads if set; else OMP_NUM_THREADS if set, as OpenMP and
+    PyTorch read it (one process only: torchrun sets it to 1 for every rank it starts); else all cores,
+    shared by the ranks."""
+    if threads:
+        return threads
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if world == 1 and omp.isdigit() and int(omp) > 0:
+        log.info("CPU threads: %s (OMP_NUM_THREADS)", omp)
+        return int(omp)
+    return max(1, (os.cpu_count() or 1) // world)
+
+
 def setup(device: str | None, threads: int, timeout_minutes: float = 60.0) -> Dist:
     """Pick the device; join the process group when started by torchrun (WORLD_SIZE > 1), with
     an explicit time limit for collectives (validation is shared by the ranks, so none waits long)."""
@@ -61,7 +74,7 @@ def setup(device: str | None, threads: int, timeout_minutes: float = 60.0) -> Di
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     else:
-        torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
+        torch.set_num_threads(cpu_threads(threads, world))
     owns = world > 1 and not dist.is_initialized()
     if owns:
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo",

@@ -17,6 +17,7 @@ from aiayn.data.batches import TokenData, collate, make_batches
 from aiayn.files import FileError, atomic_write
 from aiayn.models.transformer import Transformer
 from aiayn.training.optim import make_optimizer
+from aiayn.training.runs import cpu_threads
 from aiayn.training.session import train
 from aiayn.training.step import train_step
 
@@ -360,3 +361,14 @@ def test_leave_closes_only_the_group_that_setup_joined():
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_cpu_threads_follow_the_config_then_omp_num_threads_then_the_cores(monkeypatch):
+    cores = os.cpu_count() or 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cpu_threads(5, 1) == 5  # train.threads wins
+    assert cpu_threads(0, 1) == 3  # a user's (or a scheduler's) OpenMP setting, as PyTorch reads it
+    assert cpu_threads(0, 2) == max(1, cores // 2)  # not under torchrun's ranks: it sets 1 for each of them
+    for bad in ("", "0", "two", "-1"):
+        monkeypatch.setenv("OMP_NUM_THREADS", bad)
+        assert cpu_threads(0, 1) == cores
