@@ -10,6 +10,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from aiayn.evidence.machine import compute_section
+from aiayn.evidence.report import _fmt_machine
 from aiayn.evidence.stats import seed_test, seeds_to_settle
 from aiayn.evidence.summary import summary_section
 
@@ -227,6 +228,20 @@ def test_compute_spent_sums_each_suites_hours_by_machine():
     assert "| tune | AMD EPYC, family and model not recorded | 1 | 0.1 | a8de93c |" in text
     assert "| all | | 3 | 1.6 | |" in text and "heads" not in text
     assert compute_section({"heads": [{"machine": zen4}]}) == []
+
+
+def test_a_suite_split_across_machines_names_each_rows_machine():
+    """Rows of one report trained on two CPUs (the 5,000-update reruns: family 26, then family 25):
+    the machine line names each machine with its rows; one machine is named once, without rows."""
+    zen5 = {"cpu": "AMD EPYC", "cpu_family": 26, "cpu_model": 2, "class": "AVX-512 BF16", "threads": 2,
+            "torch": "2.13.0+cpu"}
+    zen4 = dict(zen5, cpu_family=25, cpu_model=17)
+    rs = [{"row": "ref-s1", "machine": zen5, "device": "cpu"}, {"row": "ref-s2", "machine": zen5, "device": "cpu"},
+          {"row": "D-ls0.0", "machine": zen4, "device": "cpu"}]
+    both = _fmt_machine(rs)
+    assert both == ("AMD EPYC family 26 model 2, AVX-512 BF16 (cpu, 2 threads, torch 2.13.0+cpu): ref-s1, ref-s2; "
+                    "AMD EPYC family 25 model 17, AVX-512 BF16 (cpu, 2 threads, torch 2.13.0+cpu): D-ls0.0")
+    assert _fmt_machine(rs[:2]) == "AMD EPYC family 26 model 2, AVX-512 BF16 (cpu, 2 threads, torch 2.13.0+cpu)"
 
 
 def test_the_committed_reports_hours_add_up_to_its_result_files():
