@@ -48,16 +48,19 @@ def _test_bleu(r: dict, split: str = "test_2016_flickr") -> str:
 
 def _fmt_machine(rs: list[dict]) -> str:
     """Each machine the runs ran on (CPU family, model and class where recorded); with several, the
-    runs of each."""
+    runs of each; a run resumed on another processor is named with each it trained on."""
     seen: dict[str, list[str]] = {}
     for r in rs:
         m = r.get("machine", {})
         desc = f"{machine_words(m)} ({r.get('device', '?')}, {m.get('threads', '?')} threads, " \
                f"torch {m.get('torch', '?')})"
         seen.setdefault(desc, []).append(r.get("row", "?"))
+    moved = [f"{r.get('row', '?')} trained on {' then '.join(r['trained_on'])}" for r in rs
+             if len(r.get("trained_on") or []) > 1]
+    moved_words = f" (resumed on another machine: {'; '.join(moved)})" if moved else ""
     if len(seen) < 2:
-        return "; ".join(seen) or "–"
-    return "; ".join(f"{d}: {', '.join(rows)}" for d, rows in seen.items())
+        return ("; ".join(seen) or "–") + moved_words
+    return "; ".join(f"{d}: {', '.join(rows)}" for d, rows in seen.items()) + moved_words
 
 
 def budget_section(rs: list[dict], img: Path) -> list[str]:

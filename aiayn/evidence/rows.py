@@ -214,10 +214,26 @@ def _train_and_evaluate(row: Row, suite: str, common: dict[str, Any], data_dir: 
         "train_curve": [[m["step"], m["ppl"]] for m in train_rows],
         "machine": machine(), "device": dev, "precision": load_yaml(run_dir / "config.yaml").train.precision,
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_minutes": round((time.time() - start) / 60, 1),
+        "trained_on": trained_on(run_dir),
     }
     result["data"] = _data_words(data_dir)
     result.update(evaluate(run_dir, data_dir, sentences, dev))
     return result
+
+
+def trained_on(run_dir: Path) -> list[str]:
+    """Each processor the run's sessions trained on, in order, a repeat merged (run.json's CPU label,
+    else the device): a row resumed on another machine names both, where `machine` is the last."""
+    try:
+        sessions = json.loads((Path(run_dir) / "run.json").read_text()).get("sessions", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    out: list[str] = []
+    for s in sessions if isinstance(sessions, list) else []:
+        where = (s.get("cpu") or s.get("device")) if isinstance(s, dict) else None
+        if isinstance(where, str) and (not out or out[-1] != where):
+            out.append(where)
+    return out
 
 
 def _data_words(data_dir: Path) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from aiayn.evidence.plan import (
     table3_rows,
     unstable,
 )
-from aiayn.evidence.rows import row_config
+from aiayn.evidence.rows import row_config, trained_on
 from aiayn.evidence.stats import paired_bootstrap
 from aiayn.evidence.table1 import (
     RestrictedSelfAttention,
@@ -107,6 +107,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
         assert set(r["bleu"]) == {"valid", "test"} and r["bleu"]["valid"]["sentences"] == 20
         assert r["flops_per_token"] > 0 and r["params"] > 0 and r["curve"]
         assert r["data"] == {"dir": toy_prepared.name, "src": "en", "tgt": "de", "train_pairs": 376}
+        assert len(r["trained_on"]) == 1  # one session (or a reused twin's), one processor
         assert (report / "results" / f"{name}.valid.hyp.gz").exists()
     # the stability check: N=6 diverged at the suite's rate, so the depth rows ran at the rate that trained
     assert "diverged" in diverged(results["table3/stability-N6-x1"])
@@ -175,11 +176,17 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     for f in (row / "checkpoints").glob("step-*"):
         if int(f.name[5:13]) > 4:
             f.unlink()
+    record = json.loads((row / "run.json").read_text())  # as if its first session had run on another CPU
+    here, record["sessions"][0]["cpu"] = record["sessions"][0]["cpu"], "Other CPU family 1 model 2, AVX2"
+    (row / "run.json").write_text(json.dumps(record))
     p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "resumed from step-00000004.safetensors at step 4" in p.stderr
     resumed = json.loads((row / "result.json").read_text())
     assert resumed["updates"] == 8 and resumed["config"] == fresh  # the same config, resumed or not
+    assert resumed["trained_on"] == ["Other CPU family 1 model 2, AVX2", here or "cpu"]  # both, in order
+    assert "(resumed on another machine: bahdanau trained on Other CPU family 1 model 2, AVX2 then " \
+        in (report / "REPORT.md").read_text()
     # A run folder lost with its machine: the committed result stands in for it, nothing retrains.
     shutil.rmtree(work / "table3" / "E")
     p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report, "--rows", "E")
@@ -320,6 +327,18 @@ def test_the_budget_rule_on_a_curve_by_hand():
     assert converged_at(rising) == 2000
     # but a later drop of more than 2 % does: 3000 -> 3500 improves 1.92 -> 1.85 (3.6 %)
     assert converged_at([*curve, (3500, 1.85), (4000, 1.84)]) == 3500
+
+
+def test_trained_on_reads_each_sessions_processor_and_survives_a_damaged_record(tmp_path):
+    """run.json's sessions in order, a repeat merged, a GPU session by its device; an unreadable or
+    ill-formed record is no list, not an error (the result is written all the same)."""
+    sessions = [{"cpu": "A"}, {"cpu": "A"}, {"cpu": None, "device": "cuda"}, {"cpu": "A"}, "junk", {"cpu": 7}]
+    (tmp_path / "run.json").write_text(json.dumps({"sessions": sessions}))
+    assert trained_on(tmp_path) == ["A", "cuda", "A"]
+    for damaged in ("{", "[1, 2]", '{"sessions": 3}', "\x00"):
+        (tmp_path / "run.json").write_text(damaged)
+        assert trained_on(tmp_path) == []
+    assert trained_on(tmp_path / "missing") == []
 
 
 def test_a_diverged_or_non_finite_run_is_named():

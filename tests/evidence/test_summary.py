@@ -232,7 +232,8 @@ def test_compute_spent_sums_each_suites_hours_by_machine():
 
 def test_a_suite_split_across_machines_names_each_rows_machine():
     """Rows of one report trained on two CPUs (the 5,000-update reruns: family 26, then family 25):
-    the machine line names each machine with its rows; one machine is named once, without rows."""
+    the machine line names each machine with its rows; one machine is named once, without rows; a
+    row resumed on another CPU is named with both (its result's `trained_on`, from run.json)."""
     zen5 = {"cpu": "AMD EPYC", "cpu_family": 26, "cpu_model": 2, "class": "AVX-512 BF16", "threads": 2,
             "torch": "2.13.0+cpu"}
     zen4 = dict(zen5, cpu_family=25, cpu_model=17)
@@ -242,6 +243,9 @@ def test_a_suite_split_across_machines_names_each_rows_machine():
     assert both == ("AMD EPYC family 26 model 2, AVX-512 BF16 (cpu, 2 threads, torch 2.13.0+cpu): ref-s1, ref-s2; "
                     "AMD EPYC family 25 model 17, AVX-512 BF16 (cpu, 2 threads, torch 2.13.0+cpu): D-ls0.0")
     assert _fmt_machine(rs[:2]) == "AMD EPYC family 26 model 2, AVX-512 BF16 (cpu, 2 threads, torch 2.13.0+cpu)"
+    rs[2]["trained_on"] = ["AMD EPYC family 26 model 2, AVX-512 BF16", "AMD EPYC family 25 model 17, AVX-512 BF16"]
+    assert _fmt_machine(rs) == both + (" (resumed on another machine: D-ls0.0 trained on AMD EPYC family 26 model 2, "
+                                       "AVX-512 BF16 then AMD EPYC family 25 model 17, AVX-512 BF16)")
 
 
 def test_the_committed_reports_hours_add_up_to_its_result_files():
