@@ -224,9 +224,12 @@ def _train_and_evaluate(row: Row, suite: str, common: dict[str, Any], data_dir: 
 def trained_on(run_dir: Path) -> list[str]:
     """Each processor the run's sessions trained on, in order, a repeat merged (run.json's CPU label,
     else the device): a row resumed on another machine names both, where `machine` is the last."""
+    path = Path(run_dir) / "run.json"
     try:
-        sessions = json.loads((Path(run_dir) / "run.json").read_text()).get("sessions", [])
-    except (OSError, ValueError, AttributeError):
+        if path.stat().st_size > 1 << 22:  # aiayn's record is a few kB a session: not one to read whole
+            return []
+        sessions = json.loads(path.read_text()).get("sessions", [])
+    except (OSError, ValueError, AttributeError, RecursionError):
         return []
     out: list[str] = []
     for s in sessions if isinstance(sessions, list) else []:

@@ -339,6 +339,10 @@ def test_trained_on_reads_each_sessions_processor_and_survives_a_damaged_record(
         (tmp_path / "run.json").write_text(damaged)
         assert trained_on(tmp_path) == []
     assert trained_on(tmp_path / "missing") == []
+    (tmp_path / "run.json").write_text("[" * 100_000 + "]" * 100_000)  # nested past the parser's recursion
+    assert trained_on(tmp_path) == []
+    (tmp_path / "run.json").write_text(json.dumps({"sessions": [{"cpu": "A"}], "pad": "x" * (1 << 22)}))
+    assert trained_on(tmp_path) == []  # over 4 MB: not read
 
 
 def test_a_diverged_or_non_finite_run_is_named():
