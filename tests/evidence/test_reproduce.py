@@ -213,13 +213,14 @@ def test_the_committed_report_renders_byte_for_byte(tmp_path):
 
 
 def test_the_5000_update_report_renders_with_its_runs_seeds_and_rows(tmp_path):
-    """docs/reproduction-5000 runs with `--seeds 2 --rows` LONGER: rendered with them, its progress
-    counts those rows with 2 reference seeds and its commands name both flags, byte for byte."""
+    """docs/reproduction-5000 runs with `--seeds 2 --rows` LONGER and the seed rule's second seeds (a
+    --rows run makes none unless it names them): rendered with them, its progress counts those rows
+    with 2 reference seeds and its commands name both flags, byte for byte."""
     docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction-5000"
     assert suites.planned(tmp_path, seeds=2)["table3"] == suites.planned(tmp_path)["table3"] - 3
     assert suites.planned(tmp_path, seeds=2, rows=list(LONGER))["table3"] == 2 + 9  # 2 references, 9 rows
     shutil.copytree(docs / "results", tmp_path / "results")
-    rows = ",".join(LONGER)
+    rows = ",".join((*LONGER, suites.SECOND_SEEDS))
     p = reproduce("--suite", "table3", "--render-only", "--seeds", "2", "--rows", rows, "--report", tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     text = (tmp_path / "REPORT.md").read_text()
