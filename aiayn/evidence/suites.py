@@ -194,9 +194,12 @@ def _table3(rows: list[Row], stab: list[Row], seeds: int, common: dict[str, Any]
     if lr_scale is not None:
         rows = [r for r in rows if r.name not in DEPTH] + depth_rows(seeds, lr_scale, rows)
     _run_rows("table3", rows, common, ctx, only, render_report)
+    extra = second_seeds(rows, ctx["results"] / "table3")[:extra_seeds]
     if not only or SECOND_SEEDS in only:
-        extra = second_seeds(rows, ctx["results"] / "table3")[:extra_seeds]
         _run_rows("table3", extra, common, ctx, None, render_report)
+    elif extra:  # a --rows run that leaves them out: say what it did not run
+        log.warning("the seed rule picks a second seed of %s; --rows runs them only when it names %s",
+                    ", ".join(r.of for r in extra), SECOND_SEEDS)
     pair_with_references("table3", ctx["results"], ctx["data_dir"], seed_matched)
     render_report()
 

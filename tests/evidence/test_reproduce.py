@@ -3,6 +3,7 @@ report's verdicts, and Table 1's layers against brute-force references."""
 
 import gzip
 import json
+import logging
 import math
 import os
 import shutil
@@ -491,6 +492,36 @@ def test_second_seeds_asked_alone_judge_a_depth_row_against_its_own_reference_at
     suites._table3(table3_rows(5), stability_rows(), 5, {}, {"results": tmp_path / "results", "data_dir": tmp_path},
                    [suites.SECOND_SEEDS], lambda: None)
     assert [(r.name, r.family, r.overrides.get("train.lr_scale")) for r in ran] == [("C-N2-s2", "depth", 0.4)]
+
+
+def test_a_row_selection_without_second_seeds_says_which_it_leaves_out(tmp_path, monkeypatch, caplog):
+    """`--rows` without `second-seeds` runs no second seed, and says which the seed rule picks (the
+    5,000-update queue ran without it for 9 rows and would never have run D-ls0.0's)."""
+    from aiayn.evidence.stats import prediction_halfwidth
+
+    out = tmp_path / "results" / "table3"
+    out.mkdir(parents=True)
+    refs = [2.00, 2.02, 1.98, 2.01, 1.99]
+    rows = [(f"ref-s{i}", "ref", v, i) for i, v in enumerate(refs, 1)]
+    rows += [("D-ls0.0", "D", 2.0 + 1.9 * prediction_halfwidth(refs), 1), ("E", "E", 2.0, 1)]
+    for name, group, nll, seed in rows:
+        r = {"row": name, "seed": seed, "group": group, "family": "main", "valid_nll": nll, "valid_ppl": 7.0,
+             "curve": []}
+        (out / f"{name}.json").write_text(json.dumps(r))
+    ran = []
+    monkeypatch.setattr(suites, "stability", lambda *a: None)  # N=6 trained: no depth group
+    monkeypatch.setattr(suites, "_run_rows", lambda suite, rows, common, ctx, only, render: ran.extend(
+        r.name for r in rows if not only or r.name in only or r.group in only))
+    monkeypatch.setattr(suites, "pair_with_references", lambda *a: None)
+    ctx = {"results": tmp_path / "results", "data_dir": tmp_path}
+    with caplog.at_level(logging.WARNING, logger="aiayn"):
+        suites._table3(table3_rows(5), stability_rows(), 5, {}, ctx, ["E", "D-ls0.0"], lambda: None)
+    assert ran == ["D-ls0.0", "E"]
+    assert "the seed rule picks a second seed of D-ls0.0; --rows runs them only when it names second-seeds" in \
+        caplog.text
+    caplog.clear()
+    suites._table3(table3_rows(5), stability_rows(), 5, {}, ctx, ["E", "D-ls0.0", "second-seeds"], lambda: None)
+    assert ran[2:] == ["D-ls0.0", "E", "D-ls0.0-s2"] and "picks a second seed" not in caplog.text
 
 
 def test_the_tune_suite_seeds_a_family_only_once_its_grid_is_done_and_matches_the_transformers_flops(tmp_path):
