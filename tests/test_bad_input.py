@@ -11,11 +11,11 @@ import pickle
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from cli_forks import run_many
 from conftest import tiny_config
 from fastapi.testclient import TestClient
 from safetensors.torch import save_file
@@ -274,24 +274,29 @@ def snapshot(root: Path) -> dict[str, str]:
     return out
 
 
-def run_case(template: Path, tmp: Path, argv: list[str]) -> tuple[subprocess.CompletedProcess, dict, dict]:
-    w = tmp / "w"
-    shutil.copytree(template, w, symlinks=True)
-    before = snapshot(w)
-    args = [a.replace("{w}", str(w)) for a in argv]
-    res = subprocess.run([sys.executable, "-m", "aiayn", *args], capture_output=True, text=True, cwd=w,
-                         timeout=120, stdin=subprocess.DEVNULL)
-    return res, before, snapshot(w)
-
-
 @pytest.fixture(scope="module")
 def cli_results(template, tmp_path_factory) -> dict:
-    """All CLI cases, run as separate processes, a few at a time."""
-    def one(case):
-        return case[0], run_case(template, tmp_path_factory.mktemp("case"), case[1])
+    """All CLI cases, each a process of its own in its own copy of the workspace (tests/cli_forks.py)."""
+    work, before = [], []
+    for _, argv, _ in CLI_CASES:
+        w = tmp_path_factory.mktemp("case") / "w"
+        shutil.copytree(template, w, symlinks=True)
+        work.append((w, [a.replace("{w}", str(w)) for a in argv]))
+        before.append(snapshot(w))
+    results = run_many([(argv, w) for w, argv in work])
+    return {case[0]: (res, b, snapshot(w)) for case, res, b, (w, _) in zip(CLI_CASES, results, before, work,
+                                                                            strict=True)}
 
-    with ThreadPoolExecutor(4) as pool:
-        return dict(pool.map(one, CLI_CASES))
+
+def test_a_forked_case_gives_what_python_m_aiayn_gives(template, tmp_path):
+    """The harness is faithful: exit status, stdout and stderr as a fresh `python -m aiayn` process's."""
+    cases = [["--version"], ["translate", "--no-such-flag"], ["score", "--hyp", "two.txt", "--ref", "one.txt"]]
+    results = run_many([(argv, template) for argv in cases])
+    assert [r.returncode for r in results] == [0, 2, 2]
+    for argv, forked in zip(cases, results, strict=True):
+        real = subprocess.run([sys.executable, "-m", "aiayn", *argv], capture_output=True, text=True, cwd=template,
+                              timeout=120, stdin=subprocess.DEVNULL)
+        assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr), argv
 
 
 def test_catalog_is_large_enough():

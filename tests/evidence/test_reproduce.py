@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_forks import run_many
 from scipy import stats as scipy_stats
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -263,27 +264,25 @@ def test_the_longer_rerun_covers_the_rows_the_curve_leaves_unsettled():
 
 @pytest.mark.slow
 def test_bad_suite_requests_get_one_line_errors(toy_prepared, tmp_path):
-    p = reproduce("--suite", "table3", "--rows", "A-h3", "--data", toy_prepared, "--work", tmp_path)
-    assert p.returncode == 2 and "unknown row(s) A-h3 in suite table3" in p.stderr and "Traceback" not in p.stderr
-    p = reproduce("--suite", "arch", "--work", tmp_path)
-    assert p.returncode == 2 and "--data" in p.stderr
-    p = reproduce("--suite", "arch", "--data", tmp_path, "--work", tmp_path)
-    assert p.returncode == 2 and "not a prepared data folder" in p.stderr
-    p = reproduce("--suite", "table3", "--seeds", "1", "--data", toy_prepared, "--work", tmp_path)
-    assert p.returncode == 2 and "--seeds must be >= 2" in p.stderr
-    p = reproduce("--suite", "table3", "--render-only", "--seeds", "0", "--report", tmp_path / "r")
-    assert p.returncode == 2 and "--seeds must be >= 2" in p.stderr and "got 0" in p.stderr
-    assert not (tmp_path / "r").exists()
-    for suite, rows, words in (("arch", "ref", "names the rows of a table3 run"),
-                               ("table3", "A-h3", "unknown row(s) A-h3")):
-        p = reproduce("--suite", suite, "--render-only", "--rows", rows, "--report", tmp_path / "r")
-        assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr and not (tmp_path / "r").exists()
-    p = reproduce("--suite", "table3", "--extra-seeds", "-1", "--data", toy_prepared, "--work", tmp_path)
-    assert p.returncode == 2 and "--extra-seeds must be >= 0, got -1" in p.stderr
-    p = reproduce("--suite", "table3", "--valid-every", "0", "--data", toy_prepared, "--work", tmp_path)
-    assert p.returncode == 2 and "--valid-every must be >= 1, got 0" in p.stderr
-    p = reproduce("--suite", "arch", "--rows", "second-seeds", "--data", toy_prepared, "--work", tmp_path)
-    assert p.returncode == 2 and "unknown row(s) second-seeds in suite arch" in p.stderr  # a table3 name
+    r, d, w = tmp_path / "r", ["--data", toy_prepared], ["--work", tmp_path]
+    cases = [  # (arguments after `reproduce`, what the error line says)
+        (["--suite", "table3", "--rows", "A-h3", *d, *w], ["unknown row(s) A-h3 in suite table3"]),
+        (["--suite", "arch", *w], ["--data"]),
+        (["--suite", "arch", "--data", tmp_path, *w], ["not a prepared data folder"]),
+        (["--suite", "table3", "--seeds", "1", *d, *w], ["--seeds must be >= 2"]),
+        (["--suite", "table3", "--render-only", "--seeds", "0", "--report", r], ["--seeds must be >= 2", "got 0"]),
+        (["--suite", "arch", "--render-only", "--rows", "ref", "--report", r], ["names the rows of a table3 run"]),
+        (["--suite", "table3", "--render-only", "--rows", "A-h3", "--report", r], ["unknown row(s) A-h3"]),
+        (["--suite", "table3", "--extra-seeds", "-1", *d, *w], ["--extra-seeds must be >= 0, got -1"]),
+        (["--suite", "table3", "--valid-every", "0", *d, *w], ["--valid-every must be >= 1, got 0"]),
+        (["--suite", "arch", "--rows", "second-seeds", *d, *w], ["unknown row(s) second-seeds in suite arch"]),
+    ]  # each a process of its own (tests/cli_forks.py)
+    results = run_many([(["reproduce", *args], tmp_path) for args, _ in cases])
+    for (args, words), p in zip(cases, results, strict=True):
+        errors = [x for x in p.stderr.splitlines() if x.startswith("aiayn reproduce: error: ")]
+        assert p.returncode == 2 and "Traceback" not in p.stderr and len(errors) == 1, (args, p.stderr[-2000:])
+        assert all(word in errors[0] for word in words), (args, errors[0])
+    assert not r.exists()
 
 
 def test_table3_rows_are_valid_configs_and_the_reference_runs_five_seeds():
