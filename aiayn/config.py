@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
-from .presets import PRESETS
+from .presets import DECODE_LIMITS, MODEL_LIMITS, PRESETS
 
 
 def _check_numbers(section: str, cfg: Any) -> None:
@@ -28,15 +28,7 @@ def _check_numbers(section: str, cfg: Any) -> None:
             raise ConfigError(f"{section}.{f.name} must be a finite number, got {value}")
 
 
-# Upper bounds on the sizes a config may ask for: far above any model in the paper (big: d_ff 4096,
-# N 6, vocabulary 37k) but small enough that a damaged or hostile checkpoint cannot make aiayn
-# allocate gigabytes before its weights are checked (#59).
-MODEL_LIMITS = {"vocab_size": 1 << 21, "d_model": 1 << 14, "d_ff": 1 << 17, "h": 1 << 10, "N": 1 << 8,
-                "N_dec": 1 << 8, "d_k": 1 << 14, "d_v": 1 << 14, "max_positions": 1 << 16, "conv_kernel": 1 << 8,
-                "conv_channels": 1 << 14, "pad_id": 1 << 21}
-
-
-def _check_limits(section: str, cfg: Any, limits: dict[str, int]) -> None:
+def _check_limits(section: str, cfg: Any, limits: dict[str, float]) -> None:
     for name, most in limits.items():
         value = getattr(cfg, name)
         if value is not None and value > most:
@@ -271,6 +263,7 @@ class DecodeConfig:
             raise ConfigError(f"decode.nbest must be in [1, beam={self.beam}], got {self.nbest}")
         if self.alpha < 0:
             raise ConfigError(f"decode.alpha must be >= 0, got {self.alpha}")
+        _check_limits("decode", self, DECODE_LIMITS)
 
 
 @dataclass
@@ -384,9 +377,14 @@ def from_dict(d: dict[str, Any], base: Config | None = None) -> Config:
 def load_yaml(path: str | Path, base: Config | None = None) -> Config:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        if path.stat().st_size > 1 << 20:  # a config is a few hundred bytes: a stray large file is never read whole
+            raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, not a config file (at most 1 MiB)")
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:  # a folder, a binary file, no permission
+        why = f"invalid UTF-8 at byte {e.start}" if isinstance(e, UnicodeDecodeError) else e.strerror
+        raise ConfigError(f"{path}: not a readable config file ({why})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

@@ -1,4 +1,5 @@
-"""The presets: named configs as dotted overrides of the defaults (config.py), plain data.
+"""The presets: named configs as dotted overrides of the defaults (config.py), plain data; and the
+upper bounds every config is checked against.
 
 The defaults are the paper's base model; ``big`` and every Table 3 row read as Table 3 describes
 them; ``multi30k`` (and its recurrent and convolutional peers) and ``parse`` are sized for a
@@ -92,3 +93,13 @@ PAPER_PARAMS_M: dict[str, float] = {
     "table3-C-N4": 50, "table3-C-N8": 80, "table3-C-dmodel256": 28, "table3-C-dmodel1024": 168,
     "table3-C-dff1024": 53, "table3-C-dff4096": 90,
 }
+
+
+# Upper bounds on what a config may ask for (config.py checks them): far above any model in the paper
+# (big: d_ff 4096, N 6, vocabulary 37k) but small enough that a damaged or hostile checkpoint cannot make
+# aiayn allocate gigabytes before its weights are checked (#59). Decoding's keep §6.1's length penalty
+# ((5 + |Y|) / 6)^alpha finite at any length a model allows (GNMT's alphas: 0-1; the paper's 0.6).
+MODEL_LIMITS = {"vocab_size": 1 << 21, "d_model": 1 << 14, "d_ff": 1 << 17, "h": 1 << 10, "N": 1 << 8,
+                "N_dec": 1 << 8, "d_k": 1 << 14, "d_v": 1 << 14, "max_positions": 1 << 16, "conv_kernel": 1 << 8,
+                "conv_channels": 1 << 14, "pad_id": 1 << 21}
+DECODE_LIMITS = {"beam": 1 << 10, "alpha": 10.0, "max_len_a": 1 << 10, "max_len_b": 1 << 16}

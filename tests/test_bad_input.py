@@ -177,7 +177,8 @@ CLI_CASES = [
     ("NaN alpha", T + ["--alpha", "nan"], ["decode.alpha", "finite"]),
     ("negative alpha", T + ["--alpha", "-1"], ["decode.alpha", ">= 0"]),
     ("beam 0", T + ["--beam", "0"], ["decode.beam", ">= 1"]),
-    ("beam larger than the vocabulary", T + ["--beam", "100000"], ["decode.beam", "100000", "vocabulary"]),
+    ("beam larger than the vocabulary", T + ["--beam", "1000"], ["decode.beam", "1000", "vocabulary"]),
+    ("beam past any vocabulary's limit", T + ["--beam", "100000"], ["--beam", "at most 1,024", "100000"]),
     ("negative max length", T + ["--max-len-b", "-5"], ["max_len_b", "-5"]),
     ("nbest larger than the beam", T + ["--nbest", "5"], ["decode.nbest", "5"]),
     ("zero tokens per batch", T + ["--max-tokens", "0"], ["decode.max_tokens", "positive"]),
@@ -259,6 +260,21 @@ CLI_CASES = [
      ["nested.safetensors", "damaged metadata", "nested too deeply"]),
     ("--resume with a training state missing keys", ["train", "--resume", "{w}/incomplete-run"],
      ["incomplete-run", "state.pt", "missing progress"]),
+    # numbers that passed every check and overflowed later, found by giving every flag odd values (10^30)
+    ("alpha that overflows the length penalty", T + ["--alpha", "1e30"], ["--alpha", "at most 10"]),
+    ("max length of 30 digits", T + ["--max-len-b", "9" * 30], ["--max-len-b", "at most 65,536"]),
+    ("tune beams of 30 digits", ["tune", "--checkpoint", "{w}/model.safetensors", "--data", "{w}/prepared",
+                                 "--beams", "4," + "9" * 30], ["--beams", "[1, 1024]"]),
+    ("tune beam larger than the vocabulary", ["tune", "--checkpoint", "{w}/model.safetensors", "--data",
+                                              "{w}/prepared", "--beams", "4,1000"], ["--beams 1000", "vocabulary"]),
+    ("shortlist of 10^30 per source", ["shortlist", "--data", "{w}/prepared", "-o", "{w}/sl.safetensors",
+                                       "--per-source", "9" * 30], ["--per-source", "[1, 1024]"]),
+    ("parameters at a vocabulary of 10^30", ["params", "--preset", "base", "--vocab-size", "9" * 30],
+     ["--vocab-size", "at most 2,097,152"]),
+    ("a folder as the config file", TR + ["--config", "{w}/empty-dir"], ["empty-dir", "not a readable config file"]),
+    ("a binary file as the config file", P + ["--train", "ok", "--valid", "ok", "--config",
+                                              "{w}/prepared/train.src.tok.npy"],
+     ["train.src.tok.npy", "not a readable config file", "invalid UTF-8"]),
 ]
 
 

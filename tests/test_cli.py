@@ -231,6 +231,6 @@ def test_shortlist_command_and_translate_with_it(trained, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "foreign.st: built for another vocabulary" in err and "Traceback" not in err
     assert main(["shortlist", "--data", str(prep), "-o", str(tmp_path / "x.st"), "--per-source", "0"]) == 2
-    assert "--per-source must be >= 1" in capsys.readouterr().err
+    assert "--per-source must be in [1, 1024]" in capsys.readouterr().err
     assert main(["shortlist", "--data", str(tmp_path), "-o", str(tmp_path / "x.st")]) == 2  # not prepared data
     assert "no manifest.json" in capsys.readouterr().err and not (tmp_path / "x.st").exists()

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from aiayn.config import Config, ConfigError, apply_overrides, load_yaml, preset
@@ -74,3 +76,30 @@ def test_bad_yaml_names_the_file(tmp_path):
     p.write_text("model:\n  d_modle: 3\n")
     with pytest.raises(ConfigError, match="d_modle"):
         load_yaml(p)
+
+
+def test_a_config_file_that_is_not_one_is_one_error(tmp_path):
+    """A folder, a binary file or a stray 2 MB file given as --config: a ConfigError naming it."""
+    (tmp_path / "binary.yaml").write_bytes(b"\x93NUMPY\x01\x00")
+    (tmp_path / "huge.yaml").write_text("# padding\n" * 200_000)
+    for name, says in (("", "not a readable config file"), ("binary.yaml", "invalid UTF-8 at byte 0"),
+                       ("huge.yaml", "at most 1 MiB")):
+        with pytest.raises(ConfigError, match=says):
+            load_yaml(tmp_path / name)
+    (tmp_path / "ok.yaml").write_text("# padding\n" * 100_000 + "decode: {beam: 5}\n")  # under 1 MiB: read
+    assert load_yaml(tmp_path / "ok.yaml").decode.beam == 5
+
+
+def test_decoding_limits_keep_the_length_penalty_finite():
+    """§6.1's length penalty ((5 + |Y|) / 6)^alpha at the largest alpha and output length a config
+    allows is a finite float (1e30 overflowed it: a traceback); one step past the limit is refused."""
+    from aiayn.config import DecodeConfig
+    from aiayn.decode.search import length_penalty
+    from aiayn.presets import DECODE_LIMITS, MODEL_LIMITS
+
+    assert math.isfinite(length_penalty(MODEL_LIMITS["max_positions"], DECODE_LIMITS["alpha"]))
+    assert math.isfinite(((5 + MODEL_LIMITS["max_positions"]) / 6) ** DECODE_LIMITS["alpha"])
+    DecodeConfig(alpha=DECODE_LIMITS["alpha"], max_len_b=DECODE_LIMITS["max_len_b"]).validate()
+    for key, value in (("alpha", 10.5), ("max_len_b", 1 << 17), ("max_len_a", 2048.0), ("beam", 1025)):
+        with pytest.raises(ConfigError, match=f"decode.{key} must be at most"):
+            DecodeConfig(**{key: value, "nbest": 1}).validate()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 import time
 import unicodedata
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..files import atomic_write, check_output_file
+from ..presets import DECODE_LIMITS
 from .common import (
     UserError,
     _input_chunks,
@@ -159,8 +159,10 @@ def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
     from ..decode.tune import tune
 
     beams, alphas = _numbers(args.beams, int, "--beams"), _numbers(args.alphas, float, "--alphas")
-    if any(b < 1 for b in beams) or any(not (math.isfinite(a) and a >= 0) for a in alphas):
-        raise UserError("--beams must be >= 1 and --alphas finite and >= 0")
+    most_beam, most_alpha = DECODE_LIMITS["beam"], DECODE_LIMITS["alpha"]
+    if any(not 1 <= b <= most_beam for b in beams) or any(not 0 <= a <= most_alpha for a in alphas):
+        raise UserError(f"--beams must be in [1, {most_beam}] and --alphas in [0, {most_alpha:g}]; "
+                        f"got {args.beams}, {args.alphas}")
     refuse_parser(args.checkpoint, "tune")
     best, points, out = tune(args.checkpoint, args.data, beams, alphas, args.sentences, args.precision, args.output,
                              args.device)

@@ -188,11 +188,11 @@ def add_prepare(sub) -> None:
 def cmd_shortlist(args: argparse.Namespace, extra: list[str]) -> None:
     """A decoding shortlist from prepared data's training pairs (shortlist.py; not in the paper)."""
     from ..checkpoint import check_safetensors_output
-    from ..decode.shortlist import build
+    from ..decode.shortlist import MAX_PER_SOURCE, build
 
-    if args.per_source < 1 or args.frequent < 0 or args.max_pairs < 0:
-        raise UserError(f"--per-source must be >= 1, --frequent and --max-pairs >= 0; got {args.per_source}, "
-                        f"{args.frequent}, {args.max_pairs}")
+    if not 1 <= args.per_source <= MAX_PER_SOURCE or args.frequent < 0 or args.max_pairs < 0:
+        raise UserError(f"--per-source must be in [1, {MAX_PER_SOURCE}], --frequent and --max-pairs >= 0; got "
+                        f"{args.per_source}, {args.frequent}, {args.max_pairs}")
     check_safetensors_output(args.output, ours=lambda meta: "aiayn_shortlist" in meta, what="an aiayn shortlist")
     shortlist = build(Path(args.data), args.per_source, args.frequent, args.max_pairs)
     shortlist.save(Path(args.output))

@@ -29,6 +29,7 @@ from ..files import atomic_write
 from .search import Hypothesis
 
 SPECIALS = 4  # PAD, UNK, BOS, EOS: ids 0-3, always columns 0-3, so search's ids for them hold
+MAX_PER_SOURCE = 1024  # the table is vocabulary x per-source ids: 37k x 1,024 int64 is 300 MB (Marian's default: 100)
 
 
 class ShortlistError(AiaynError):
@@ -122,11 +123,12 @@ def build(data_dir: Path, per_source: int = 100, frequent: int = 200, max_pairs:
 
     data_dir = Path(data_dir)
     load_manifest(data_dir)
-    if per_source < 1 or frequent < 0 or max_pairs < 0:
-        raise ValueError(f"per_source must be >= 1, frequent and max_pairs >= 0, got {per_source}, {frequent}, "
-                         f"{max_pairs}")
+    if not 1 <= per_source <= MAX_PER_SOURCE or frequent < 0 or max_pairs < 0:
+        raise ValueError(f"per_source must be in [1, {MAX_PER_SOURCE}], frequent and max_pairs >= 0, got "
+                         f"{per_source}, {frequent}, {max_pairs}")
     proto = (data_dir / "spm.model").read_bytes()
     V = len(read_tokenizer(proto))
+    per_source = min(per_source, V)  # a list longer than the vocabulary has nothing more to keep
     src, tgt = _pairs(data_dir, max_pairs=max_pairs)
     pairs, both, src_df, tgt_df = cooccurrence(src, tgt, V)
     s, t = pairs[:, 0], pairs[:, 1]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from ..device import PRECISIONS, decode_batch_tokens, huge_pages, pick_device, r
 from ..models.attention import without_dead_heads
 from ..models.build import build_model
 from ..models.linear import Int8Linear, kernel_cache
+from ..presets import DECODE_LIMITS
 from ..score import Links
 from .align import cross_attention, links_of, word_links
 from .ensemble import Ensemble, load_models
@@ -266,8 +266,8 @@ class Translator:
         alpha, nbest = d.alpha if alpha is None else alpha, d.nbest if nbest is None else nbest
         if not 1 <= beam <= len(self.tokenizer):
             raise ValueError(f"beam must be in [1, vocabulary size {len(self.tokenizer)}], got {beam}")
-        if not (math.isfinite(alpha) and alpha >= 0):
-            raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
+        if not 0 <= alpha <= DECODE_LIMITS["alpha"]:  # NaN fails too
+            raise ValueError(f"alpha must be in [0, {DECODE_LIMITS['alpha']}], got {alpha}")
         if not 1 <= nbest <= beam:
             raise ValueError(f"nbest must be in [1, beam={beam}], got {nbest}")
         results: list[list[Hypothesis]] = [[] for _ in ids]

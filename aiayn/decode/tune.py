@@ -15,7 +15,7 @@ from pathlib import Path
 import sacrebleu
 
 from ..checkpoint import CheckpointError, check_safetensors_output, read_weights, refuse_folder, save_weights
-from ..config import DecodeConfig, from_dict
+from ..config import ConfigError, DecodeConfig, from_dict
 from ..data.prepare import check_vocabulary, load_manifest, read_text
 from ..data.text import DataError
 from .translator import Translator
@@ -69,6 +69,8 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
         src, ref = src[:sentences], ref[:sentences]
     translator = Translator.load(checkpoint, device=device, precision=precision)
     check_vocabulary(translator.tokenizer.proto, data_dir)
+    if max(beams) > len(translator.tokenizer):
+        raise ConfigError(f"--beams {max(beams)}: larger than the model's vocabulary ({len(translator.tokenizer)})")
     ids = translator.encode_sources(src)
     points = []
     for beam in beams:

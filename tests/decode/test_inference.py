@@ -190,7 +190,8 @@ def test_tune_bad_input_gets_one_line_errors(trained, tmp_path, capsys):
     (other / "spm.model").write_bytes((other / "spm.model").read_bytes()[:-1] + b"?")
     cases = [(["--checkpoint", str(tmp_path / "none.safetensors")], "checkpoint not found"),
              (["--checkpoint", str(ckpt), "--beams", "2,x"], "--beams: expected comma-separated numbers"),
-             (["--checkpoint", str(ckpt), "--alphas", "-1"], "--alphas finite and >= 0"),
+             (["--checkpoint", str(ckpt), "--alphas", "-1"], "--alphas in [0, 10]"),
+             (["--checkpoint", str(ckpt), "--alphas", "0.6,11"], "--alphas in [0, 10]; got 2,4,6, 0.6,11"),
              (["--checkpoint", str(ckpt), "--data", str(tmp_path)], "no manifest.json"),
              (["--checkpoint", str(ckpt), "--data", str(other)], "its vocabulary is not the checkpoint's")]
     for args, message in cases:

@@ -13,7 +13,15 @@ from test_fusedstep import sources, toy
 
 from aiayn.decode.fused import FusedDecoder
 from aiayn.decode.search import beam_search, greedy_search
-from aiayn.decode.shortlist import Shortlist, ShortlistDecoder, ShortlistError, _pairs, build, vocabulary_id
+from aiayn.decode.shortlist import (
+    MAX_PER_SOURCE,
+    Shortlist,
+    ShortlistDecoder,
+    ShortlistError,
+    _pairs,
+    build,
+    vocabulary_id,
+)
 from aiayn.decode.translator import cast_bf16, quantize_int8
 from aiayn.device import int8_kernel
 
@@ -39,6 +47,16 @@ def test_table_holds_each_source_subwords_best_dice_partners(toy_prepared, max_p
     assert sl.table[0].tolist() == [3, 3, 3]  # PAD co-occurs with nothing: EOS pads its row
     top = sorted(freq, key=lambda t: (-freq[t], t))[:5]
     assert sl.frequent.tolist() == top
+
+
+def test_a_list_longer_than_the_vocabulary_is_the_whole_vocabulary_and_a_huge_one_is_refused(toy_prepared):
+    """per_source past the vocabulary keeps what the vocabulary has (no (V, 10^6) table is allocated);
+    past MAX_PER_SOURCE it is refused before anything is read."""
+    whole = build(toy_prepared, per_source=60, frequent=5)
+    assert whole.table.shape[1] == 60 and torch.equal(build(toy_prepared, per_source=1000, frequent=5).table,
+                                                      whole.table)
+    with pytest.raises(ValueError, match="per_source must be in"):
+        build(toy_prepared, per_source=MAX_PER_SOURCE + 1)
 
 
 def test_columns_are_the_union_and_each_row_keeps_only_its_own():
