@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
-from .presets import DECODE_LIMITS, MODEL_LIMITS, PRESETS
+from .presets import DECODE_LIMITS, MODEL_LIMITS, PRESETS, TRAIN_LIMITS
 
 
 def _check_numbers(section: str, cfg: Any) -> None:
@@ -131,9 +131,9 @@ class ModelConfig:
         if self.conv_kernel < 1 or self.conv_kernel % 2 == 0 or self.conv_channels < 0:
             raise ConfigError(f"model.conv_kernel must be odd and positive (the encoder pads (k-1)/2 on each side), "
                               f"got {self.conv_kernel}; model.conv_channels >= 0, got {self.conv_channels}")
-        for name in ("d_k", "d_v", "N_dec"):
-            if getattr(self, name) is not None:
-                _check_positive("model", self, name)
+        _check_positive("model", self, *(n for n in ("d_k", "d_v", "N_dec") if getattr(self, n) is not None))
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ConfigError(f"model.pad_id must be a vocabulary id, in [0, {self.vocab_size}), got {self.pad_id}")
         if self.d_k is None and self.d_model % self.h:
             raise ConfigError(
                 f"model.d_model ({self.d_model}) must be divisible by model.h ({self.h}) "
@@ -208,11 +208,12 @@ class TrainConfig:
         _check_numbers("train", self)
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
-        for name in ("max_steps", "max_epochs", "max_minutes", "threads", "valid_every", "valid_bleu_sentences",
+        for name in ("seed", "max_steps", "max_epochs", "max_minutes", "threads", "valid_every", "valid_bleu_sentences",
                      "save_every", "save_every_minutes", "clip_norm", "patience", "tokens_per_update"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         _check_positive("train", self, "adam_eps", "log_every", "dist_timeout_minutes", "keep_last")
+        _check_limits("train", self, TRAIN_LIMITS)
         if self.precision not in ("auto", "fp32", "bf16", "fp16"):
             raise ConfigError(f"train.precision must be 'auto', 'fp32', 'bf16' or 'fp16', got {self.precision!r}")
         if self.update_freq < 1:
@@ -307,8 +308,10 @@ def _coerce(value: Any, current: Any, key: str) -> Any:
         except (yaml.YAMLError, ValueError):
             raise ConfigError(f"{key}: expected {type(current).__name__}, got {_show(value)}") from None
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if current is None and (value is None or number or isinstance(value, str)):
-        return value
+    if current is None:  # every None default is `int | None` (d_k, d_v, N_dec, decode.max_tokens)
+        if value is None or (number and isinstance(value, int)):
+            return value
+        raise ConfigError(f"{key}: expected an integer or null, got {_show(value)}")
     if isinstance(current, bool) and isinstance(value, bool):
         return value
     if isinstance(current, int) and not isinstance(current, bool) and number and isinstance(value, int):
@@ -380,9 +383,7 @@ def load_yaml(path: str | Path, base: Config | None = None) -> Config:
         if path.stat().st_size > 1 << 20:  # a config is a few hundred bytes: a stray large file is never read whole
             raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, not a config file (at most 1 MiB)")
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:  # a folder, a binary file, no permission
+    except (OSError, UnicodeDecodeError) as e:  # missing, a folder, a binary file, no permission
         why = f"invalid UTF-8 at byte {e.start}" if isinstance(e, UnicodeDecodeError) else e.strerror
         raise ConfigError(f"{path}: not a readable config file ({why})") from None
     except yaml.YAMLError as e:

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +75,19 @@ def _child(case: dict, timeout: int) -> None:
         os._exit(code)
 
 
+def _fork(alive: dict, codes: dict) -> int:
+    """os.fork, waiting for a child to end while the system has no process to spare (EAGAIN)."""
+    for _ in range(100):
+        try:
+            return os.fork()
+        except BlockingIOError:
+            if alive:
+                pid, status = os.wait()
+                codes[alive.pop(pid)] = os.waitstatus_to_exitcode(status)
+            time.sleep(0.1)
+    return os.fork()
+
+
 def _serve(spec_path: str) -> None:
     """The zygote: import once, fork a child per case, at most `jobs` alive; print the exit codes."""
     import torch  # noqa: F401  what every checkpoint verb imports first
@@ -90,7 +104,7 @@ def _serve(spec_path: str) -> None:
             codes[alive.pop(pid)] = os.waitstatus_to_exitcode(status)
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        pid = _fork(alive, codes)
         if pid == 0:
             _child(case, spec["timeout"])
         alive[pid] = i

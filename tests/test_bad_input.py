@@ -271,6 +271,8 @@ CLI_CASES = [
                                        "--per-source", "9" * 30], ["--per-source", "[1, 1024]"]),
     ("parameters at a vocabulary of 10^30", ["params", "--preset", "base", "--vocab-size", "9" * 30],
      ["--vocab-size", "at most 2,097,152"]),
+    ("a word where a head size belongs", TR + ["--model.d_k", "abc"], ["model.d_k", "integer or null", "abc"]),
+    ("a million training threads", TR + ["--train.threads", "1000000"], ["train.threads", "at most 1,024"]),
     ("a folder as the config file", TR + ["--config", "{w}/empty-dir"], ["empty-dir", "not a readable config file"]),
     ("a binary file as the config file", P + ["--train", "ok", "--valid", "ok", "--config",
                                               "{w}/prepared/train.src.tok.npy"],

@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 
@@ -54,6 +55,18 @@ def test_overrides_are_typed_and_checked():
         apply_overrides(Config(), {"train.precision": "fp8"}).validate()
     with pytest.raises(ConfigError, match="divisible"):
         apply_overrides(Config(), {"model.h": "7"}).validate()
+    # the None defaults are integers or null: a word or a fraction once passed, and failed later (a traceback)
+    for key in ("model.d_k", "model.d_v", "model.N_dec", "decode.max_tokens"):
+        for bad in ("abc", "2.5", "[1, 2]"):
+            with pytest.raises(ConfigError, match=f"{key}: expected an integer or null"):
+                apply_overrides(Config(), {key: bad})
+        assert apply_overrides(Config(), {key: "null"}).validate() is not None
+    assert apply_overrides(Config(), {"model.d_k": "64", "model.d_v": "64"}).validate().model.d_k == 64
+    for key, value, says in (("train.threads", "1000000", "at most 1,024"),  # 10^6 OpenMP threads: SIGSEGV
+                             ("train.seed", "-1", ">= 0"), ("train.seed", str(1 << 32), "at most 4,294,967,295"),
+                             ("model.pad_id", "37000", "a vocabulary id, in [0, 37000)")):
+        with pytest.raises(ConfigError, match=re.escape(f"{key} must be {says}")):
+            apply_overrides(Config(), {key: value}).validate()
 
 
 def test_a_model_config_made_in_code_is_checked_where_it_is_made():

@@ -15,6 +15,9 @@ from .common import (
 log = logging.getLogger("aiayn")
 
 
+MAX_SEEDS = 100  # runs per row, each ~40 CPU-minutes at the suite's budget: 10^30 once hung building the plan
+
+
 def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     """Run a suite of the paper's experiments at small scale and render the report."""
     from ..evidence.report import is_report, render
@@ -28,10 +31,12 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     if args.valid_every is not None and args.valid_every < 1:
         raise UserError(f"--valid-every must be >= 1, got {args.valid_every}")
-    if args.extra_seeds < 0:
-        raise UserError(f"--extra-seeds must be >= 0, got {args.extra_seeds}")
-    if args.seeds < 2:
-        raise UserError(f"--seeds must be >= 2 (an interval needs two reference runs), got {args.seeds}")
+    if not 0 <= args.extra_seeds <= MAX_SEEDS:
+        raise UserError(f"--extra-seeds must be >= 0, got {args.extra_seeds}" if args.extra_seeds < 0 else
+                        f"--extra-seeds must be at most {MAX_SEEDS}, got {args.extra_seeds}")
+    if not 2 <= args.seeds <= MAX_SEEDS:
+        raise UserError(f"--seeds must be >= 2 (an interval needs two reference runs), got {args.seeds}"
+                        if args.seeds < 2 else f"--seeds must be at most {MAX_SEEDS}, got {args.seeds}")
     check_output_folder(report, is_report, "--report")
     rows = [r for r in args.rows.split(",") if r] if args.rows else None
     if args.render_only:

@@ -27,6 +27,7 @@ from ..config import Config
 from ..device import cpu_label, huge_pages, native_bf16, pick_device
 from ..files import atomic_write, digest
 from ..models.linear import kernel_cache, onednn_available, onednn_trains
+from ..presets import TRAIN_LIMITS
 from ..version import __version__
 
 log = logging.getLogger("aiayn")
@@ -54,7 +55,7 @@ def cpu_threads(threads: int, world: int) -> int:
     if threads:
         return threads
     omp = os.environ.get("OMP_NUM_THREADS", "")
-    if world == 1 and omp.isdigit() and int(omp) > 0:
+    if world == 1 and omp.isdigit() and 0 < int(omp) <= TRAIN_LIMITS["threads"]:
         log.info("CPU threads: %s (OMP_NUM_THREADS)", omp)
         return int(omp)
     return max(1, (os.cpu_count() or 1) // world)

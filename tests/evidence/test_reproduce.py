@@ -276,8 +276,13 @@ def test_bad_suite_requests_get_one_line_errors(toy_prepared, tmp_path):
         (["--suite", "table3", "--extra-seeds", "-1", *d, *w], ["--extra-seeds must be >= 0, got -1"]),
         (["--suite", "table3", "--valid-every", "0", *d, *w], ["--valid-every must be >= 1, got 0"]),
         (["--suite", "arch", "--rows", "second-seeds", *d, *w], ["unknown row(s) second-seeds in suite arch"]),
-    ]  # each a process of its own (tests/cli_forks.py)
-    results = run_many([(["reproduce", *args], tmp_path) for args, _ in cases])
+        (["--suite", "table3", "--render-only", "--seeds", "9" * 30, "--report", r], ["--seeds must be at most 100"]),
+        (["--suite", "table3", "--extra-seeds", "1000", *d, *w], ["--extra-seeds must be at most 100, got 1000"]),
+    ]  # each a process of its own (tests/cli_forks.py); the last renders Table 1 (no rows: once a KeyError)
+    t1 = tmp_path / "t1"
+    *results, table1 = run_many([(["reproduce", *args], tmp_path) for args, _ in cases] +
+                                [(["reproduce", "--suite", "table1", "--render-only", "--report", t1], tmp_path)])
+    assert table1.returncode == 0 and (t1 / "REPORT.md").exists(), table1.stderr[-2000:]
     for (args, words), p in zip(cases, results, strict=True):
         errors = [x for x in p.stderr.splitlines() if x.startswith("aiayn reproduce: error: ")]
         assert p.returncode == 2 and "Traceback" not in p.stderr and len(errors) == 1, (args, p.stderr[-2000:])
