@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 
 from aiayn.checkpoint import CheckpointError
-from aiayn.config import ConfigError
+from aiayn.config import ConfigError, config_keys
 from aiayn.decode.translator import Translator
 from aiayn.serve.app import Limits, create_app
 from aiayn.training.session import train
@@ -410,3 +410,16 @@ def test_http_bad_input(client, name, body, status, fragment):
     assert r.status_code == status, r.text
     assert fragment in json.dumps(r.json()["detail"])
     assert client.get("/health").json()["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_the_flag_sweep_builds_its_workspace_and_finds_no_traceback(tmp_path):
+    """bench/flag_sweep.py --short on two verbs and the config keys: every case ends in 0 or one line."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "flag_sweep.py"
+    res = subprocess.run([sys.executable, str(script), "--verbs", "score,params,config", "--short", "--out",
+                          str(tmp_path / "sweep.json")], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    table = json.loads((tmp_path / "sweep.json").read_text())["by_verb"]
+    assert table["score"]["cases"] == 3 * 4 and table["params"]["cases"] == 3 * 2  # --hyp --ref --pcfg --lang
+    assert table["config"]["cases"] == 3 * len(config_keys()) and table["config"]["one_line_errors"] > 100
+    assert all(row["tracebacks"] == 0 for row in table.values())

@@ -1,0 +1,161 @@
+"""Every flag of the command line, and every config key, given odd values: does each end in one line?
+
+    .venv/bin/python bench/flag_sweep.py [--verbs translate,tune] [--short] [--out bench/flag_sweep.json]
+
+Builds a small workspace (400 Multi30k pairs prepared with a 100-subword vocabulary, a 4-update
+model), then runs `aiayn VERB BASE-ARGS --FLAG VALUE` for every flag of every swept verb and each
+odd value (empty, -1, 0, 1e309, nan, a 30-digit number, a missing path, a folder, /dev/null, a binary
+file), every config key through `aiayn config`, and the keys that only matter at run time through a
+1-update `aiayn train`. Each is a process of its own (tests/cli_forks.py: forks of one that imported
+torch once). A case passes when it exits 0, or 2 with no traceback; a timeout is reported apart
+(a slow but valid run). Prints a table by verb, writes the failures as JSON, exits 1 if any.
+`serve` (a valid case serves forever) and `import` (it reads Hugging Face folders) are not swept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from cli_forks import run_many  # noqa: E402
+
+from aiayn import cli  # noqa: E402
+from aiayn.config import config_keys  # noqa: E402
+
+ODD = ["", "-1", "0", "1e309", "nan", "9" * 30, "{w}/nothere", "{w}", "/dev/null", "{w}/prep/train.src.tok.npy"]
+ODD_KEY = ["-1", "0", "1e309", "nan", "9" * 30, "", "true", "[1, 2]", "{a: 1}"]
+TINY = ["--model.d_model", "32", "--model.d_ff", "64", "--model.h", "4", "--model.N", "2", "--train.max_steps", "1",
+        "--train.precision", "fp32", "--train.tokens_per_update", "0", "--data.max_tokens", "400",
+        "--train.valid_every", "0", "--train.threads", "1", "--data.vocab_size", "100", "--model.vocab_size", "100"]
+RUNTIME = ["data.max_tokens", "data.max_len", "train.threads", "train.log_every", "train.keep_last",
+           "train.valid_bleu_sentences", "train.update_freq", "train.warmup_steps", "model.max_positions",
+           "train.save_every", "train.guided_layer", "train.guided_head", "model.pad_id", "train.seed",
+           "train.max_epochs", "train.patience", "decode.max_len_b", "decode.beam", "model.d_k", "model.N_dec"]
+M, PREP = "{w}/m.safetensors", "{w}/prep"
+BASE = {  # a valid command line per verb; each flag is then given each odd value
+    "translate": ["--checkpoint", M, "--input", "{w}/in.txt", "--output", "{w}/o.txt"],
+    "score": ["--hyp", "{w}/h.txt", "--ref", "{w}/r.txt"],
+    "average": ["{w}/run", "-o", "{w}/avg.safetensors"],
+    "tune": ["--checkpoint", M, "--data", PREP, "--output", "{w}/t.safetensors", "--sentences", "5"],
+    "shortlist": ["--data", PREP, "-o", "{w}/sl.safetensors"],
+    "align": ["--checkpoint", M, "--data", PREP, "-o", "{w}/al.safetensors"],
+    "params": ["--preset", "base"],
+    "prepare": ["--data-dir", "{w}", "--src", "en", "--tgt", "de", "--train", "train", "--valid", "valid", "-o",
+                "{w}/prep2", "--data.vocab_size", "100"],
+    "heads": ["--checkpoint", M, "--data", PREP, "-o", "{w}/heads", "--sentences", "5", "--bleu-sentences", "5"],
+    "parse": ["--checkpoint", M, "--input", "{w}/in.txt"],
+    "plot": ["attention", "--checkpoint", M, "--src", "a dog", "-o", "{w}/pl"],
+    "export": ["hf", "--checkpoint", M, "-o", "{w}/ex"],
+    "reproduce": ["--suite", "table1", "--report", "{w}/rep", "--render-only"],
+}
+SKIP = {"--device", "--mirror", "--corpus"}  # devices this machine lacks; the network
+
+
+def workspace(w: Path, multi30k: Path) -> None:
+    """400 training and 20 validation pairs, prepared; a 4-update model; small text files."""
+    w.mkdir(parents=True)
+    for split, name, n in (("train", "train", 400), ("valid", "val", 20)):
+        for lang in ("en", "de"):
+            with gzip.open(multi30k / f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
+                (w / f"{split}.{lang}").write_text("".join(next(f) for _ in range(n)))
+    aiayn = [sys.executable, "-m", "aiayn"]
+    for argv in (["prepare", "--data-dir", w, "--src", "en", "--tgt", "de", "--train", "train", "--valid", "valid",
+                  "-o", w / "prep", "--data.vocab_size", "100"],
+                 ["train", "--data", w / "prep", "--run-dir", w / "run", *TINY[:-2], "--train.max_steps", "4",
+                  "--train.save_every", "2"]):
+        subprocess.run([*aiayn, *map(str, argv)], check=True, capture_output=True, cwd=w)
+    shutil.copy(w / "run/checkpoints/step-00000004.safetensors", w / "m.safetensors")
+    (w / "in.txt").write_text("a dog runs\ntwo men\n")
+    for name in ("h.txt", "r.txt"):
+        (w / name).write_text("".join((w / "valid.de").read_text().splitlines(keepends=True)[:5]))
+
+
+def flags(verb: str) -> list[tuple[str | None, str]]:
+    """(sub-verb or None, the flag's longest spelling) for every flag of a verb that takes a value."""
+    parser = argparse.ArgumentParser(prog="aiayn")
+    cli.VERBS[verb](parser.add_subparsers(dest="command"))
+    out = []
+    for action in parser._subparsers._group_actions[0].choices[verb]._actions:
+        nested = action.choices.items() if isinstance(action, argparse._SubParsersAction) else [(None, None)]
+        for sub, p in nested:
+            for a in (p._actions if p else [action]):
+                if a.option_strings and a.nargs != 0 and not isinstance(a, argparse._HelpAction):
+                    out.append((sub, max(a.option_strings, key=len)))
+    return out
+
+
+def cases(verbs: list[str], short: bool) -> list[tuple[str, list[str]]]:
+    odd, odd_key = (ODD[:3], ODD_KEY[:3]) if short else (ODD, ODD_KEY)
+    out = []
+    for verb in [v for v in verbs if v in BASE]:
+        for sub, flag in flags(verb):
+            if flag in SKIP or (sub and sub != BASE[verb][0]):
+                continue
+            for value in odd:
+                argv = list(BASE[verb])
+                if flag in argv:
+                    argv[argv.index(flag) + 1] = value
+                else:
+                    argv += [flag, value]
+                out.append((verb, [verb, *argv]))
+    if "config" in verbs:
+        out += [("config", ["config", f"--{key}", v]) for key in config_keys() for v in odd_key]
+    if "train" in verbs:
+        out += [("train", ["train", "--data", PREP, "--run-dir", "{w}/nr", *TINY, f"--{key}", v])
+                for key in RUNTIME for v in ["9" * 30, "-1", "0", "1e309", "1000000"][:3 if short else 5]]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--verbs", default=",".join([*BASE, "config", "train"]))
+    ap.add_argument("--multi30k", default=os.environ.get("AIAYN_DATA", str(ROOT.parent / "shared/data/multi30k")))
+    ap.add_argument("--short", action="store_true", help="3 values a flag (for the tests)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=90, help="seconds a case may run (a valid one may be slow)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "flag_sweep.json"))
+    args = ap.parse_args()
+    verbs = [v for v in args.verbs.split(",") if v]
+    unknown = [v for v in verbs if v not in BASE and v not in ("config", "train")]
+    if unknown:
+        print(f"flag_sweep: error: verbs not swept: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="aiayn-sweep-") as tmp:
+        template, todo = Path(tmp) / "template", cases(verbs, args.short)
+        workspace(template, Path(args.multi30k))
+        work = []
+        for i, (_, argv) in enumerate(todo):  # each case in its own copy: what one writes, another never sees
+            w = Path(tmp) / str(i)
+            shutil.copytree(template, w, symlinks=True)
+            work.append(([a.replace("{w}", str(w)) for a in argv], w))
+        results = run_many(work, jobs=args.jobs, timeout=args.timeout)
+    table, failures = {}, []
+    for (verb, argv), r in zip(todo, results, strict=True):
+        row = table.setdefault(verb, {"cases": 0, "ran": 0, "one_line_errors": 0, "timeouts": 0, "tracebacks": 0})
+        row["cases"] += 1
+        kind = ("timeouts" if r.returncode == -14 else "tracebacks" if r.returncode not in (0, 2) or
+                "Traceback" in r.stderr else "ran" if r.returncode == 0 else "one_line_errors")
+        row[kind] += 1
+        if kind == "tracebacks":
+            failures.append({"argv": argv, "returncode": r.returncode, "stderr_tail": r.stderr[-600:]})
+    print(f"{'verb':<10}{'cases':>7}{'ran':>6}{'1-line errors':>15}{'timeouts':>10}{'tracebacks':>12}")
+    for verb, row in table.items():
+        print(f"{verb:<10}{row['cases']:>7}{row['ran']:>6}{row['one_line_errors']:>15}{row['timeouts']:>10}"
+              f"{row['tracebacks']:>12}")
+    Path(args.out).write_text(json.dumps({"by_verb": table, "failures": failures}, indent=1) + "\n")
+    for f in failures:
+        print("traceback:", " ".join(f["argv"])[:200], "->", f["stderr_tail"].strip().splitlines()[-1][:200])
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
