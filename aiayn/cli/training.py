@@ -27,7 +27,6 @@ def count_parameters(name: str, vocab_size: int) -> int:
 
     cfg = preset(name).model
     cfg.vocab_size = vocab_size
-    cfg.validate()  # the limits a checkpoint's config meets (presets.py's MODEL_LIMITS)
     with shapes_only():
         model = build_any(cfg)
     return sum(p.numel() for p in model.parameters())
@@ -35,12 +34,10 @@ def count_parameters(name: str, vocab_size: int) -> int:
 
 def cmd_params(args: argparse.Namespace, extra: list[str]) -> None:
     """Parameter counts of the paper's configurations beside Table 3."""
-    if args.vocab_size <= 0:
-        raise UserError(f"--vocab-size must be positive, got {args.vocab_size}")
     model = preset("base").model
     model.vocab_size = args.vocab_size
     try:
-        model.validate()  # the vocabulary checked once, naming the flag
+        model.validate()  # the vocabulary checked once (positive, presets.py's MODEL_LIMITS), naming the flag
     except ConfigError as e:
         raise UserError(_name_the_flag(str(e), {"model.vocab_size": "--vocab-size"})) from None
     if args.preset:
