@@ -365,10 +365,7 @@ def preset(name: str) -> Config:
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
 
 
@@ -380,13 +377,15 @@ def from_dict(d: dict[str, Any], base: Config | None = None) -> Config:
 def load_yaml(path: str | Path, base: Config | None = None) -> Config:
     path = Path(path)
     try:
-        if path.stat().st_size > 1 << 20:  # a config is a few hundred bytes: a stray large file is never read whole
-            raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, not a config file (at most 1 MiB)")
+        size = path.stat().st_size  # missing: OSError below
+        if not path.is_file() or size > 1 << 20:  # a config is a few hundred bytes; a FIFO is never opened (it blocks)
+            why = f"{size:,} bytes, at most 1 MiB" if path.is_file() else "not a regular file"
+            raise ConfigError(f"{path}: not a readable config file ({why})")
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError) as e:  # missing, a folder, a binary file, no permission
+    except (OSError, UnicodeDecodeError) as e:  # missing, a binary file, no permission
         why = f"invalid UTF-8 at byte {e.start}" if isinstance(e, UnicodeDecodeError) else e.strerror
         raise ConfigError(f"{path}: not a readable config file ({why})") from None
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, RecursionError) as e:  # RecursionError: nested past Python's limit
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         what = " ".join(str(getattr(e, "problem", None) or e).split())

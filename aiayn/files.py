@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -73,6 +74,54 @@ def digest(path: str | Path, algorithm: str = "sha256", gunzip: bool = False) ->
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+# aiayn's own records (run.json, manifest.json, metrics.jsonl, a result) are read as untrusted input too:
+# a user may hand over any folder, and a copy may have been cut short or edited.
+RECORD_MAX_BYTES = 1 << 26
+
+
+def read_bounded(path: str | Path, limit: int = RECORD_MAX_BYTES) -> str:
+    """A file's text, read as untrusted: a regular file (a folder, a FIFO that would block or a device
+    is refused without reading), at most `limit` bytes, UTF-8. Otherwise FileError naming the file."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise FileError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileError(f"{path}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1) if st.st_size <= limit else b""
+    except OSError as e:
+        raise FileError(f"{path}: cannot read ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    if st.st_size > limit or len(data) > limit:
+        raise FileError(f"{path}: {max(st.st_size, len(data)):,} bytes, more than such a file holds ({limit:,})")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FileError(f"{path}: not a text file (invalid UTF-8 at byte {e.start})") from None
+
+
+def read_json(path: str | Path, fix: str = "", limit: int = RECORD_MAX_BYTES) -> dict:
+    """One of aiayn's JSON records, read as untrusted (read_bounded): a JSON object, or FileError
+    saying what is wrong with it and, after a semicolon, `fix` (what to do about it)."""
+    path, tail = Path(path), f"; {fix}" if fix else ""
+    try:
+        value = json.loads(read_bounded(path, limit))
+    except FileError as e:
+        raise FileError(f"{e}{tail}") from None
+    except RecursionError:
+        raise FileError(f"{path}: corrupt (JSON nested past Python's recursion limit){tail}") from None
+    except ValueError as e:
+        raise FileError(f"{path}: corrupt ({str(e)[:80]}){tail}") from None
+    if not isinstance(value, dict):
+        raise FileError(f"{path}: corrupt (a JSON {type(value).__name__}, not an object){tail}")
+    return value
 
 
 def check_output_file(path: str | Path, flag: str = "--output", inputs: tuple = ()) -> Path:

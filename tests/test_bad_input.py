@@ -97,6 +97,14 @@ def template(toy_prepared, tmp_path_factory) -> Path:
         lines(w / f"userdata/{split}.de", "ein hund\ndie katze\nein mann läuft\n")
     (w / "bad-manifest").mkdir()
     lines(w / "bad-manifest/manifest.json", '{"settings": {"src": "en"')
+    lines(_mkdir(w / "list-manifest") / "manifest.json", "[1, 2]\n")
+    nested = "[" * 100_000 + "]" * 100_000 + "\n"  # past Python's recursion limit, as JSON and as YAML
+    lines(w / "nested.yaml", nested)
+    lines(_mkdir(w / "junk-metrics") / "metrics.jsonl", "7\n" + nested + '{"loss": "x"}\n')
+    lines(_mkdir(w / "list-run-json") / "run.json", "[1, 2]\n")
+    shutil.copy(w / "model.safetensors", w / "list-run-json/model.safetensors")
+    shutil.copytree(w / "run", w / "nested-run-json")
+    lines(w / "nested-run-json/run.json", nested)
     lines(w / "deep.mrg", "(S " * 3000 + "(NN x)" + ")" * 3000 + "\n")
     import zipfile
 
@@ -233,6 +241,15 @@ CLI_CASES = [
      ["missing/dir", "does not exist"]),
     ("corrupt manifest", ["train", "--data", "{w}/bad-manifest", "--run-dir", "{w}/new-run"],
      ["bad-manifest/manifest.json", "corrupt"]),
+    ("a manifest that is a JSON list", ["train", "--data", "{w}/list-manifest", "--run-dir", "{w}/new-run"],
+     ["list-manifest/manifest.json", "a JSON list, not an object", "re-run `aiayn prepare`"]),
+    ("a config nested past the recursion limit", TR + ["--config", "{w}/nested.yaml"], ["nested.yaml", "invalid YAML"]),
+    ("curves of metrics that hold no record", ["plot", "curves", "{w}/junk-metrics", "-o", "{w}/c.png"],
+     ["junk-metrics", "no training or validation records"]),
+    ("tune beside a run.json that is a JSON list", ["tune", "--checkpoint", "{w}/list-run-json/model.safetensors"],
+     ["model.safetensors", "no readable run.json", "--data"]),
+    ("--resume with a run.json nested past the recursion limit", ["train", "--resume", "{w}/nested-run-json"],
+     ["nested-run-json/run.json", "damaged", "--data"]),
     ("tree nested 3,000 deep", ["score", "--parse", "--hyp", "{w}/deep.mrg", "--ref", "{w}/deep.mrg"],
      ["deep.mrg", "nested deeper"]),
     ("treebank that is not UTF-8", ["prepare", "--task", "parse", "--treebank", "{w}/latin1.zip", "-o", "{w}/ptb"],

@@ -1,4 +1,5 @@
 import math
+import os
 import re
 
 import pytest
@@ -92,11 +93,15 @@ def test_bad_yaml_names_the_file(tmp_path):
 
 
 def test_a_config_file_that_is_not_one_is_one_error(tmp_path):
-    """A folder, a binary file or a stray 2 MB file given as --config: a ConfigError naming it."""
+    """A folder, a binary file, a stray 2 MB file, a FIFO (never opened for a blocking read) or YAML nested
+    past Python's recursion limit given as --config: a ConfigError naming it."""
     (tmp_path / "binary.yaml").write_bytes(b"\x93NUMPY\x01\x00")
     (tmp_path / "huge.yaml").write_text("# padding\n" * 200_000)
+    (tmp_path / "nested.yaml").write_text("[" * 100_000 + "]" * 100_000)
+    os.mkfifo(tmp_path / "pipe.yaml")
     for name, says in (("", "not a readable config file"), ("binary.yaml", "invalid UTF-8 at byte 0"),
-                       ("huge.yaml", "at most 1 MiB")):
+                       ("huge.yaml", "2,000,000 bytes, at most 1 MiB"), ("pipe.yaml", "not a regular file"),
+                       ("nested.yaml", "invalid YAML: maximum recursion depth")):
         with pytest.raises(ConfigError, match=says):
             load_yaml(tmp_path / name)
     (tmp_path / "ok.yaml").write_text("# padding\n" * 100_000 + "decode: {beam: 5}\n")  # under 1 MiB: read

@@ -5,6 +5,7 @@ file's mode, and a folder aiayn did not write is never cleared."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -331,3 +332,56 @@ def test_a_damaged_run_json_is_kept_aside_on_resume(toy_prepared, tmp_path, capl
     assert len(aside) == 1 and aside[0].read_text() == '{"sessions": [{"started": "2026-01-01"'
     assert "damaged" in caplog.text and aside[0].name in caplog.text
     assert len(json.loads((run / "run.json").read_text())["sessions"]) == 1
+
+
+@pytest.mark.parametrize("damage", [b"\x93NUMPY binary", b"[" * 100_000 + b"]" * 100_000 + b"\n"])
+def test_a_damaged_metrics_file_is_kept_aside_or_its_bad_lines_dropped_on_resume(toy_prepared, tmp_path, damage):
+    """A resume rewrites metrics.jsonl without the rows past its checkpoint: a line that is not a record is
+    dropped with them; a file that is not text is moved aside whole (never read into a traceback, never lost)."""
+    from aiayn.cli import main
+
+    run = tmp_path / "run"
+    tiny = ["--model.d_model", "16", "--model.d_ff", "32", "--model.h", "2", "--model.N", "1",
+            "--data.max_tokens", "400", "--train.valid_every", "0", "--train.valid_bleu_sentences", "0",
+            "--train.threads", "1", "--train.tokens_per_update", "0", "--train.log_every", "1"]
+    assert main(["train", "--data", str(toy_prepared), "--run-dir", str(run), *tiny, "--train.max_steps", "2"]) == 0
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(damage)
+    assert main(["train", "--resume", str(run), "--train.max_steps", "3"]) == 0
+    aside = list(run.glob("metrics.jsonl.corrupt-*"))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]  # training rows (a validation row follows the last update)
+    if damage.startswith(b"["):
+        assert not aside and [r["step"] for r in rows] == [1, 2, 3]
+    else:
+        assert len(aside) == 1 and aside[0].read_bytes().endswith(damage) and [r["step"] for r in rows] == [3]
+
+
+def test_read_bounded_refuses_what_is_no_small_text_file_without_reading_it(tmp_path):
+    """Files aiayn wrote for itself are read as untrusted (files.read_bounded, read_json): one FileError
+    naming the file for a folder, a FIFO (refused at once: a read would wait for a writer forever), a
+    device, a sparse 3 GiB file (refused by its size, never read), bytes that are not UTF-8; and for
+    JSON that is no object or is nested past the recursion limit, with what to do about it."""
+    from aiayn.files import read_bounded, read_json
+
+    os.mkfifo(tmp_path / "fifo")
+    with open(tmp_path / "sparse", "wb") as f:
+        f.truncate(3 << 30)
+    (tmp_path / "binary").write_bytes(b"ok\xff\xfe")
+    (tmp_path / "small").write_text("x" * 101)
+    for name, says in [("", "not a regular file"), ("fifo", "not a regular file"), ("missing", "cannot read"),
+                       ("sparse", "3,221,225,472 bytes, more than such a file holds"),
+                       ("binary", "not a text file (invalid UTF-8 at byte 2)"),
+                       ("small", "101 bytes, more than such a file holds (100)")]:
+        with pytest.raises(FileError, match=re.escape(f"{tmp_path / name}: {says}")):
+            read_bounded(tmp_path / name, limit=100)
+    with pytest.raises(FileError, match="not a regular file"):
+        read_bounded("/dev/zero")
+    assert read_bounded(tmp_path / "small", limit=101) == "x" * 101
+    for text, says in [("[1, 2]", "a JSON list, not an object"), ("7", "a JSON int"), ('{"a": ', "corrupt"),
+                       ("[" * 100_000, "nested past Python's recursion limit")]:
+        (tmp_path / "r.json").write_text(text)
+        with pytest.raises(FileError, match=re.escape(says) + ".*; re-run it$"):
+            read_json(tmp_path / "r.json", fix="re-run it")
+    (tmp_path / "r.json").write_text('{"a": [1]}')
+    assert read_json(tmp_path / "r.json") == {"a": [1]}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import numpy as np  # noqa: E402
 
 from ..decode.translator import AttentionData  # noqa: E402
 from ..files import new_folder  # noqa: E402
+from ..training.runs import read_metrics  # noqa: E402
 
 
 def heatmap(ax, w: np.ndarray, rows: list[str], cols: list[str], title: str) -> None:
@@ -82,15 +82,10 @@ def _plot_attention(data: AttentionData, out_dir: Path) -> list[Path]:
     return written
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found (is {run_dir} a run directory?)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def plot_curves(run_dir: Path, out: Path) -> Path:
     """Training and validation loss, perplexity, validation BLEU and the learning rate (Eq. 3)."""
+    if not (Path(run_dir) / "metrics.jsonl").exists():
+        raise FileNotFoundError(f"{Path(run_dir) / 'metrics.jsonl'} not found (is {run_dir} a run directory?)")
     rows = read_metrics(run_dir)
     train = [r for r in rows if "loss" in r]
     valid = [r for r in rows if "valid_loss" in r]
@@ -100,6 +95,7 @@ def plot_curves(run_dir: Path, out: Path) -> Path:
     (a_loss, a_ppl), (a_bleu, a_lr) = axes
 
     def line(ax, recs, key, label):
+        recs = [r for r in recs if key in r]
         if recs:
             ax.plot([r["step"] for r in recs], [r[key] for r in recs], label=label)
 

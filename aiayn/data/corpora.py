@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..files import digest
+from ..files import FileError, digest, read_json
 from .text import DataError
 
 log = logging.getLogger("aiayn")
@@ -285,8 +285,11 @@ def fetch_wmt14(src: str, tgt: str, root: Path, local: Path | None = None, mirro
     archives = wmt14_archives(local, out / "archives", mirror, trust_local)
     stamp = {name: [str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for name, p in archives.items()}
     done = out / "extracted.json"
-    if done.exists() and json.loads(done.read_text()) == stamp:
-        return out
+    try:
+        if done.exists() and read_json(done) == stamp:
+            return out
+    except FileError:  # damaged: extracted again
+        pass
     done.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     wanted: dict[str, dict[str, Path]] = {}  # archive -> member -> piece: one pass over each archive

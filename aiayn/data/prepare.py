@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..files import atomic_write, check_output_folder, digest, lock_data, new_folder, owned
+from ..files import FileError, atomic_write, check_output_folder, digest, lock_data, new_folder, owned, read_json
 from .text import DataError, iter_pairs, read_lines
 from .tokenizer import SplitTokenizer, Tokenizer, read_tokenizer
 
@@ -175,9 +175,9 @@ def check_prepared_output(out: str | Path) -> Path:
 
 def _old_manifest(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        log.warning("%s: unreadable (%s); preparing anew", path, e)
+        return read_json(path)
+    except FileError as e:  # unreadable, too big, not a JSON object
+        log.warning("%s; preparing anew", e)
         return None
 
 
@@ -331,11 +331,9 @@ def load_manifest(data_dir: Path) -> dict:
     path = Path(data_dir) / "manifest.json"
     if not path.exists():
         raise DataError(f"{data_dir}: no manifest.json; run `aiayn prepare` first")
-    try:
-        manifest = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{path}: corrupt ({e}); re-run `aiayn prepare`") from None
-    if not isinstance(manifest, dict) or not {"vocab_size", "splits", "settings"} <= set(manifest):
+    manifest = read_json(path, fix="re-run `aiayn prepare`")  # bounded, a JSON object: else one line
+    if not {"vocab_size", "splits", "settings"} <= set(manifest) or not all(
+            isinstance(manifest[k], dict) for k in ("splits", "settings")):
         raise DataError(f"{path}: corrupt (not a manifest with vocab_size, splits and settings); "
                         "re-run `aiayn prepare`")
     return manifest

@@ -18,6 +18,7 @@ from ..checkpoint import CheckpointError, check_safetensors_output, read_weights
 from ..config import ConfigError, DecodeConfig, from_dict
 from ..data.prepare import check_vocabulary, load_manifest, read_text
 from ..data.text import DataError
+from ..files import read_json
 from .translator import Translator
 
 log = logging.getLogger("aiayn")
@@ -37,8 +38,8 @@ def run_data_dir(checkpoint: Path) -> Path | None:
     """The prepared data of the run a checkpoint belongs to (run.json beside it or one folder up)."""
     for folder in (checkpoint.parent, checkpoint.parent.parent):
         try:
-            return Path(json.loads((folder / "run.json").read_text())["data_dir"])
-        except (OSError, KeyError, ValueError):
+            return Path(read_json(folder / "run.json")["data_dir"])
+        except (KeyError, TypeError, ValueError):  # absent or damaged (FileError is a ValueError)
             continue
     return None
 
@@ -62,7 +63,8 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
     check_safetensors_output(out, "--output", (checkpoint,))  # before minutes of search
     data_dir = Path(data_dir) if data_dir else run_data_dir(checkpoint)
     if data_dir is None:
-        raise DataError(f"{checkpoint}: no run.json beside it to find its data; pass --data PREPARED_DIR")
+        raise DataError(f"{checkpoint}: no readable run.json beside it (or one folder up) to find its data; "
+                        "pass --data PREPARED_DIR")
     manifest = load_manifest(data_dir)
     src, ref = read_text(data_dir, "valid", "src", manifest), read_text(data_dir, "valid", "tgt", manifest)
     if sentences:

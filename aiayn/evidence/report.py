@@ -7,13 +7,12 @@ every figure, setting and plot parameter is read from results/.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
-from ..files import atomic_write
+from ..files import atomic_write, read_json
 from .curves import curve_section
 from .families import chosen, seed_lines, tuned_lines
 from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedule, _plot_table1
@@ -33,11 +32,8 @@ def is_report(folder: Path) -> bool:
 def load_results(results: Path) -> dict[str, list[dict[str, Any]]]:
     """Every row's result, by suite (results/SUITE/ROW.json; the throughput and table1 files aside)."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(Path(results).glob("*/*.json")):
-        try:
-            out.setdefault(path.parent.name, []).append(json.loads(path.read_text()))
-        except json.JSONDecodeError:
-            continue
+    for path in sorted(Path(results).glob("*/*.json")):  # a damaged one is one line, never a row left out
+        out.setdefault(path.parent.name, []).append(read_json(path, fix="restore it (git checkout) or re-run its row"))
     return out
 
 
@@ -318,12 +314,12 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
     for suite in ("arch", "tune"):
         if suite in results:
             tp = report_dir / "results" / suite / "throughput" / "throughput.json"
-            out += arch_section(results[suite], json.loads(tp.read_text()) if tp.exists() else None, img, suite)
+            out += arch_section(results[suite], read_json(tp) if tp.exists() else None, img, suite)
     if "heads" in results:
         out += heads_section(results["heads"])
     t1_files = sorted((report_dir / "results" / "table1").glob("*.json")) if (report_dir / "results").exists() else []
     if t1_files:
-        out += table1_section(json.loads(t1_files[0].read_text()), img)
+        out += table1_section(read_json(t1_files[0]), img)
     trained = [r for s in ("table3", "arch") for r in results.get(s, []) if r.get("family") != "stability"]
     if trained:
         _plot_bleu_params(results, img / "bleu_params.png")

@@ -22,10 +22,10 @@ from ..data.batches import TokenData
 from ..data.prepare import load_manifest, read_text, vocabulary_size
 from ..data.text import read_lines
 from ..decode.translator import Translator
-from ..files import atomic_write
+from ..files import FileError, atomic_write, read_json
 from ..models.build import shapes_only
 from ..parsing.model import build_any
-from ..training.runs import Run
+from ..training.runs import Run, read_metrics
 from ..training.session import train
 from ..training.step import validate
 from .machine import _code_commit, machine
@@ -50,19 +50,6 @@ def trained_config(row: Row, common: dict[str, Any], data_dir: Path) -> Config:
     cfg = row_config(row, common)
     cfg.model.vocab_size = vocabulary_size(Path(data_dir))
     return cfg
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "cpu") -> dict[str, Any]:
@@ -114,10 +101,10 @@ def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: 
     copy = Path(results) / suite / f"{row.name}.json"
     if not run_dir.exists() and _same_row(copy, row, common):  # the run folder went, its result stayed
         log.info("%s/%s: result already in %s, skipped", suite, row.name, copy)
-        return json.loads(copy.read_text())
+        return read_json(copy)
     if result_path.exists():
         log.info("%s/%s: finished earlier, skipped", suite, row.name)
-        result = json.loads(result_path.read_text())
+        result = read_json(result_path)
     elif not run_dir.exists() and (twin := _finished_twin(row, common, data_dir, results, sentences, device)):
         result = _reuse(twin, row, suite, run_dir)
     else:
@@ -150,8 +137,8 @@ def _finished_twin(row: Row, common: dict[str, Any], data_dir: Path, results: Pa
     scored = min(sentences, valid) if sentences else valid
     for path in sorted(Path(results).glob("*/*.json")):
         try:
-            r = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            r = read_json(path)
+        except FileError:  # a damaged result is no twin
             continue
         machine = r.get("machine") if isinstance(r, dict) else None  # other results (heads, parse) have their own form
         if isinstance(machine, dict) and machine.get("git") == commit and all(r.get(k) == v for k, v in want.items()) \
@@ -162,7 +149,7 @@ def _finished_twin(row: Row, common: dict[str, Any], data_dir: Path, results: Pa
 
 def _reuse(twin: Path, row: Row, suite: str, run_dir: Path) -> dict[str, Any]:
     """The twin's result and hypotheses as this row's (named as this row, `reused` naming the run trained)."""
-    r = json.loads(twin.read_text())
+    r = read_json(twin)
     r.pop("paired_bs", None)
     r.update({"suite": suite, "row": row.name, "change": row.change, "group": row.group, "family": row.family,
               "seed": row.seed, "of": row.of or row.name, "preset": row.preset, "overrides": row.overrides,
@@ -182,7 +169,7 @@ def _copy_result(result_path: Path, copy: Path) -> None:
     pair_with_references added (a resumed suite skips finished rows and must not strip their tests)."""
     copy.parent.mkdir(parents=True, exist_ok=True)
     if copy.exists():
-        old, new = json.loads(copy.read_text()), json.loads(result_path.read_text())
+        old, new = read_json(copy), read_json(result_path)
         if "paired_bs" in old and {k: v for k, v in old.items() if k != "paired_bs"} == new:
             return
     shutil.copyfile(result_path, copy)
@@ -226,10 +213,8 @@ def trained_on(run_dir: Path) -> list[str]:
     else the device): a row resumed on another machine names both, where `machine` is the last."""
     path = Path(run_dir) / "run.json"
     try:
-        if path.stat().st_size > 1 << 22:  # aiayn's record is a few kB a session: not one to read whole
-            return []
-        sessions = json.loads(path.read_text()).get("sessions", [])
-    except (OSError, ValueError, AttributeError, RecursionError):
+        sessions = read_json(path, limit=1 << 22).get("sessions", [])  # a few kB a session
+    except FileError:
         return []
     out: list[str] = []
     for s in sessions if isinstance(sessions, list) else []:
@@ -253,8 +238,8 @@ def _check_commit(suite_results: Path, run_dir: Path, allow_mixed: bool) -> None
     seen = set()
     for f in sorted(suite_results.glob("*.json")):
         try:
-            seen.add(json.loads(f.read_text()).get("machine", {}).get("git"))
-        except (OSError, json.JSONDecodeError):
+            seen.add(read_json(f).get("machine", {}).get("git"))
+        except (FileError, AttributeError, TypeError):  # damaged: the rows that read it say so
             continue
     other = sorted(str(c) for c in seen - {now})
     if other and not allow_mixed:
@@ -272,7 +257,7 @@ def pair_with_references(suite: str, results: Path, data_dir: Path, baseline_of)
     folder = Path(results) / suite
     refs = read_text(Path(data_dir), "valid", "tgt")
     for path in sorted(folder.glob("*.json")):
-        r = json.loads(path.read_text())
+        r = read_json(path)
         base = baseline_of(r)
         hyp, base_hyp = folder / f"{r['row']}.valid.hyp.gz", folder / f"{base}.valid.hyp.gz"
         if base is None or "paired_bs" in r or not (hyp.exists() and base_hyp.exists()):
@@ -293,8 +278,8 @@ def seed_matched(r: dict) -> str | None:
 def _same_row(path: Path, row: Row, common: dict[str, Any]) -> bool:
     """A result file written for this very row: same preset, overrides, seed and suite settings."""
     try:
-        r = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
+        r = read_json(Path(path))
+    except FileError:
         return False
     return (r.get("preset"), r.get("overrides"), r.get("seed"), r.get("common")) == (
         row.preset, row.overrides, row.seed, common)

@@ -25,7 +25,7 @@ from ..checkpoint import (
 )
 from ..config import Config
 from ..device import cpu_label, huge_pages, native_bf16, pick_device
-from ..files import atomic_write, digest
+from ..files import FileError, atomic_write, digest, read_bounded, read_json
 from ..models.linear import kernel_cache, onednn_available, onednn_trains
 from ..presets import TRAIN_LIMITS
 from ..version import __version__
@@ -140,16 +140,15 @@ class Run:
         path = self.path / "metrics.jsonl"
         if not path.exists():
             return
-        rows = path.read_text().splitlines(keepends=True)
-        kept = []
-        for row in rows:
-            try:
-                record = json.loads(row)
-            except json.JSONDecodeError:  # a line cut short by a kill
-                continue
-            at = record.get("step", 0)
-            if at < step or at == step and (validated or "valid_loss" not in record):
-                kept.append(row)
+        try:
+            rows = read_bounded(path).splitlines(keepends=True)
+        except FileError as e:  # not text, too big, not a file: kept aside, not lost, and a new one started
+            aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+            os.replace(path, aside)
+            log.warning("%s; kept as %s, and a new one started", e, aside.name)
+            return
+        kept = [row for row, record in zip(rows, map(_metric, rows), strict=True) if record is not None and (
+            record["step"] < step or record["step"] == step and (validated or "valid_loss" not in record))]
         if len(kept) != len(rows):
             atomic_write(path, "".join(kept).encode())
 
@@ -160,6 +159,24 @@ class Run:
                 return s
         return None
 
+
+def _metric(line: str) -> dict | None:
+    """One row of metrics.jsonl: its numbers, with a step; None for a line cut short by a kill or not a record."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    record = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return record if "step" in record else None
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """A run's metrics.jsonl (§5's curves), read as untrusted input (files.read_bounded): one dict of numbers
+    per training or validation row; lines that are not such a row are skipped; [] before the first row."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return [r for r in map(_metric, read_bounded(path).splitlines()) if r is not None] if path.exists() else []
 
 class LossWindow:
     """§5's training loss per target token over the updates since the last log. Its sums go into
@@ -294,10 +311,10 @@ def record_start(run: Run, data_dir: Path, cfg: Config, env: Dist, resumed: bool
 
     path = run.path / "run.json"
     try:
-        record = json.loads(path.read_text()) if resumed and path.exists() else {}
-        if not isinstance(record, dict) or not isinstance(record.get("sessions", []), list):
+        record = read_json(path) if resumed and path.exists() else {}
+        if not isinstance(record.get("sessions", []), list):
             raise ValueError("not a mapping with a list of sessions")
-    except (ValueError, RecursionError, UnicodeDecodeError) as e:  # its history kept aside, not lost
+    except ValueError as e:  # unreadable, not JSON, too big (FileError is a ValueError): kept aside, not lost
         aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
         os.replace(path, aside)
         log.warning("%s is damaged (%s); kept as %s, and a new one started", path, str(e)[:80], aside.name)

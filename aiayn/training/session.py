@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from ..checkpoint import CheckpointError, list_checkpoints, load_into, read_meta
 from ..config import Config, apply_overrides, load_yaml
 from ..data.prepare import check_vocabulary, vocabulary_size
 from ..device import TRAIN_PRECISIONS, cpu_label, inductor_cache, resolve_precision
-from ..files import hold_data, lock_run
+from ..files import hold_data, lock_run, read_json
 from .runs import Dist, Run, cpu_paths, leave, progress_log, record_start, setup
 from .trainer import Trainer
 
@@ -96,9 +95,9 @@ def _resumed(run: Run, data_dir: Path | None, overrides: dict | None) -> tuple[C
         cfg.train.tokens_per_update = 0  # written before the setting existed: update_freq sized the update
     cfg = apply_overrides(cfg, overrides or {}).validate()
     try:
-        meta = json.loads((run.path / "run.json").read_text())
+        meta = read_json(run.path / "run.json")  # bounded, a JSON object: else a FileError (a ValueError)
         data_dir = Path(meta["data_dir"]) if data_dir is None else data_dir
-    except (ValueError, KeyError, TypeError, RecursionError, UnicodeDecodeError):
+    except (ValueError, KeyError, TypeError):
         if data_dir is None:
             raise CheckpointError(f"{run.path / 'run.json'}: damaged (no data_dir); resume with --data "
                                   "PREPARED_DIR (the damaged file is then kept aside)") from None

@@ -12,6 +12,7 @@ from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import EOS, PAD, Tokenizer
 from aiayn.decode.translator import Translator, attention_data
 from aiayn.models.transformer import Transformer
+from aiayn.training.runs import read_metrics
 
 
 @pytest.fixture
@@ -66,6 +67,19 @@ def test_curves_from_metrics(tmp_path):
     assert out.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(FileNotFoundError):
         plot_curves(tmp_path / "nope", tmp_path / "x.png")
+
+
+def test_curves_skip_what_is_not_a_row_of_numbers(tmp_path):
+    """metrics.jsonl is read as untrusted: a line cut short by a kill, JSON that is not a record, nesting past
+    Python's recursion limit, a value that is not a number, a row without a step: skipped, never a traceback."""
+    run = tmp_path / "run"
+    run.mkdir()
+    good = [{"step": s, "lr": 1e-3, "loss": 5.0 - s, "ppl": 40.0} for s in (1, 2)]
+    junk = ['{"step": 3, "loss": 2.', "7", "[1, 2]", "[" * 100_000 + "]" * 100_000, '{"loss": 1.0}',
+            '{"step": 4, "loss": "x", "ppl": true}', '{"step": 5, "loss": 1.5}']
+    (run / "metrics.jsonl").write_text("\n".join([*map(json.dumps, good), *junk]) + "\n")
+    assert read_metrics(run) == [*good, {"step": 4}, {"step": 5, "loss": 1.5}]
+    assert plot_curves(run, tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"  # row 5 has no ppl: drawn without
 
 
 def test_plot_cli(toy_prepared, tmp_path, capsys):
