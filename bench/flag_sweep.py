@@ -138,7 +138,7 @@ def main() -> int:
             shutil.copytree(template, w, symlinks=True)
             work.append(([a.replace("{w}", str(w)) for a in argv], w))
         results = run_many(work, jobs=args.jobs, timeout=args.timeout)
-    table, failures = {}, []
+    table, failures, slow = {}, [], []
     for (verb, argv), r in zip(todo, results, strict=True):
         row = table.setdefault(verb, {"cases": 0, "ran": 0, "one_line_errors": 0, "timeouts": 0, "tracebacks": 0})
         row["cases"] += 1
@@ -147,11 +147,13 @@ def main() -> int:
         row[kind] += 1
         if kind == "tracebacks":
             failures.append({"argv": argv, "returncode": r.returncode, "stderr_tail": r.stderr[-600:]})
+        elif kind == "timeouts":  # kept, to tell a slow valid run from a hang
+            slow.append({"argv": argv, "stderr_tail": r.stderr[-300:]})
     print(f"{'verb':<10}{'cases':>7}{'ran':>6}{'1-line errors':>15}{'timeouts':>10}{'tracebacks':>12}")
     for verb, row in table.items():
         print(f"{verb:<10}{row['cases']:>7}{row['ran']:>6}{row['one_line_errors']:>15}{row['timeouts']:>10}"
               f"{row['tracebacks']:>12}")
-    Path(args.out).write_text(json.dumps({"by_verb": table, "failures": failures}, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps({"by_verb": table, "failures": failures, "timeouts": slow}, indent=1) + "\n")
     for f in failures:
         print("traceback:", " ".join(f["argv"])[:200], "->", f["stderr_tail"].strip().splitlines()[-1][:200])
     return 1 if failures else 0

@@ -440,3 +440,16 @@ def test_the_flag_sweep_builds_its_workspace_and_finds_no_traceback(tmp_path):
     assert table["score"]["cases"] == 3 * 4 and table["params"]["cases"] == 3 * 2  # --hyp --ref --pcfg --lang
     assert table["config"]["cases"] == 3 * len(config_keys()) and table["config"]["one_line_errors"] > 100
     assert all(row["tracebacks"] == 0 for row in table.values())
+
+
+@pytest.mark.slow
+def test_damaged_own_files_end_in_one_line_or_run(tmp_path):
+    """bench/damaged_files.py: each file aiayn writes for itself (metrics.jsonl, run.json, config.yaml,
+    manifest.json) damaged seven ways under every verb that reads it: no traceback, no hang (a FIFO)."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "damaged_files.py"
+    res = subprocess.run([sys.executable, str(script), "--timeout", "60", "--out", str(tmp_path / "d.json")],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    cases = json.loads((tmp_path / "d.json").read_text())["cases"]
+    assert len(cases) == 4 * 7 * 2 and not any(c["hang"] or c["traceback"] for c in cases)
+    assert sum(c["exit"] == 2 for c in cases) >= 30  # most are refused in one line; the rest run (kept aside)
