@@ -81,9 +81,9 @@ def digest(path: str | Path, algorithm: str = "sha256", gunzip: bool = False) ->
 RECORD_MAX_BYTES = 1 << 26
 
 
-def read_bounded(path: str | Path, limit: int = RECORD_MAX_BYTES) -> str:
-    """A file's text, read as untrusted: a regular file (a folder, a FIFO that would block or a device
-    is refused without reading), at most `limit` bytes, UTF-8. Otherwise FileError naming the file."""
+def read_bytes(path: str | Path, limit: int = RECORD_MAX_BYTES) -> bytes:
+    """A file's bytes, read as untrusted: a regular file (a folder, a FIFO that would block or a device
+    is refused without reading) of at most `limit` bytes. Otherwise FileError naming the file."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -101,8 +101,13 @@ def read_bounded(path: str | Path, limit: int = RECORD_MAX_BYTES) -> str:
         os.close(fd)
     if st.st_size > limit or len(data) > limit:
         raise FileError(f"{path}: {max(st.st_size, len(data)):,} bytes, more than such a file holds ({limit:,})")
+    return data
+
+
+def read_bounded(path: str | Path, limit: int = RECORD_MAX_BYTES) -> str:
+    """A file's text, read as untrusted (read_bytes), and UTF-8; otherwise FileError naming the file."""
     try:
-        return data.decode("utf-8")
+        return read_bytes(path, limit).decode("utf-8")
     except UnicodeDecodeError as e:
         raise FileError(f"{path}: not a text file (invalid UTF-8 at byte {e.start})") from None
 

@@ -11,6 +11,9 @@ from collections.abc import Iterable
 import sentencepiece as spm
 
 from ..errors import AiaynError
+from ..files import read_bytes
+
+MAX_VOCABULARY_BYTES = 1 << 26  # a 37,000-piece SentencePiece model is ~1 MB: a stray huge file is never read
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3  # fixed ids, the same in every vocabulary
 
@@ -59,8 +62,7 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str) -> Tokenizer:
-        with open(path, "rb") as f:
-            return cls(f.read())
+        return cls(read_bytes(path, MAX_VOCABULARY_BYTES))
 
     def __len__(self) -> int:
         return self.sp.get_piece_size()
@@ -152,11 +154,10 @@ def read_tokenizer(data: bytes) -> Tokenizer | SplitTokenizer:
                 and isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
             raise ValueError("pieces must be strings and marian_ids integers")
         source, target = (base64.b64decode(d[k], validate=True) for k in ("source_spm", "target_spm"))
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise TokenizerError(f"damaged split vocabulary ({str(e)[:120]})") from None
     return SplitTokenizer(source, target, pieces, ids)
 
 
 def load_tokenizer(path: str) -> Tokenizer | SplitTokenizer:
-    with open(path, "rb") as f:
-        return read_tokenizer(f.read())
+    return read_tokenizer(read_bytes(path, MAX_VOCABULARY_BYTES))  # bounded: a FIFO or a stray huge file refused

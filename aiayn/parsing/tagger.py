@@ -80,7 +80,7 @@ class Tagger:
             p = _perceptron()
             p.model.weights, p.tagdict, p.classes = d["weights"], d["tagdict"], set(d["classes"])
             p.model.classes = p.classes
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             raise TaggerError(f"{where}: not a tagger ({type(e).__name__}: {e})") from None
         return cls(p)
 

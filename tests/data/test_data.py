@@ -298,3 +298,23 @@ def test_an_enormous_line_is_dropped_before_it_is_encoded(toy_corpus, tmp_path, 
     stats = prepare({n: (tmp_path / f"{n}.en", tmp_path / f"{n}.de") for n in ("train", "valid")},
                     tmp_path / "prep", "en", "de", vocab_size=60, max_len=32)["splits"]["train"]
     assert longest[0] < 1024 * 32 and stats["dropped_too_long"] >= 1
+
+
+def test_a_vocabulary_file_is_read_bounded(tmp_path):
+    """spm.model is read as untrusted: a FIFO (a read would wait forever) and a file past the bound are
+    refused without being read, and a split vocabulary nested past the recursion limit is one error."""
+    import os
+
+    from aiayn.data import tokenizer as tk
+    from aiayn.files import FileError
+
+    os.mkfifo(tmp_path / "fifo.model")
+    with pytest.raises(FileError, match="not a regular file"):
+        tk.load_tokenizer(str(tmp_path / "fifo.model"))
+    with open(tmp_path / "huge.model", "wb") as f:
+        f.truncate(tk.MAX_VOCABULARY_BYTES + 1)
+    with pytest.raises(FileError, match="more than such a file holds"):
+        tk.Tokenizer.load(str(tmp_path / "huge.model"))
+    nested = b'{"format": "' + tk.SPLIT_FORMAT.encode() + b'", "pieces": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(tk.TokenizerError, match="damaged split vocabulary"):
+        tk.read_tokenizer(nested)

@@ -163,3 +163,10 @@ def test_prepare_with_tags_train_and_parse_end_to_end(tmp_path):
     assert p.returncode == 2
     assert "train.src.tag.npy is missing: model.tag_input needs data prepared with tags" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_a_tagger_nested_past_the_recursion_limit_is_one_error():
+    from aiayn.parsing.tagger import Tagger, TaggerError
+
+    with pytest.raises(TaggerError, match="not a tagger"):
+        Tagger.from_json('{"weights": ' + "[" * 100_000 + "]" * 100_000 + "}", "tagger.json")
