@@ -72,7 +72,8 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
     translator = Translator.load(checkpoint, device=device, precision=precision)
     check_vocabulary(translator.tokenizer.proto, data_dir)
     if max(beams) > len(translator.tokenizer):
-        raise ConfigError(f"--beams {max(beams)}: larger than the model's vocabulary ({len(translator.tokenizer)})")
+        raise ConfigError(f"beam size {max(beams)} (--beams, `beams`) is larger than the model's vocabulary "
+                          f"({len(translator.tokenizer)})")
     ids = translator.encode_sources(src)
     points = []
     for beam in beams:
