@@ -12,7 +12,7 @@ from ..data.prepare import PREPARED, Task, check_prepared_output, prepare
 from ..data.text import read_lines
 from ..data.tokenizer import Tokenizer
 from ..files import add_to_marker
-from .tagger import Tagger, jackknife, write_tag_arrays
+from .tagger import Tagger, jackknife, tagger_text, write_tag_arrays
 from .trees import TreeError, is_bracket, read_trees, write_splits
 
 log = logging.getLogger("aiayn")
@@ -62,5 +62,5 @@ def _read_tagging(folder: Path) -> tuple[Tagger, dict[str, list[str]]]:
     """The tagger and jackknifed training tags that _train_tagger wrote into a prepared folder."""
     words = [" ".join(t.words()) for t in read_trees((folder / "train.gold.mrg").read_text())]
     tags = read_lines(folder / "raw" / "train.tags")
-    tagger = Tagger.from_json((folder / "tagger.json").read_text(), str(folder / "tagger.json"))
+    tagger = Tagger.from_json(tagger_text(folder), str(folder / "tagger.json"))
     return tagger, {w: t.split() for w, t in zip(words, tags)}

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..data.tokenizer import PAD
 from ..errors import AiaynError
-from ..files import atomic_write
+from ..files import atomic_write, read_bounded
 
 # The Penn Treebank's 45 tags. Id 0 is no tag (padding, end of sentence); any other label is OTHER.
 TAGSET = ("#", "$", "''", ",", "-LRB-", "-RRB-", ".", ":", "CC", "CD", "DT", "EX", "FW", "IN", "JJ", "JJR",
@@ -83,6 +83,15 @@ class Tagger:
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             raise TaggerError(f"{where}: not a tagger ({type(e).__name__}: {e})") from None
         return cls(p)
+
+
+TAGGER_MAX_BYTES = 1 << 28  # a perceptron tagger of the whole WSJ is tens of MB
+
+
+def tagger_text(data_dir: Path) -> str:
+    """A prepared parse folder's tagger.json, read as untrusted (files.read_bounded): its text, for
+    Tagger.from_json and for the checkpoint that carries it."""
+    return read_bounded(Path(data_dir) / "tagger.json", TAGGER_MAX_BYTES)
 
 
 def jackknife(sents: list[list[tuple[str, str]]], folds: int = FOLDS) -> list[list[str]]:

@@ -36,7 +36,7 @@ from ..data.batches import TokenData, collate
 from ..data.prepare import check_vocabulary, load_manifest, read_text
 from ..data.tokenizer import load_tokenizer
 from ..parsing.model import attach_tagger, build_any
-from ..parsing.tagger import Tagger
+from ..parsing.tagger import Tagger, tagger_text
 from . import guided
 from .optim import learning_rate, make_optimizer
 from .runs import (
@@ -98,7 +98,7 @@ class Trainer:
         settings = self.manifest["settings"]
         self.task = {k: settings[k] for k in ("task", "linearization") if k in settings}  # §6.3 models say so
         if tags:  # checkpoints carry the tagger, so a parser tags its own input
-            self.task["tagger"] = (self.data_dir / "tagger.json").read_text()
+            self.task["tagger"] = tagger_text(self.data_dir)
             attach_tagger(self.model, Tagger.from_json(self.task["tagger"]), self.tokenizer)
         k = cfg.train.valid_bleu_sentences
         self.v_src = read_text(self.data_dir, "valid", "src", self.manifest)[:k]

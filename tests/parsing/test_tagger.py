@@ -170,3 +170,15 @@ def test_a_tagger_nested_past_the_recursion_limit_is_one_error():
 
     with pytest.raises(TaggerError, match="not a tagger"):
         Tagger.from_json('{"weights": ' + "[" * 100_000 + "]" * 100_000 + "}", "tagger.json")
+
+
+def test_a_tagger_file_is_read_bounded(tmp_path):
+    """tagger.json of a prepared parse folder is read as untrusted: a FIFO is refused, not waited on."""
+    import os
+
+    from aiayn.files import FileError
+    from aiayn.parsing.tagger import tagger_text
+
+    os.mkfifo(tmp_path / "tagger.json")
+    with pytest.raises(FileError, match="tagger.json: not a regular file"):
+        tagger_text(tmp_path)
