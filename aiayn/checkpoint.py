@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -224,9 +225,30 @@ def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor], path: Pa
             p.copy_(tensors[name])
 
 
+STATE_SLACK_BYTES = 64 << 20  # RNG, data position and pickle beside the optimizer's moments
+
+
+def state_bound(path: Path) -> int:
+    """What NAME.state.pt may hold, unpacked: Adam's two moments are twice the fp32 weights in
+    NAME.safetensors beside it; 8x their size (weights stored in 16 bits) plus 64 MiB."""
+    weights = Path(path).with_name(Path(path).name.replace(".state.pt", ".safetensors"))
+    return 8 * (weights.stat().st_size if weights.is_file() else 0) + STATE_SLACK_BYTES
+
+
 def load_state(path: Path) -> dict[str, Any]:
+    """NAME.state.pt, its records' unpacked sizes checked against `state_bound` before torch reads it
+    (torch allocates each record's declared size: a small deflated file could claim gigabytes)."""
     if not Path(path).is_file():
         raise CheckpointError(f"training state not found: {path}")
+    try:
+        with zipfile.ZipFile(path) as z:
+            unpacked = sum(info.file_size for info in z.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise CheckpointError(f"{path}: corrupt training state, not the zip torch.save writes "
+                              f"({type(e).__name__})") from None
+    if unpacked > state_bound(path):
+        raise CheckpointError(f"{path}: corrupt training state: its records unpack to {unpacked:,} bytes, more "
+                              f"than the {state_bound(path):,} a state beside its weights may hold")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's advice to unpickle unsafely is not for us

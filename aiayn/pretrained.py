@@ -13,6 +13,7 @@ Weights are read from model.safetensors only (a pytorch_model.bin is a pickle: n
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from .models.build import build_model, shapes_only
 
 MAX_JSON = 64 << 20  # config.json, vocab.json, tokenizer_config.json
 MAX_SPM = 64 << 20
+_RECOMPUTED = ("embed_positions.weight", "final_logits_bias")  # sinusoids HF rebuilds; the bias is read apart
 _ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
 # keys of older Marian configs that describe another architecture when set the other way
 _NOT_THE_PAPER = {"normalize_before": False, "add_final_layer_norm": False, "normalize_embedding": False,
@@ -54,6 +56,17 @@ def _json(path: Path) -> Any:
         raise PretrainedError(f"{path}: not JSON ({str(e)[:100]})") from None
 
 
+def _typed(hf: dict, path: Path, name: str, kind: type, default: Any) -> Any:
+    """hf[name] (or its default) if it is a JSON value of KIND: a count is not true, a switch not "yes"."""
+    value = hf.get(name, default)
+    ok = (isinstance(value, bool) or value in (0, 1) if kind is bool else not isinstance(value, bool) and (
+        isinstance(value, int) if kind is int else isinstance(value, (int, float)) and math.isfinite(value)))
+    if not ok:
+        want = {int: "an integer", float: "a finite number", bool: "true or false"}[kind]
+        raise PretrainedError(f"{path}: {name} is {value!r}, not {want}")
+    return kind(value)
+
+
 def model_config(hf: dict, path: Path) -> ModelConfig:
     """The aiayn ModelConfig of a MarianConfig dict, or a PretrainedError naming the key."""
     def key(name: str, default: Any = None) -> Any:
@@ -62,7 +75,7 @@ def model_config(hf: dict, path: Path) -> ModelConfig:
     if key("model_type") != "marian":
         raise PretrainedError(f"{path}: model_type is {key('model_type')!r}; aiayn imports 'marian' models only")
     for name, paper in _NOT_THE_PAPER.items():
-        if name in hf and bool(hf[name]) != paper:
+        if name in hf and _typed(hf, path, name, bool, paper) != paper:
             raise PretrainedError(f"{path}: {name} is {hf[name]!r}: not the paper's architecture (§3); aiayn "
                                   "imports post-norm models with sinusoidal positions and no extra norms only")
     for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
@@ -72,18 +85,24 @@ def model_config(hf: dict, path: Path) -> ModelConfig:
         raise PretrainedError(f"{path}: decoder_vocab_size {key('decoder_vocab_size')} differs from vocab_size "
                               f"{key('vocab_size')} (separate vocabularies): not supported")
     act = key("activation_function", "gelu")
-    if act not in _ACTIVATIONS:
+    if not isinstance(act, str) or act not in _ACTIVATIONS:
         raise PretrainedError(f"{path}: activation_function {act!r}; aiayn has relu, swish (silu) and gelu")
+
+    def typed(name: str, kind: type, default: Any = None) -> Any:
+        return _typed(hf, path, name, kind, default)
+
     try:
-        cfg = ModelConfig(vocab_size=int(key("vocab_size")), d_model=int(key("d_model")),
-                          d_ff=int(key("encoder_ffn_dim")), h=int(key("encoder_attention_heads")),
-                          N=int(key("encoder_layers")), N_dec=int(key("decoder_layers")),
-                          p_drop=float(key("dropout", 0.1)), attn_drop=float(key("attention_dropout", 0.0)),
-                          max_positions=int(key("max_position_embeddings", 512)), activation=_ACTIVATIONS[act],
-                          scale_embedding=bool(key("scale_embedding", False)),
-                          share_embeddings=bool(key("share_encoder_decoder_embeddings", True)))
+        cfg = ModelConfig(vocab_size=typed("vocab_size", int), d_model=typed("d_model", int),
+                          d_ff=typed("encoder_ffn_dim", int), h=typed("encoder_attention_heads", int),
+                          N=typed("encoder_layers", int), N_dec=typed("decoder_layers", int),
+                          p_drop=typed("dropout", float, 0.1), attn_drop=typed("attention_dropout", float, 0.0),
+                          max_positions=typed("max_position_embeddings", int, 512), activation=_ACTIVATIONS[act],
+                          scale_embedding=typed("scale_embedding", bool, False),
+                          share_embeddings=typed("share_encoder_decoder_embeddings", bool, True))
         cfg.validate()
     except (TypeError, ValueError, AiaynError) as e:
+        if isinstance(e, PretrainedError):
+            raise
         raise PretrainedError(f"{path}: {e}") from None
     return cfg
 
@@ -103,7 +122,7 @@ def read_vocabulary(folder: Path, hf: dict) -> SplitTokenizer:
     piece = {i: p for p, i in vocab.items()}
     special = [hf.get("pad_token_id"), vocab.get("<unk>"), hf.get("decoder_start_token_id"), hf.get("eos_token_id")]
     for name, i in zip(("pad_token_id", "<unk> in vocab.json", "decoder_start_token_id", "eos_token_id"), special):
-        if not isinstance(i, int) or not 0 <= i < V:
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < V:
             raise PretrainedError(f"{folder}: {name} is {i!r}, not an id of the vocabulary")
     if len({special[0], special[1], special[3]}) < 3:
         raise PretrainedError(f"{folder}: pad, <unk> and eos must be three different ids, got {special}")
@@ -173,9 +192,27 @@ def read_weights(path: Path, cfg: ModelConfig, rows: list[int], shapes: dict[str
                 out[name] = {"rows": lambda t: t[rows_t][:, inv], "logits": lambda t: t[0, rows_t],
                              "reads": lambda t: t[:, inv], "writes": lambda t: t[inv], "norm": lambda t: t[inv],
                              "vector": lambda t: t[inv], "plain": lambda t: t}[kind](t).contiguous()
+            _check_unread(f, path, _names(cfg))
     except (SafetensorError, OSError) as e:
         raise PretrainedError(f"{path}: not a readable safetensors file ({str(e)[:120]})") from None
     return out
+
+
+def _check_unread(f, path: Path, names: dict[str, tuple[list[str], str]]) -> None:
+    """Every tensor of the file is read, or one HF recomputes (positions) or reads apart (the logits'
+    bias); an lm_head tied to the embedding is its copy. Else config.json describes less than the file."""
+    present = set(f.keys())
+    read = {c for candidates, _ in names.values() for c in candidates}
+    left = sorted(n for n in present - read - {"lm_head.weight"} if not n.endswith(_RECOMPUTED))
+    if left:
+        raise PretrainedError(f"{path}: {len(left)} tensor(s) config.json does not describe, e.g. {left[0]} (more "
+                              "layers than it says, or parts of another architecture); nothing imported")
+    if "lm_head.weight" in present and "lm_head.weight" not in read:
+        tied = next(c for c in ("model.decoder.embed_tokens.weight", "model.shared.weight") if c in present)
+        if f.get_slice("lm_head.weight").get_shape() != f.get_slice(tied).get_shape() or not torch.equal(
+                f.get_tensor("lm_head.weight"), f.get_tensor(tied)):
+            raise PretrainedError(f"{path}: lm_head.weight differs from {tied} while config.json shares the "
+                                  "embeddings (tie_word_embeddings false): an untied output layer is not supported")
 
 
 def import_hf(folder: Path) -> tuple[torch.nn.Module, Config, SplitTokenizer, dict[str, Any]]:

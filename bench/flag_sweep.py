@@ -9,7 +9,9 @@ file), every config key through `aiayn config`, and the keys that only matter at
 1-update `aiayn train`. Each is a process of its own (tests/cli_forks.py: forks of one that imported
 torch once). A case passes when it exits 0, or 2 with no traceback; a timeout is reported apart
 (a slow but valid run). Prints a table by verb, writes the failures as JSON, exits 1 if any.
-`serve` (a valid case serves forever) and `import` (it reads Hugging Face folders) are not swept.
+`serve` runs with --port 0 under a 10 s alarm: a case that reached "Uvicorn running on" counts as run.
+`marian`: `aiayn import hf` of an exported MarianMTModel folder whose config.json / tokenizer_config.json
+has one key set to an odd JSON value (or removed), as a downloaded folder may.
 """
 
 from __future__ import annotations
@@ -56,7 +58,11 @@ BASE = {  # a valid command line per verb; each flag is then given each odd valu
     "plot": ["attention", "--checkpoint", M, "--src", "a dog", "-o", "{w}/pl"],
     "export": ["hf", "--checkpoint", M, "-o", "{w}/ex"],
     "reproduce": ["--suite", "table1", "--report", "{w}/rep", "--render-only"],
+    "import": ["hf", "{w}/hf", "-o", "{w}/imp.safetensors"],
+    "serve": ["--checkpoint", M, "--port", "0"],  # port 0: the system picks one, so cases never collide
 }
+SERVE_S = 10  # a valid serve case serves until this alarm; it counts as run once uvicorn said it listens
+ODD_JSON = [-1, 0, 1e308, 10 ** 30, "", None, True, [1, 2], {"a": 1}, "nan", "<drop>"]  # "<drop>": key removed
 SKIP = {"--device", "--mirror", "--corpus"}  # devices this machine lacks; the network
 
 
@@ -74,6 +80,8 @@ def workspace(w: Path, multi30k: Path) -> None:
                   "--train.save_every", "2"]):
         subprocess.run([*aiayn, *map(str, argv)], check=True, capture_output=True, cwd=w)
     shutil.copy(w / "run/checkpoints/step-00000004.safetensors", w / "m.safetensors")
+    subprocess.run([*aiayn, "export", "hf", "--checkpoint", str(w / "m.safetensors"), "-o", str(w / "hf")],
+                   check=True, capture_output=True, cwd=w)
     (w / "in.txt").write_text("a dog runs\ntwo men\n")
     for name in ("h.txt", "r.txt"):
         (w / name).write_text("".join((w / "valid.de").read_text().splitlines(keepends=True)[:5]))
@@ -93,7 +101,8 @@ def flags(verb: str) -> list[tuple[str | None, str]]:
     return out
 
 
-def cases(verbs: list[str], short: bool) -> list[tuple[str, list[str]]]:
+def cases(verbs: list[str], short: bool, template: Path) -> list[tuple[str, list[str], tuple | None]]:
+    """(verb, argv, edit) per case; edit is (file, key, JSON value) to write into the case's copy first."""
     odd, odd_key = (ODD[:3], ODD_KEY[:3]) if short else (ODD, ODD_KEY)
     out = []
     for verb in [v for v in verbs if v in BASE]:
@@ -106,18 +115,32 @@ def cases(verbs: list[str], short: bool) -> list[tuple[str, list[str]]]:
                     argv[argv.index(flag) + 1] = value
                 else:
                     argv += [flag, value]
-                out.append((verb, [verb, *argv]))
+                out.append((verb, [verb, *argv], None))
     if "config" in verbs:
-        out += [("config", ["config", f"--{key}", v]) for key in config_keys() for v in odd_key]
+        out += [("config", ["config", f"--{key}", v], None) for key in config_keys() for v in odd_key]
     if "train" in verbs:
-        out += [("train", ["train", "--data", PREP, "--run-dir", "{w}/nr", *TINY, f"--{key}", v])
+        out += [("train", ["train", "--data", PREP, "--run-dir", "{w}/nr", *TINY, f"--{key}", v], None)
                 for key in RUNTIME for v in ["9" * 30, "-1", "0", "1e309", "1000000"][:3 if short else 5]]
+    if "marian" in verbs:  # a downloaded MarianMTModel folder is untrusted: each key of its JSON files, odd
+        for name in ("config.json", "tokenizer_config.json"):
+            keys = json.loads((template / "hf" / name).read_text())
+            out += [("marian", ["import", *BASE["import"]], (name, key, v))
+                    for key in keys for v in (ODD_JSON[:3] if short else ODD_JSON)]
     return out
+
+
+def edit_json(path: Path, key: str, value) -> None:
+    data = json.loads(path.read_text())
+    if value == "<drop>":
+        data.pop(key)
+    else:
+        data[key] = value
+    path.write_text(json.dumps(data))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--verbs", default=",".join([*BASE, "config", "train"]))
+    ap.add_argument("--verbs", default=",".join([*BASE, "config", "train", "marian"]))
     ap.add_argument("--multi30k", default=os.environ.get("AIAYN_DATA", str(ROOT.parent / "shared/data/multi30k")))
     ap.add_argument("--short", action="store_true", help="3 values a flag (for the tests)")
     ap.add_argument("--jobs", type=int, default=2)
@@ -125,37 +148,55 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "flag_sweep.json"))
     args = ap.parse_args()
     verbs = [v for v in args.verbs.split(",") if v]
-    unknown = [v for v in verbs if v not in BASE and v not in ("config", "train")]
+    unknown = [v for v in verbs if v not in BASE and v not in ("config", "train", "marian")]
     if unknown:
         print(f"flag_sweep: error: verbs not swept: {', '.join(unknown)}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="aiayn-sweep-") as tmp:
-        template, todo = Path(tmp) / "template", cases(verbs, args.short)
+        template = Path(tmp) / "template"
         workspace(template, Path(args.multi30k))
+        todo = cases(verbs, args.short, template)
         work = []
-        for i, (_, argv) in enumerate(todo):  # each case in its own copy: what one writes, another never sees
+        for i, (_, argv, edit) in enumerate(todo):  # each case in its own copy: what one writes, another never sees
             w = Path(tmp) / str(i)
             shutil.copytree(template, w, symlinks=True)
+            if edit:
+                edit_json(w / "hf" / edit[0], edit[1], edit[2])
             work.append(([a.replace("{w}", str(w)) for a in argv], w))
-        results = run_many(work, jobs=args.jobs, timeout=args.timeout)
-    table, failures, slow = {}, [], []
-    for (verb, argv), r in zip(todo, results, strict=True):
+        serving = [i for i, (verb, _, _) in enumerate(todo) if verb == "serve"]
+        rest = [i for i in range(len(todo)) if i not in set(serving)]
+        results = {}
+        for group, timeout in ((rest, args.timeout), (serving, SERVE_S)):
+            if group:
+                results |= dict(zip(group, run_many([work[i] for i in group], jobs=args.jobs, timeout=timeout)))
+    table, failures, slow, accepted = {}, [], [], []
+    for i, (verb, argv, edit) in enumerate(todo):
+        r = results[i]
         row = table.setdefault(verb, {"cases": 0, "ran": 0, "one_line_errors": 0, "timeouts": 0, "tracebacks": 0})
         row["cases"] += 1
-        kind = ("timeouts" if r.returncode == -14 else "tracebacks" if r.returncode not in (0, 2) or
-                "Traceback" in r.stderr else "ran" if r.returncode == 0 else "one_line_errors")
+        listening = verb == "serve" and r.returncode == -14 and "Uvicorn running on" in r.stderr
+        kind = ("ran" if listening else "timeouts" if r.returncode == -14 else "tracebacks"
+                if r.returncode not in (0, 2) or "Traceback" in r.stderr else "ran" if r.returncode == 0
+                else "one_line_errors")
         row[kind] += 1
+        case = {"argv": argv, **({"edit": list(edit)} if edit else {})}
         if kind == "tracebacks":
-            failures.append({"argv": argv, "returncode": r.returncode, "stderr_tail": r.stderr[-600:]})
+            failures.append({**case, "returncode": r.returncode, "stderr_tail": r.stderr[-600:]})
         elif kind == "timeouts":  # kept, to tell a slow valid run from a hang
-            slow.append({"argv": argv, "stderr_tail": r.stderr[-300:]})
+            slow.append({**case, "stderr_tail": r.stderr[-300:]})
+        elif kind == "ran" and edit:  # an odd value imported without a word: read to judge it harmless
+            accepted.append(edit)
     print(f"{'verb':<10}{'cases':>7}{'ran':>6}{'1-line errors':>15}{'timeouts':>10}{'tracebacks':>12}")
     for verb, row in table.items():
         print(f"{verb:<10}{row['cases']:>7}{row['ran']:>6}{row['one_line_errors']:>15}{row['timeouts']:>10}"
               f"{row['tracebacks']:>12}")
-    Path(args.out).write_text(json.dumps({"by_verb": table, "failures": failures, "timeouts": slow}, indent=1) + "\n")
+    found = {"by_verb": table, "failures": failures, "timeouts": slow}
+    if accepted:
+        found["marian_accepted"] = accepted
+    Path(args.out).write_text(json.dumps(found, indent=1) + "\n")
     for f in failures:
-        print("traceback:", " ".join(f["argv"])[:200], "->", f["stderr_tail"].strip().splitlines()[-1][:200])
+        last = f["stderr_tail"].strip().splitlines()[-1][:200]
+        print("traceback:", " ".join(f["argv"])[:200], f.get("edit", ""), "->", last)
     return 1 if failures else 0
 
 

@@ -202,6 +202,13 @@ CLI_CASES = [
                                                             "--client-share", "1.5"], ["--client-share", "1.5"]),
     ("server allowing a malformed host pattern", ["serve", "--checkpoint", "{w}/model.safetensors", "--allow-host",
                                                   "ex*ample.com"], ["--allow-host", "ex*ample.com"]),
+    ("server on a port past 65535", ["serve", "--checkpoint", "{w}/model.safetensors", "--port", "70000"],
+     ["--port", "0..65535", "70000"]),
+    ("server on a host name that does not resolve", ["serve", "--checkpoint", "{w}/model.safetensors", "--host",
+                                                     "nothere.invalid", "--port", "0"],
+     ["--host", "nothere.invalid", "cannot listen"]),
+    ("server on an address not this machine's", ["serve", "--checkpoint", "{w}/model.safetensors", "--host",
+                                                 "192.0.2.1", "--port", "0"], ["192.0.2.1", "cannot listen"]),
     # folders aiayn did not write are refused, never cleared (export ct2 once deleted them)
     ("export hf into a foreign folder", ["export", "hf", "--checkpoint", "{w}/model.safetensors", "-o", "{w}/precious"],
      ["precious", "not empty", "notes.txt"]),
@@ -432,14 +439,16 @@ def test_http_bad_input(client, name, body, status, fragment):
 
 @pytest.mark.slow
 def test_the_flag_sweep_builds_its_workspace_and_finds_no_traceback(tmp_path):
-    """bench/flag_sweep.py --short on two verbs and the config keys: every case ends in 0 or one line."""
+    """bench/flag_sweep.py --short on two verbs, the config keys and the keys of an exported MarianMTModel
+    folder's JSON files under `import hf`: every case ends in 0 or one line."""
     script = Path(__file__).resolve().parents[1] / "bench" / "flag_sweep.py"
-    res = subprocess.run([sys.executable, str(script), "--verbs", "score,params,config", "--short", "--out",
+    res = subprocess.run([sys.executable, str(script), "--verbs", "score,params,config,marian", "--short", "--out",
                           str(tmp_path / "sweep.json")], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     table = json.loads((tmp_path / "sweep.json").read_text())["by_verb"]
     assert table["score"]["cases"] == 3 * 4 and table["params"]["cases"] == 3 * 2  # --hyp --ref --pcfg --lang
     assert table["config"]["cases"] == 3 * len(config_keys()) and table["config"]["one_line_errors"] > 100
+    assert table["marian"]["cases"] >= 3 * 30 and table["marian"]["one_line_errors"] > 40  # the counts, the ids
     assert all(row["tracebacks"] == 0 for row in table.values())
 
 

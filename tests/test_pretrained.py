@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 
 from aiayn.checkpoint import list_checkpoints, read_weights
@@ -178,6 +179,14 @@ def _broken(folder: Path, how: str) -> None:
                     "vocab_size": {"vocab_size": 700, "decoder_vocab_size": 700},
                     "decoder_vocab_size": {"decoder_vocab_size": 900}}[how])
         (folder / "config.json").write_text(json.dumps(cfg))
+    elif how in ("decoder_layers true", "fewer layers than the weights"):
+        cfg["decoder_layers"] = True if how == "decoder_layers true" else 1
+        (folder / "config.json").write_text(json.dumps(cfg))
+    elif how == "untied lm_head":
+        tensors = safetensors.torch.load_file(folder / "model.safetensors")
+        tensors["lm_head.weight"] = tensors["model.shared.weight"] + 1
+        safetensors.torch.save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+        (folder / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
     elif how == "pickle only":
         (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
     elif how == "truncated weights":
@@ -192,6 +201,9 @@ def _broken(folder: Path, how: str) -> None:
     ("static_position_embeddings", "static_position_embeddings is False"),
     ("vocab_size", "config.json's vocab_size 700"), ("decoder_vocab_size", "separate vocabularies"),
     ("pickle only", "pytorch_model.bin, a pickle"),
+    ("decoder_layers true", "decoder_layers is True, not an integer"),
+    ("fewer layers than the weights", "config.json does not describe, e.g. model.decoder.layers.1."),
+    ("untied lm_head", "lm_head.weight differs from model.shared.weight"),
     ("truncated weights", "not a readable safetensors file"),
 ])
 def test_bad_folders_get_one_line_and_nothing_is_written(tmp_path, capsys, how, message):

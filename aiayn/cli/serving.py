@@ -7,6 +7,7 @@ import argparse
 import logging
 import math
 import os
+import socket
 from pathlib import Path
 
 from ..files import check_output_file, check_output_folder
@@ -41,7 +42,24 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
                     keep_alive_s=args.keep_alive, allowed_hosts=serving_hosts(args.host, args.allow_host or []),
                     token=args.token or os.environ.get("AIAYN_SERVE_TOKEN") or None)
     refuse_parser(args.checkpoint, "serve")
+    check_listen(args.host, args.port)
     serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision, args.compile, args.shortlist)
+
+
+def check_listen(host: str, port: int) -> None:
+    """Bind HOST:PORT once and let go, before the model loads: a name that does not resolve, an address
+    not this machine's, a port out of range or in use is one line, not uvicorn's exit after the load."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be in 0..65535, got {port}")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+            sock.bind(address)
+    except (OSError, UnicodeError, ValueError) as e:  # socket.gaierror is an OSError
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UserError(f"--host {host!r} --port {port}: cannot listen there ({reason})") from None
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:

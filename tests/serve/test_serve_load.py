@@ -354,3 +354,17 @@ def test_hosts_not_named_and_requests_without_the_token_are_refused(random_model
     assert named.status_code == 200 and local.status_code == 200
     assert no_token.status_code == 401 and wrong.status_code == 401 and "Bearer" in no_token.text
     assert page.status_code == 200 and health.status_code == 200
+
+
+def test_a_second_server_on_a_taken_port_says_so_in_one_line_before_loading(random_model):
+    """A port another process listens on: exit 2 and one line naming it, where uvicorn would have loaded
+    the model, started, and then exited 1 with its own log."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = subprocess.run([sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(random_model), "--host",
+                              "127.0.0.1", "--port", str(port)], capture_output=True, text=True, timeout=120)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
+    assert f"--port {port}" in lines[0] and "in use" in lines[0] and "serving on" not in res.stderr

@@ -3,6 +3,7 @@
 import json
 import os
 import socket
+import zipfile
 
 import pytest
 import torch
@@ -136,6 +137,24 @@ def test_bad_checkpoints_get_clear_errors(tmp_path, capsys):
     state.write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="corrupt training state"):
         checkpoint.load_state(state)
+
+
+def test_a_state_that_unpacks_past_its_bound_is_refused_before_torch_reads_it(tmp_path):
+    """A training state is a zip; torch allocates each record's declared size. A 200 MiB record deflated
+    to ~200 KB beside a 1 KB checkpoint is refused from the zip's directory; a real state still loads."""
+    real = tmp_path / "real.state.pt"
+    torch.save({"optimizer": {"m": torch.ones(1000)}, "step": 3}, real)
+    (tmp_path / "real.safetensors").write_bytes(b"x" * 1024)
+    assert checkpoint.load_state(real)["step"] == 3
+    bomb = tmp_path / "bomb.state.pt"
+    with zipfile.ZipFile(real) as z, zipfile.ZipFile(bomb, "w") as out:
+        for info in z.infolist():
+            out.writestr(info.filename, z.read(info.filename))
+        out.writestr("real/data/99", bytes(200 << 20), compress_type=zipfile.ZIP_DEFLATED)
+    (tmp_path / "bomb.safetensors").write_bytes(b"x" * 1024)
+    assert bomb.stat().st_size < 2 << 20 and checkpoint.state_bound(bomb) == 8 * 1024 + (64 << 20)
+    with pytest.raises(CheckpointError, match=r"bomb.state.pt: corrupt training state: its records unpack to 209,"):
+        checkpoint.load_state(bomb)
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
