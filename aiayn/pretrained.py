@@ -114,7 +114,7 @@ def read_vocabulary(folder: Path, hf: dict) -> SplitTokenizer:
         raise PretrainedError(f"{folder / 'tokenizer_config.json'}: separate_vocabs is true: not supported")
     vocab = _json(folder / "vocab.json")
     V = hf.get("vocab_size")
-    if not (isinstance(vocab, dict) and all(isinstance(i, int) for i in vocab.values())):
+    if not (isinstance(vocab, dict) and all(type(i) is int for i in vocab.values())):
         raise PretrainedError(f"{folder / 'vocab.json'}: not a mapping of pieces to ids")
     if sorted(vocab.values()) != list(range(len(vocab))) or len(vocab) != V:
         raise PretrainedError(f"{folder / 'vocab.json'}: {len(vocab):,} pieces with ids 0..{len(vocab) - 1} "
