@@ -239,7 +239,8 @@ def load_state(path: Path) -> dict[str, Any]:
     """NAME.state.pt, its records' unpacked sizes checked against `state_bound` before torch reads it
     (torch allocates each record's declared size: a small deflated file could claim gigabytes)."""
     if not Path(path).is_file():
-        raise CheckpointError(f"training state not found: {path}")
+        raise CheckpointError(f"{path}: not a regular file (a folder, a FIFO or a device), where the training "
+                              "state belongs" if Path(path).exists() else f"training state not found: {path}")
     try:
         with zipfile.ZipFile(path) as z:
             unpacked = sum(info.file_size for info in z.infolist())

@@ -454,12 +454,15 @@ def test_the_flag_sweep_builds_its_workspace_and_finds_no_traceback(tmp_path):
 
 @pytest.mark.slow
 def test_damaged_own_files_end_in_one_line_or_run(tmp_path):
-    """bench/damaged_files.py: each file aiayn writes for itself (metrics.jsonl, run.json, config.yaml,
-    manifest.json) damaged seven ways under every verb that reads it: no traceback, no hang (a FIFO)."""
+    """bench/damaged_files.py: each file aiayn writes for itself (metrics.jsonl, run.json, config.yaml, the
+    training state, manifest.json) damaged eight ways under every verb that reads it: no traceback, no hang
+    (a FIFO), and a state whose records unpack past its bound refused before torch allocates them."""
     script = Path(__file__).resolve().parents[1] / "bench" / "damaged_files.py"
     res = subprocess.run([sys.executable, str(script), "--timeout", "60", "--out", str(tmp_path / "d.json")],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     cases = json.loads((tmp_path / "d.json").read_text())["cases"]
-    assert len(cases) == 4 * 7 * 2 and not any(c["hang"] or c["traceback"] for c in cases)
+    assert len(cases) == (4 * 2 + 1) * 8 and not any(c["hang"] or c["traceback"] for c in cases)
+    bomb = [c for c in cases if c["file"].endswith(".state.pt") and c["damage"] == "deflated 200 MiB"]
+    assert bomb[0]["exit"] == 2 and "unpack to 209,715," in bomb[0]["last_line"]  # refused before torch reads it
     assert sum(c["exit"] == 2 for c in cases) >= 30  # most are refused in one line; the rest run (kept aside)
