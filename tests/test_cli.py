@@ -234,3 +234,18 @@ def test_shortlist_command_and_translate_with_it(trained, tmp_path, capsys):
     assert "--per-source must be in [1, 1024]" in capsys.readouterr().err
     assert main(["shortlist", "--data", str(tmp_path), "-o", str(tmp_path / "x.st")]) == 2  # not prepared data
     assert "no manifest.json" in capsys.readouterr().err and not (tmp_path / "x.st").exists()
+
+
+@pytest.mark.parametrize("argv", [["translate", "--checkpoint", "a.safetensors", "b.safetensors", "--input", "x"],
+                                  ["export", "hf", "--checkpoint", "a.safetensors", "-o", "ex"],
+                                  ["heads", "--checkpoint", "a.safetensors", "--data", "d", "-o", "h"],
+                                  ["serve", "--checkpoint", "a.safetensors"],
+                                  ["tune", "--checkpoint", "a.safetensors", "--data", "d"]])
+def test_a_missing_checkpoint_is_named_before_torch_is_imported(argv, tmp_path):
+    """A mistyped --checkpoint is one line at once: no verb has imported torch (1-4 s) by then."""
+    code = ("import sys; from aiayn.cli import main; rc = main(sys.argv[1:]); "
+            "print('torch' in sys.modules); sys.exit(rc)")
+    res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert res.returncode == 2 and res.stdout.strip() == "False", res.stdout + res.stderr
+    assert res.stderr.strip().splitlines() == [f"aiayn {argv[0]}: error: --checkpoint a.safetensors: no such file "
+                                               "(checkpoint not found)"]

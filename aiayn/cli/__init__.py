@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from ..errors import AiaynError
 from . import analysis, decoding, evidence, prepare, serving, training
@@ -54,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(args, "overrides", False):  # only prepare, train and config take --section.key
         print(f"aiayn {args.command}: error: unrecognized arguments: {' '.join(extra)}", file=sys.stderr)
         return 2
+    missing = [p for p in _listed(getattr(args, "checkpoint", None)) if not Path(p).exists()]
+    if missing:  # before the verb imports torch (1-4 s): a mistyped name is answered at once
+        print(f"aiayn {args.command}: error: --checkpoint {missing[0]}: no such file (checkpoint not found)",
+              file=sys.stderr)
+        return 2
     try:
         args.func(args, extra)
     except KeyboardInterrupt:
@@ -68,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _listed(value: str | list[str] | None) -> list[str]:
+    return [] if value is None else [value] if isinstance(value, str) else list(value)
 
 
 def meant_for_the_user(e: Exception) -> bool:
