@@ -11,11 +11,12 @@ from ..config import Config
 from ..data.prepare import PREPARED, Task, check_prepared_output, prepare
 from ..data.text import read_lines
 from ..data.tokenizer import Tokenizer
-from ..files import add_to_marker
+from ..files import add_to_marker, read_bounded
 from .tagger import Tagger, jackknife, tagger_text, write_tag_arrays
 from .trees import TreeError, is_bracket, read_trees, write_splits
 
 log = logging.getLogger("aiayn")
+GOLD_MAX_BYTES = 1 << 30  # a prepared folder's train.gold.mrg: the whole WSJ training split is ~40 MB
 
 
 def prepare_treebank(treebank: Path, out: Path, cfg: Config, linearization: str = "words", subtrees: int = 0,
@@ -60,7 +61,7 @@ def _train_tagger(folder: Path) -> tuple[Tagger, dict[str, list[str]]]:
 
 def _read_tagging(folder: Path) -> tuple[Tagger, dict[str, list[str]]]:
     """The tagger and jackknifed training tags that _train_tagger wrote into a prepared folder."""
-    words = [" ".join(t.words()) for t in read_trees((folder / "train.gold.mrg").read_text())]
+    words = [" ".join(t.words()) for t in read_trees(read_bounded(folder / "train.gold.mrg", GOLD_MAX_BYTES))]
     tags = read_lines(folder / "raw" / "train.tags")
     tagger = Tagger.from_json(tagger_text(folder), str(folder / "tagger.json"))
     return tagger, {w: t.split() for w, t in zip(words, tags)}

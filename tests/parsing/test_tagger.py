@@ -182,3 +182,15 @@ def test_a_tagger_file_is_read_bounded(tmp_path):
     os.mkfifo(tmp_path / "tagger.json")
     with pytest.raises(FileError, match="tagger.json: not a regular file"):
         tagger_text(tmp_path)
+
+
+def test_a_prepared_folders_gold_trees_are_read_bounded(tmp_path):
+    """Reusing a tagged parse folder reads its train.gold.mrg as untrusted: a FIFO there is refused, not waited on."""
+    import os
+
+    from aiayn.files import FileError
+    from aiayn.parsing.prepare import _read_tagging
+
+    os.mkfifo(tmp_path / "train.gold.mrg")
+    with pytest.raises(FileError, match="train.gold.mrg: not a regular file"):
+        _read_tagging(tmp_path)
