@@ -100,9 +100,9 @@ def model_config(hf: dict, path: Path) -> ModelConfig:
                           scale_embedding=typed("scale_embedding", bool, False),
                           share_embeddings=typed("share_encoder_decoder_embeddings", bool, True))
         cfg.validate()
+    except PretrainedError:
+        raise
     except (TypeError, ValueError, AiaynError) as e:
-        if isinstance(e, PretrainedError):
-            raise
         raise PretrainedError(f"{path}: {e}") from None
     return cfg
 
