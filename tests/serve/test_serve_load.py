@@ -363,7 +363,7 @@ def test_a_second_server_on_a_taken_port_says_so_in_one_line_before_loading(rand
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        res = subprocess.run([sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(random_model), "--host",
+        res = subprocess.run([sys.executable, "-m", "aiayn", "serve", "--checkpoint", str(random_model[0]), "--host",
                               "127.0.0.1", "--port", str(port)], capture_output=True, text=True, timeout=120)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
