@@ -110,7 +110,7 @@ def model_config(hf: dict, path: Path) -> ModelConfig:
 def read_vocabulary(folder: Path, hf: dict) -> SplitTokenizer:
     """vocab.json's pieces in aiayn's row order, with source.spm and target.spm."""
     tok_cfg = _json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
-    if isinstance(tok_cfg, dict) and tok_cfg.get("separate_vocabs"):
+    if isinstance(tok_cfg, dict) and _typed(tok_cfg, folder / "tokenizer_config.json", "separate_vocabs", bool, False):
         raise PretrainedError(f"{folder / 'tokenizer_config.json'}: separate_vocabs is true: not supported")
     vocab = _json(folder / "vocab.json")
     V = hf.get("vocab_size")
@@ -208,7 +208,8 @@ def _check_unread(f, path: Path, names: dict[str, tuple[list[str], str]]) -> Non
         raise PretrainedError(f"{path}: {len(left)} tensor(s) config.json does not describe, e.g. {left[0]} (more "
                               "layers than it says, or parts of another architecture); nothing imported")
     if "lm_head.weight" in present and "lm_head.weight" not in read:
-        tied = next(c for c in ("model.decoder.embed_tokens.weight", "model.shared.weight") if c in present)
+        tied = next(c for c in ("model.decoder.embed_tokens.weight", "model.shared.weight",
+                                "model.encoder.embed_tokens.weight") if c in present)  # one was read: the source's
         if f.get_slice("lm_head.weight").get_shape() != f.get_slice(tied).get_shape() or not torch.equal(
                 f.get_tensor("lm_head.weight"), f.get_tensor(tied)):
             raise PretrainedError(f"{path}: lm_head.weight differs from {tied} while config.json shares the "

@@ -182,11 +182,16 @@ def _broken(folder: Path, how: str) -> None:
     elif how in ("decoder_layers true", "fewer layers than the weights"):
         cfg["decoder_layers"] = True if how == "decoder_layers true" else 1
         (folder / "config.json").write_text(json.dumps(cfg))
-    elif how == "untied lm_head":
+    elif how in ("untied lm_head", "untied lm_head, the embedding under the encoder's name"):
         tensors = safetensors.torch.load_file(folder / "model.safetensors")
         tensors["lm_head.weight"] = tensors["model.shared.weight"] + 1
+        if how != "untied lm_head":
+            tensors = {k: v for k, v in tensors.items() if "embed_tokens" not in k}
+            tensors["model.encoder.embed_tokens.weight"] = tensors.pop("model.shared.weight")
         safetensors.torch.save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
         (folder / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    elif how == "separate_vocabs a list":
+        (folder / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": [1, 2]}))
     elif how == "pickle only":
         (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
     elif how == "truncated weights":
@@ -204,6 +209,9 @@ def _broken(folder: Path, how: str) -> None:
     ("decoder_layers true", "decoder_layers is True, not an integer"),
     ("fewer layers than the weights", "config.json does not describe, e.g. model.decoder.layers.1."),
     ("untied lm_head", "lm_head.weight differs from model.shared.weight"),
+    ("untied lm_head, the embedding under the encoder's name",
+     "lm_head.weight differs from model.encoder.embed_tokens.weight"),
+    ("separate_vocabs a list", "separate_vocabs is [1, 2], not true or false"),
     ("truncated weights", "not a readable safetensors file"),
 ])
 def test_bad_folders_get_one_line_and_nothing_is_written(tmp_path, capsys, how, message):
