@@ -129,14 +129,27 @@ def check_safetensors_output(path: str | Path, flag: str = "--output", inputs: t
 
 def read_extra(path: Path) -> dict[str, Any]:
     """A checkpoint's `extra` metadata (task, tuning, provenance, alignment head) from its header alone."""
-    meta = read_metadata(path)
+    return meta_extra(read_metadata(path), path)
+
+
+def meta_extra(meta: dict[str, str], path: Path | str) -> dict[str, Any]:
+    """The `extra` field of a checkpoint's metadata: a JSON object, or a CheckpointError naming it."""
     try:
         extra = json.loads(meta.get("extra", "{}"))
-        if not isinstance(extra, dict):
-            raise ValueError("extra is not a mapping")
-    except (OSError, ValueError, AttributeError, RecursionError) as e:
-        raise CheckpointError(f"{path}: unreadable metadata ({e})") from None
+    except (ValueError, RecursionError) as e:
+        what = "nested too deeply" if isinstance(e, RecursionError) else str(e)[:120]
+        raise CheckpointError(f"{path}: damaged metadata (extra is not JSON: {what})") from None
+    if not isinstance(extra, dict):
+        raise CheckpointError(f"{path}: damaged metadata (extra is a {type(extra).__name__}, not a mapping)")
     return extra
+
+
+def meta_step(meta: dict[str, str], path: Path | str) -> int:
+    """The `step` field of a checkpoint's metadata: the updates it was trained for, 0 <= step < 10^18."""
+    text = meta.get("step", "0")
+    if not (text.isascii() and text.isdigit() and len(text) <= 18):
+        raise CheckpointError(f"{path}: damaged metadata (step is {text[:40]!r}, not a count of updates)")
+    return int(text)
 
 
 def read_task(path: Path) -> dict[str, str]:
@@ -154,7 +167,7 @@ def load_checkpoint(path: Path, device: str | torch.device = "cpu", build: Build
     tensors, meta = read_weights(path)
     cfg, tokenizer = read_meta(meta, path)
     model = build_checked(cfg, tokenizer, tensors, path, build)
-    return model.to(device).eval(), cfg, tokenizer, int(meta.get("step", 0))
+    return model.to(device).eval(), cfg, tokenizer, meta_step(meta, path)
 
 
 def read_meta(meta: dict[str, str], path: Path | str) -> tuple[Config, Tokenizer]:
@@ -272,12 +285,13 @@ def average_checkpoints(paths: list[Path]) -> tuple[dict[str, torch.Tensor], dic
         for k, v in tensors.items():
             total[k] = total[k] + v.double() if k in total else v.double()
         meta = meta_i  # config/vocabulary of the last checkpoint
+    read_meta(meta, paths[-1]), meta_step(meta, paths[-1]), meta_extra(meta, paths[-1])  # whole, as it is copied
     return {k: (v / len(paths)).float() for k, v in total.items()}, meta
 
 
 def write_averaged(paths: list[Path], out: Path) -> None:
     tensors, meta = average_checkpoints(paths)
-    extra = json.loads(meta.get("extra", "{}"))
+    extra = meta_extra(meta, paths[-1])
     extra["averaged"] = [str(p) for p in paths]
     meta = {**meta, "extra": json.dumps(extra)}
     atomic_write(out, st_save(tensors, metadata=meta))

@@ -11,7 +11,8 @@ torch once). A case passes when it exits 0, or 2 with no traceback; a timeout is
 (a slow but valid run). Prints a table by verb, writes the failures as JSON, exits 1 if any.
 `serve` runs with --port 0 under a 10 s alarm: a case that reached "Uvicorn running on" counts as run.
 `marian`: `aiayn import hf` of an exported MarianMTModel folder whose config.json / tokenizer_config.json
-has one key set to an odd JSON value (or removed), as a downloaded folder may.
+has one key set to an odd JSON value (or removed), as a downloaded folder may. `ckpt`: each metadata field
+of the model (and of the run's last checkpoint) set to an odd string, under every verb that reads one.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from cli_forks import run_many  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 
 from aiayn import cli  # noqa: E402
 from aiayn.config import config_keys  # noqa: E402
@@ -62,6 +65,11 @@ BASE = {  # a valid command line per verb; each flag is then given each odd valu
     "serve": ["--checkpoint", M, "--port", "0"],  # port 0: the system picks one, so cases never collide
 }
 SERVE_S = 10  # a valid serve case serves until this alarm; it counts as run once uvicorn said it listens
+META_ODD = ["", "-1", "1e999", "9" * 30, "[" * 100_000 + "]" * 100_000, "[1, 2]", '{"a": 1}', "null", "nan"]
+META_READERS = [["translate", *BASE["translate"]], ["tune", *BASE["tune"]], ["align", *BASE["align"]],
+                ["export", *BASE["export"]], ["plot", *BASE["plot"]], ["average", *BASE["average"]],
+                ["parse", *BASE["parse"]], ["train", "--resume", "{w}/run", "--train.max_steps", "5"],
+                ["train", "--data", PREP, "--run-dir", "{w}/ft", "--init-from", M, *TINY]]
 ODD_JSON = [-1, 0, 1e308, 10 ** 30, "", None, True, [1, 2], {"a": 1}, "nan", "<drop>"]  # "<drop>": key removed
 SKIP = {"--device", "--mirror", "--corpus"}  # devices this machine lacks; the network
 
@@ -121,12 +129,25 @@ def cases(verbs: list[str], short: bool, template: Path) -> list[tuple[str, list
     if "train" in verbs:
         out += [("train", ["train", "--data", PREP, "--run-dir", "{w}/nr", *TINY, f"--{key}", v], None)
                 for key in RUNTIME for v in ["9" * 30, "-1", "0", "1e309", "1000000"][:3 if short else 5]]
+    if "ckpt" in verbs:  # a checkpoint's header is untrusted: each metadata field, odd, under each reader
+        with safe_open(str(template / "m.safetensors"), "pt") as f:
+            keys = list(f.metadata())
+        out += [("ckpt", argv, ("<meta>", key, v)) for key in keys for v in (META_ODD[:3] if short else META_ODD)
+                for argv in META_READERS]
     if "marian" in verbs:  # a downloaded MarianMTModel folder is untrusted: each key of its JSON files, odd
         for name in ("config.json", "tokenizer_config.json"):
             keys = json.loads((template / "hf" / name).read_text())
             out += [("marian", ["import", *BASE["import"]], (name, key, v))
                     for key in keys for v in (ODD_JSON[:3] if short else ODD_JSON)]
     return out
+
+
+def edit_meta(w: Path, key: str, value: str) -> None:
+    """One metadata field of the model file and of the run's last checkpoint set to VALUE."""
+    for path in (w / "m.safetensors", w / "run/checkpoints/step-00000004.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            meta = {**f.metadata(), key: value}
+        save_file(load_file(path), path, meta)
 
 
 def edit_json(path: Path, key: str, value) -> None:
@@ -140,7 +161,7 @@ def edit_json(path: Path, key: str, value) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--verbs", default=",".join([*BASE, "config", "train", "marian"]))
+    ap.add_argument("--verbs", default=",".join([*BASE, "config", "train", "marian", "ckpt"]))
     ap.add_argument("--multi30k", default=os.environ.get("AIAYN_DATA", str(ROOT.parent / "shared/data/multi30k")))
     ap.add_argument("--short", action="store_true", help="3 values a flag (for the tests)")
     ap.add_argument("--jobs", type=int, default=2)
@@ -148,7 +169,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "flag_sweep.json"))
     args = ap.parse_args()
     verbs = [v for v in args.verbs.split(",") if v]
-    unknown = [v for v in verbs if v not in BASE and v not in ("config", "train", "marian")]
+    unknown = [v for v in verbs if v not in BASE and v not in ("config", "train", "marian", "ckpt")]
     if unknown:
         print(f"flag_sweep: error: verbs not swept: {', '.join(unknown)}", file=sys.stderr)
         return 2
@@ -160,7 +181,9 @@ def main() -> int:
         for i, (_, argv, edit) in enumerate(todo):  # each case in its own copy: what one writes, another never sees
             w = Path(tmp) / str(i)
             shutil.copytree(template, w, symlinks=True)
-            if edit:
+            if edit and edit[0] == "<meta>":
+                edit_meta(w, edit[1], edit[2])
+            elif edit:
                 edit_json(w / "hf" / edit[0], edit[1], edit[2])
             work.append(([a.replace("{w}", str(w)) for a in argv], w))
         serving = [i for i, (verb, _, _) in enumerate(todo) if verb == "serve"]
@@ -169,7 +192,7 @@ def main() -> int:
         for group, timeout in ((rest, args.timeout), (serving, SERVE_S)):
             if group:
                 results |= dict(zip(group, run_many([work[i] for i in group], jobs=args.jobs, timeout=timeout)))
-    table, failures, slow, accepted = {}, [], [], []
+    table, failures, slow, accepted = {}, [], [], {}
     for i, (verb, argv, edit) in enumerate(todo):
         r = results[i]
         row = table.setdefault(verb, {"cases": 0, "ran": 0, "one_line_errors": 0, "timeouts": 0, "tracebacks": 0})
@@ -184,15 +207,13 @@ def main() -> int:
             failures.append({**case, "returncode": r.returncode, "stderr_tail": r.stderr[-600:]})
         elif kind == "timeouts":  # kept, to tell a slow valid run from a hang
             slow.append({**case, "stderr_tail": r.stderr[-300:]})
-        elif kind == "ran" and edit:  # an odd value imported without a word: read to judge it harmless
-            accepted.append(edit)
+        elif kind == "ran" and edit:  # an odd value taken without a word: read to judge it harmless
+            accepted.setdefault(f"{verb}_accepted", []).append([*edit, argv[0]] if verb == "ckpt" else list(edit))
     print(f"{'verb':<10}{'cases':>7}{'ran':>6}{'1-line errors':>15}{'timeouts':>10}{'tracebacks':>12}")
     for verb, row in table.items():
         print(f"{verb:<10}{row['cases']:>7}{row['ran']:>6}{row['one_line_errors']:>15}{row['timeouts']:>10}"
               f"{row['tracebacks']:>12}")
-    found = {"by_verb": table, "failures": failures, "timeouts": slow}
-    if accepted:
-        found["marian_accepted"] = accepted
+    found = {"by_verb": table, "failures": failures, "timeouts": slow, **accepted}
     Path(args.out).write_text(json.dumps(found, indent=1) + "\n")
     for f in failures:
         last = f["stderr_tail"].strip().splitlines()[-1][:200]

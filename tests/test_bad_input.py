@@ -123,6 +123,13 @@ def template(toy_prepared, tmp_path_factory) -> Path:
     for name, text in [("digits", '{"model": {"d_model": ' + "9" * 5000 + "}}"),
                        ("nested", '{"model": ' + "[" * 100_000 + "]" * 100_000 + "}")]:
         save_file(tensors, w / f"{name}.safetensors", metadata={**meta, "config": text})
+    save_file(tensors, w / "nan-step.safetensors", metadata={**meta, "step": "nan"})
+    save_file(tensors, w / "list-extra.safetensors", metadata={**meta, "extra": "[1, 2]"})
+    for name, field, text in [("list-extra-run", "extra", "[1, 2]"), ("damaged-config-run", "config", "null")]:
+        shutil.copytree(w / "run", w / name)  # its last checkpoint, whose metadata an average copies, damaged
+        last = sorted((w / name / "checkpoints").glob("step-*.safetensors"))[-1]
+        tensors_i, meta_i = read_weights(last)
+        save_file(tensors_i, last, metadata={**meta_i, field: text})
     shutil.copytree(w / "run", w / "incomplete-run")
     for state in (w / "incomplete-run/checkpoints").glob("*.state.pt"):
         torch.save({"optimizer": {}, "rng": []}, state)
@@ -202,6 +209,16 @@ CLI_CASES = [
                                                             "--client-share", "1.5"], ["--client-share", "1.5"]),
     ("server allowing a malformed host pattern", ["serve", "--checkpoint", "{w}/model.safetensors", "--allow-host",
                                                   "ex*ample.com"], ["--allow-host", "ex*ample.com"]),
+    # a checkpoint's header is untrusted too: each field typed (bench/flag_sweep.py --verbs ckpt)
+    ("checkpoint whose step is not a number", T[:2] + ["{w}/nan-step.safetensors"] + T[3:],
+     ["nan-step.safetensors", "step is 'nan'", "not a count of updates"]),
+    ("align a checkpoint whose extra is a list", ["align", "--checkpoint", "{w}/list-extra.safetensors", "--data",
+                                                  "{w}/prepared", "-o", "{w}/al.safetensors"],
+     ["list-extra.safetensors", "extra is a list, not a mapping"]),
+    ("average of a run whose last extra is a list", ["average", "{w}/list-extra-run", "-o", "{w}/avg.safetensors"],
+     ["list-extra-run", "extra is a list, not a mapping"]),
+    ("average of a run whose last config is damaged", ["average", "{w}/damaged-config-run", "-o",
+                                                       "{w}/avg.safetensors"], ["damaged-config-run", "config"]),
     ("server on a port past 65535", ["serve", "--checkpoint", "{w}/model.safetensors", "--port", "70000"],
      ["--port", "0..65535", "70000"]),
     ("server on a host name that does not resolve", ["serve", "--checkpoint", "{w}/model.safetensors", "--host",

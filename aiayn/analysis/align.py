@@ -7,11 +7,10 @@ the best into a copy of the checkpoint, where `translate --alignments` and the s
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
-from ..checkpoint import load_checkpoint, read_weights, save_weights
+from ..checkpoint import load_checkpoint, meta_extra, read_weights, save_weights
 from ..data.batches import TokenData
 from ..data.ibm import align as ibm_align
 from ..data.prepare import check_vocabulary, load_manifest, read_text
@@ -70,7 +69,7 @@ def choose_head(checkpoint: Path, data_dir: Path, out: Path, pairs: int = 500) -
     scores = score_heads(model, tokenizer, src, tgt, gold)
     best = min(scores, key=scores.get)
     tensors, meta = read_weights(checkpoint)
-    extra = json.loads(meta.get("extra", "{}"))
+    extra = meta_extra(meta, checkpoint)
     extra["alignment"] = {"layer": best[0], "head": best[1], "aer": scores[best], "pairs": len(src),
                           "reference": "IBM Model 2, diagonal prior, grow-diag-final-and (data/ibm.py)",
                           "scores": {head_name(h): round(a, 4) for h, a in scores.items()}}

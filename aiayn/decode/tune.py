@@ -7,15 +7,23 @@ sacreBLEU, and writes a copy of the checkpoint whose decoding settings are the b
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import sacrebleu
 
-from ..checkpoint import CheckpointError, check_safetensors_output, read_weights, refuse_folder, save_weights
-from ..config import ConfigError, DecodeConfig, from_dict
+from ..checkpoint import (
+    CheckpointError,
+    check_safetensors_output,
+    meta_extra,
+    meta_step,
+    read_meta,
+    read_weights,
+    refuse_folder,
+    save_weights,
+)
+from ..config import ConfigError, DecodeConfig
 from ..data.prepare import check_vocabulary, load_manifest, read_text
 from ..data.text import DataError
 from ..files import read_json
@@ -85,12 +93,8 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
             log.info("beam %d alpha %.2f: valid BLEU %.2f (BP %.3f)", beam, alpha, score.score, score.bp)
     best = choose(points, DecodeConfig())
     tensors, meta = read_weights(checkpoint)
-    try:
-        cfg = from_dict(json.loads(meta["config"]))
-        step = int(meta.get("step", 0))
-        extra = json.loads(meta.get("extra", "{}"))
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{checkpoint}: damaged metadata ({e})") from None
+    cfg = read_meta(meta, checkpoint)[0]
+    step, extra = meta_step(meta, checkpoint), meta_extra(meta, checkpoint)
     cfg.decode.beam, cfg.decode.alpha = best.beam, best.alpha
     valid = data_dir / f"valid.{manifest['settings']['src']}.txt"
     extra["tuned"] = {"valid": str(valid), "sentences": len(src), "precision": translator.precision,

@@ -10,7 +10,6 @@ decoder), so checkpoints and training states written before load and resume unch
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import CheckpointError, read_weights
+from ..checkpoint import CheckpointError, meta_extra, read_weights
 from ..config import ModelConfig
 from ..data.tokenizer import Tokenizer
 from ..models.build import build_model
@@ -48,8 +47,8 @@ def read_tagger(path: Path | str) -> Tagger:
     """The part-of-speech tagger a `model.tag_input` checkpoint carries in its metadata."""
     _, meta = read_weights(Path(path))
     try:
-        text = json.loads(meta.get("extra", "{}"))["tagger"]
-    except (KeyError, TypeError, ValueError):
+        text = meta_extra(meta, path)["tagger"]
+    except KeyError:
         raise CheckpointError(f"{path}: damaged metadata (model.tag_input is on but no tagger is stored)") from None
     try:
         return Tagger.from_json(text, str(path))
