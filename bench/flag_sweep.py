@@ -159,6 +159,29 @@ def edit_json(path: Path, key: str, value) -> None:
     path.write_text(json.dumps(data))
 
 
+def tally(todo: list, results: dict) -> tuple[dict, list, list, dict]:
+    """Each case's kind (ran, one-line error, timeout, traceback) counted by verb; the failures, the
+    timeouts and the odd values a verb took without a word, kept to be read."""
+    table, failures, slow, accepted = {}, [], [], {}
+    for i, (verb, argv, edit) in enumerate(todo):
+        r = results[i]
+        row = table.setdefault(verb, {"cases": 0, "ran": 0, "one_line_errors": 0, "timeouts": 0, "tracebacks": 0})
+        row["cases"] += 1
+        listening = verb == "serve" and r.returncode == -14 and "Uvicorn running on" in r.stderr
+        kind = ("ran" if listening else "timeouts" if r.returncode == -14 else "tracebacks"
+                if r.returncode not in (0, 2) or "Traceback" in r.stderr else "ran" if r.returncode == 0
+                else "one_line_errors")
+        row[kind] += 1
+        case = {"argv": argv, **({"edit": list(edit)} if edit else {})}
+        if kind == "tracebacks":
+            failures.append({**case, "returncode": r.returncode, "stderr_tail": r.stderr[-600:]})
+        elif kind == "timeouts":  # kept, to tell a slow valid run from a hang
+            slow.append({**case, "stderr_tail": r.stderr[-300:]})
+        elif kind == "ran" and edit:  # an odd value taken without a word: read to judge it harmless
+            accepted.setdefault(f"{verb}_accepted", []).append([*edit, argv[0]] if verb == "ckpt" else list(edit))
+    return table, failures, slow, accepted
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--verbs", default=",".join([*BASE, "config", "train", "marian", "ckpt"]))
@@ -192,23 +215,7 @@ def main() -> int:
         for group, timeout in ((rest, args.timeout), (serving, SERVE_S)):
             if group:
                 results |= dict(zip(group, run_many([work[i] for i in group], jobs=args.jobs, timeout=timeout)))
-    table, failures, slow, accepted = {}, [], [], {}
-    for i, (verb, argv, edit) in enumerate(todo):
-        r = results[i]
-        row = table.setdefault(verb, {"cases": 0, "ran": 0, "one_line_errors": 0, "timeouts": 0, "tracebacks": 0})
-        row["cases"] += 1
-        listening = verb == "serve" and r.returncode == -14 and "Uvicorn running on" in r.stderr
-        kind = ("ran" if listening else "timeouts" if r.returncode == -14 else "tracebacks"
-                if r.returncode not in (0, 2) or "Traceback" in r.stderr else "ran" if r.returncode == 0
-                else "one_line_errors")
-        row[kind] += 1
-        case = {"argv": argv, **({"edit": list(edit)} if edit else {})}
-        if kind == "tracebacks":
-            failures.append({**case, "returncode": r.returncode, "stderr_tail": r.stderr[-600:]})
-        elif kind == "timeouts":  # kept, to tell a slow valid run from a hang
-            slow.append({**case, "stderr_tail": r.stderr[-300:]})
-        elif kind == "ran" and edit:  # an odd value taken without a word: read to judge it harmless
-            accepted.setdefault(f"{verb}_accepted", []).append([*edit, argv[0]] if verb == "ckpt" else list(edit))
+    table, failures, slow, accepted = tally(todo, results)
     print(f"{'verb':<10}{'cases':>7}{'ran':>6}{'1-line errors':>15}{'timeouts':>10}{'tracebacks':>12}")
     for verb, row in table.items():
         print(f"{verb:<10}{row['cases']:>7}{row['ran']:>6}{row['one_line_errors']:>15}{row['timeouts']:>10}"
