@@ -238,6 +238,10 @@ def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor], path: Pa
             p.copy_(tensors[name])
 
 
+class DamagedState(CheckpointError):
+    """A training state that cannot be read: not torch.save's zip, past its bound, or incomplete."""
+
+
 STATE_SLACK_BYTES = 64 << 20  # RNG, data position and pickle beside the optimizer's moments
 
 
@@ -252,23 +256,23 @@ def load_state(path: Path) -> dict[str, Any]:
     """NAME.state.pt, its records' unpacked sizes checked against `state_bound` before torch reads it
     (torch allocates each record's declared size: a small deflated file could claim gigabytes)."""
     if not Path(path).is_file():
-        raise CheckpointError(f"{path}: not a regular file (a folder, a FIFO or a device), where the training "
+        raise DamagedState(f"{path}: not a regular file (a folder, a FIFO or a device), where the training "
                               "state belongs" if Path(path).exists() else f"training state not found: {path}")
     try:
         with zipfile.ZipFile(path) as z:
             unpacked = sum(info.file_size for info in z.infolist())
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-        raise CheckpointError(f"{path}: corrupt training state, not the zip torch.save writes "
+        raise DamagedState(f"{path}: corrupt training state, not the zip torch.save writes "
                               f"({type(e).__name__})") from None
     if unpacked > state_bound(path):
-        raise CheckpointError(f"{path}: corrupt training state: its records unpack to {unpacked:,} bytes, more "
+        raise DamagedState(f"{path}: corrupt training state: its records unpack to {unpacked:,} bytes, more "
                               f"than the {state_bound(path):,} a state beside its weights may hold")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's advice to unpickle unsafely is not for us
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for corrupt files
-        raise CheckpointError(f"{path}: corrupt training state, or one holding more than tensors and numbers "
+        raise DamagedState(f"{path}: corrupt training state, or one holding more than tensors and numbers "
                               f"(not unpickled: {type(e).__name__})") from None
 
 

@@ -181,7 +181,7 @@ CLI_CASES = [
     ("--resume of an empty directory", ["train", "--resume", "{w}/empty-dir"], ["empty-dir", "not an aiayn run"]),
     ("--resume of a foreign directory", ["train", "--resume", "{w}/foreign-run"], ["foreign-run", "not an aiayn run"]),
     ("--resume with a pickled training state", ["train", "--resume", "{w}/corrupt-run"],
-     ["corrupt-run", "state.pt", "corrupt training state"]),
+     ["corrupt-run", "state.pt", "corrupt training state", "to resume from the checkpoint before it, move"]),
     ("training into an existing run", ["train", "--data", "{w}/prepared", "--run-dir", "{w}/run"],
      ["run", "--resume"]),
     ("unprepared data folder", ["train", "--data", "{w}/empty-dir", "--run-dir", "{w}/new-run"],

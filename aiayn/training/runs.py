@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoint import (
-    CheckpointError,
+    DamagedState,
     list_checkpoints,
 )
 from ..config import Config
@@ -243,7 +243,7 @@ class Progress:
 def check_state(saved: object, path: Path) -> None:
     """A training state holds the optimizer, the progress (step, epoch) and the random streams."""
     if not isinstance(saved, dict):
-        raise CheckpointError(f"{path}: not a training state (a {type(saved).__name__}, not a mapping)")
+        raise DamagedState(f"{path}: not a training state (a {type(saved).__name__}, not a mapping)")
     missing = [k for k in ("optimizer", "progress", "rng") if k not in saved]
     progress = saved.get("progress")
     if isinstance(progress, dict):
@@ -251,7 +251,7 @@ def check_state(saved: object, path: Path) -> None:
     elif "progress" not in missing:
         missing.append("progress (not a mapping)")
     if missing:
-        raise CheckpointError(f"{path}: incomplete training state, missing {', '.join(missing)}")
+        raise DamagedState(f"{path}: incomplete training state, missing {', '.join(missing)}")
 
 
 def rank_seed(seed: int, rank: int) -> int:

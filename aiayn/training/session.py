@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from ..checkpoint import CheckpointError, list_checkpoints, load_into, read_meta, read_weights
+from ..checkpoint import CheckpointError, DamagedState, list_checkpoints, load_into, read_meta, read_weights
 from ..config import Config, apply_overrides, load_yaml
 from ..data.prepare import check_vocabulary, vocabulary_size
 from ..device import TRAIN_PRECISIONS, cpu_label, inductor_cache, resolve_precision
@@ -142,7 +142,12 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
             if log.getEffectiveLevel() > logging.INFO:
                 log.setLevel(logging.INFO)
         if resume_from is not None:
-            trainer.restore(resume_from, force_batching)
+            try:
+                trainer.restore(resume_from, force_batching)
+            except DamagedState as e:  # what to do: the checkpoint before it has a state of its own
+                weights = resume_from.name.replace(".state.pt", ".safetensors")
+                raise DamagedState(f"{e}; to resume from the checkpoint before it, move {resume_from.name} and "
+                                   f"{weights} out of {resume_from.parent}") from None
         elif parent is not None:  # fine-tuning: the parent's weights, before the first update
             load_into(trainer.model, parent, cfg.train.init_from)
         _log_setup(trainer, cfg, env, why)
