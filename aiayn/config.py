@@ -54,9 +54,9 @@ def _check_positive(section: str, cfg: Any, *names: str) -> None:
 class ModelConfig:
     """§3: the encoder-decoder Transformer; defaults are the base model of Table 3.
 
-    ``arch: rnn`` selects the recurrent attention baseline of §1-2 instead (baselines/rnn.py): it reads
+    ``arch: rnn`` selects the recurrent attention baseline of §1-2 instead (models/rnn.py): it reads
     d_model (embedding and hidden size), N (layers per stack) and p_drop, and the rnn_* fields.
-    ``arch: conv`` selects ConvS2S (baselines/conv.py): d_model is its embedding size, N and N_dec
+    ``arch: conv`` selects ConvS2S (models/conv.py): d_model is its embedding size, N and N_dec
     its encoder and decoder layers, and the conv_* fields.
     """
 

@@ -53,7 +53,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.save_every": 2750 // 20, "train.save_every_minutes": 0.0, "train.keep_last": 5, "train.log_every": 25,
     },
 }
-# §6.3 constituency parsing (parse.py) scaled to the 3,400 training trees of the WSJ sample: 4 layers,
+# §6.3 constituency parsing (parsing/) scaled to the 3,400 training trees of the WSJ sample: 4 layers,
 # heavier dropout for the small data. Three deviations from §6.3, measured in docs/reproduction.md: the data
 # holds trees with the words as leaves (`prepare --task parse`; `--linearization xx` is the paper's); every
 # decoder input carries the next source word's state (model.pointer_input, pointer.py); and each source
@@ -69,7 +69,7 @@ PRESETS["parse"] = {**PRESETS["multi30k"], "model.N": 4, "model.p_drop": 0.3, "m
                     "train.valid_bleu_sentences": 0, "train.valid_every": 250, "decode.beam": 4, "decode.alpha": 0.6,
                     "decode.max_len_b": 300}
 PRESETS["parse-paper"] = {**PRESETS["parse"], "model.pointer_input": False, "model.tag_input": False}
-# The recurrent attention baselines (baselines/rnn.py) on the same data, batches and warm-up: 2 layers,
+# The recurrent attention baselines (models/rnn.py) on the same data, batches and warm-up: 2 layers,
 # hidden 512, their own peak rate (not tied to d_model) and gradient clipping as Bahdanau et al. (1.0).
 # Rate and clipping are chosen on validation by `aiayn reproduce --suite tune` (every family on one
 # grid, plan.TUNE_RATES × TUNE_CLIPS); these are one of its settings, not a measured optimum.
@@ -77,7 +77,7 @@ PRESETS["multi30k-rnn"] = {**PRESETS["multi30k"], "model.arch": "rnn", "model.d_
                            "model.p_drop": 0.3, "model.rnn_variant": "luong", "model.rnn_attention": "dot",
                            "train.lr_scale": 1.0, "train.peak_lr": 1e-3, "train.clip_norm": 1.0}
 
-# ConvS2S (baselines/conv.py) on the same data and batches: embeddings 256, 5 + 5 layers of kernel 3 with
+# ConvS2S (models/conv.py) on the same data and batches: embeddings 256, 5 + 5 layers of kernel 3 with
 # 256 channels (7.4M parameters, the Transformer's 7.6M), dropout 0.2 and clipping 0.1 as Gehring et al.;
 # Adam with its own peak rate instead of their Nesterov SGD (lr 0.25, momentum 0.99): every family here
 # trains with the same optimizer and schedule shape, so the comparison is about the architecture.

@@ -2,7 +2,7 @@
 
 The model only needs the `IncrementalDecoder` contract: ``start_decoding(src, group) -> cache``
 (with ``cache.reorder(rows, sources)``) and ``decode_step(tokens, cache) -> logits (rows, V)``.
-The Transformer (model.py), the recurrent baseline (baselines/rnn.py) and a scripted decoder in the tests
+The Transformer (models/transformer.py), the recurrent baseline (models/rnn.py) and a scripted decoder in the tests
 have it.
 A decoding state that keeps `attended` (R,) after each step (fused.FusedState, when alignments are
 asked for) has it followed like the tokens: each hypothesis then carries, per output token, the

@@ -90,7 +90,7 @@ class Shortlist:
 
 
 def _pairs(data_dir: Path, split: str = "train", max_pairs: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The split's source and target subword sequences (data.py's flat arrays + offsets); with
+    """The split's source and target subword sequences (data/prepare.py's flat arrays + offsets); with
     max_pairs, every k-th pair so that at most max_pairs are read (spread over the whole corpus)."""
     def side(name: str) -> list[np.ndarray]:
         tok, off = np.load(data_dir / f"{split}.{name}.tok.npy"), np.load(data_dir / f"{split}.{name}.off.npy")
