@@ -226,3 +226,22 @@ def test_the_paper_map_names_every_module():
     files.add("serve/page.html")
     assert files - rows == set(), "modules without a row"
     assert {r for r in rows if not r.startswith("evidence/")} - files == set(), "rows naming no module"
+
+
+def named_files(text: str) -> set[str]:
+    """Paths like `models/rnn.py` or `batches.py` that a docstring or comment names."""
+    return set(re.findall(r"(?<![\w/.])((?:\w+/)*[a-z_0-9]+\.py)\b", text))
+
+
+def test_the_package_names_only_files_that_exist():
+    """A docstring that points at a module points at one that is there (a moved module left
+    `baselines/rnn.py` and `model.py` behind in five docstrings): relative to the package, to the
+    naming file's folder, to one of the package's folders, or to the repository."""
+    assert named_files("the baseline (baselines/rnn.py) and batches.py; not x.pyc") == {"baselines/rnn.py",
+                                                                                         "batches.py"}
+    roots = [PACKAGE, PACKAGE.parent, PACKAGE.parent / "tests", PACKAGE.parent / "bench"]
+    roots += [d for d in PACKAGE.iterdir() if d.is_dir()]
+    gone = {f"{path.relative_to(PACKAGE)}: {ref}" for path in PACKAGE.rglob("*.py")
+            for ref in named_files(path.read_text())
+            if not any((root / ref).exists() for root in [path.parent, *roots])}
+    assert gone == set()
