@@ -3,6 +3,7 @@ every section of the GPU bench runs end to end in its own process — training t
 Marian, the paper-budget projection, bf16 and fp16 runs of the CLI, the torchrun SIGKILL-resume,
 decoding beside CTranslate2, the profile — so the GPU run is one command."""
 
+import importlib
 import json
 import os
 import re
@@ -69,19 +70,17 @@ def test_a_folder_that_is_not_prepared_data_gets_one_line(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-def _gpu_bench():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_bench", RUN.parent / "gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _gpu_bench(name: str = "gpu"):
+    """bench/NAME.py as a module (bench/ is not a package: its scripts import their siblings by name)."""
+    if str(RUN.parent) not in sys.path:
+        sys.path.insert(0, str(RUN.parent))
+    return importlib.import_module(name)
 
 
 def test_decoding_takes_a_model_that_learned():
     """The second H200 run's base-sized model diverged (valid NLL 9.14) and decoding it to the length limit
     ran out the visit's time: such a model gives way to the multi30k run, with the reason recorded."""
-    choose = _gpu_bench().decoding_model
+    choose = _gpu_bench("gpu_learning").decoding_model
 
     def runs(base: float | None, small: float) -> dict:
         out = {"multi30k-bf16-s1": {"validations": [{"step": 2750, "valid_nll": small}]}}
@@ -96,7 +95,7 @@ def test_decoding_takes_a_model_that_learned():
 
 
 def test_decoding_sentences_fit_the_time_left():
-    fitting = _gpu_bench().fitting
+    fitting = _gpu_bench("gpu_decoding").fitting
     assert fitting(1000, 64, 0.64, 2, float("inf")) == 1000
     assert fitting(1000, 64, 0.64, 2, 100.0) == 1000  # 1000 × 0.01 s × 2 rounds = 20 s ≤ half of 100
     assert fitting(1000, 64, 6.4, 2, 100.0) == 250  # 0.1 s a sentence: 50 s hold 250 sentences twice
@@ -109,7 +108,7 @@ def test_decoding_keeps_every_round_it_timed():
     with the medians, BLEU and aiayn's ratio so far."""
     from types import SimpleNamespace
 
-    bench, saved = _gpu_bench(), []
+    bench, saved = _gpu_bench("gpu_decoding"), []
     SENT = "ein hund spielt im schnee ."
     systems = {"aiayn bf16": lambda s: list(s), "CTranslate2 float16": lambda s: [x.upper() for x in s]}
     out: dict = {}
