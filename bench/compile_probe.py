@@ -47,7 +47,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def main() -> int:
+def parse_args() -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, required=True, help="a prepared directory (spm.model, the test sentences)")
     ap.add_argument("--device", default="cuda")
@@ -58,34 +58,22 @@ def main() -> int:
     ap.add_argument("--sentences", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    from aiayn.config import apply_overrides, preset
-    from aiayn.data.tokenizer import load_tokenizer
+    return ap.parse_args(), ap
+
+
+ROUTES = {True: "sdpa", False: "explicit"}
+
+
+def translators(cfg, tok, device: torch.device) -> dict:
+    """The systems timed, one model of random weights: eager (the device's attention route), eager
+    through the other route, SDPA's step as one CUDA graph a step (shrinking, and kept whole), compiled."""
     from aiayn.decode.translator import Translator
     from aiayn.models.build import build_model
 
-    began, out = time.time(), {"command": " ".join(sys.argv), "torch": torch.__version__, "stages": []}
-
-    def stage(name: str, **facts) -> None:
-        out["stages"].append({"name": name, "at_s": round(time.time() - began, 1), "graphs": graphs(), **facts})
-        args.out.write_text(json.dumps(out, indent=1))
-        print(f"[{time.strftime('%H:%M:%S')}] {json.dumps(out['stages'][-1])}", flush=True)
-
-    device = torch.device(args.device)
-    from aiayn.errors import AiaynError
-
-    try:
-        cfg = apply_overrides(preset(args.preset), dict(args.set))
-        tok = load_tokenizer(str(args.data / "spm.model"))
-        src = (args.data / f"{args.test}.en.txt").read_text(encoding="utf-8").splitlines()[:args.sentences]
-    except (AiaynError, OSError) as e:
-        ap.error(str(e))
-    cfg.model.vocab_size = len(tok)
     torch.manual_seed(1)
     model = build_model(cfg.model).to(device).eval()
     precision = "bf16" if device.type == "cuda" else "fp32"
     eager = Translator(model, tok, cfg.decode, device, precision)
-    compiled = Translator(model, tok, cfg.decode, device, precision, compiled=True)
     other = Translator(model, tok, cfg.decode, device, precision)  # eager through the other attention route
     other.search_model.sdpa = not eager.search_model.sdpa  # a GPU's is SDPA, a CPU's the written-out products
     graphed = Translator(model, tok, cfg.decode, device, precision)  # SDPA's step replayed as a CUDA graph
@@ -93,14 +81,16 @@ def main() -> int:
     whole = Translator(model, tok, cfg.decode, device, precision)  # the same, each batch's graph never shrunk
     whole.search_model.sdpa = whole.search_model.graphs = True
     whole.search_model.shrink = 0.0
-    routes = {True: "sdpa", False: "explicit"}
-    stage("built", device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-          eager=routes[eager.search_model.sdpa])
-    stage("compile_now", seconds=round(compiled.compile_now(), 1))
-    systems = {"eager": eager, f"eager {routes[other.search_model.sdpa]}": other, "eager graphs": graphed,
-               "eager graphs whole": whole, "compiled": compiled}
+    return {"eager": eager, f"eager {ROUTES[other.search_model.sdpa]}": other, "eager graphs": graphed,
+            "eager graphs whole": whole, "compiled": Translator(model, tok, cfg.decode, device, precision,
+                                                                compiled=True)}
+
+
+def first_batches(systems: dict, src: list[str], stage, device: torch.device) -> None:
+    """Each system's first use of the real batch (any graph compile_now did not make compiles here);
+    a system whose first use fails (a CUDA graph's capture) is dropped with the reason."""
     first = {}
-    for name, t in list(systems.items()):  # the real batch's first use: any graph compile_now did not make
+    for name, t in list(systems.items()):
         start = time.perf_counter()
         try:
             first[name] = t.translate(src, beam=4, alpha=0.6)
@@ -111,8 +101,13 @@ def main() -> int:
         sync(device)
         same = {"same_as_eager": sum(a == b for a, b in zip(first[name], first["eager"]))} if name != "eager" else {}
         stage(f"first {name} batch", seconds=round(time.perf_counter() - start, 2), **same)
+
+
+def timed_rounds(systems: dict, src: list[str], rounds: int, stage, device: torch.device) -> None:
+    """Alternating rounds of every system; after each, the medians' ratios (> 1: the first named is slower)."""
     seconds: dict = {k: [] for k in systems}
-    for r in range(args.rounds):
+    eager_sdpa = systems["eager"].search_model.sdpa
+    for r in range(rounds):
         for name, t in systems.items():
             sync(device)
             start = time.perf_counter()
@@ -120,13 +115,41 @@ def main() -> int:
             sync(device)
             seconds[name].append(round(time.perf_counter() - start, 3))
         med = {k: statistics.median(v) for k, v in seconds.items()}
-        sdpa, explicit = (med["eager"], med["eager explicit"]) if eager.search_model.sdpa else (
-            med["eager sdpa"], med["eager"])
+        sdpa, explicit = (med["eager"], med["eager explicit"]) if eager_sdpa else (med["eager sdpa"], med["eager"])
         stage(f"round {r + 1}", seconds=seconds, compiled_over_eager=round(med["eager"] / med["compiled"], 3),
               sdpa_speedup=round(explicit / sdpa, 3),  # > 1: SDPA's route is the faster
               graphs_speedup=round(sdpa / med["eager graphs"], 3) if "eager graphs" in med else None,  # > 1: faster
               shrink_speedup=round(med["eager graphs whole"] / med["eager graphs"], 3)  # > 1: shrinking pays
               if {"eager graphs", "eager graphs whole"} <= med.keys() else None)
+
+
+def main() -> int:
+    args, ap = parse_args()
+    from aiayn.config import apply_overrides, preset
+    from aiayn.data.tokenizer import load_tokenizer
+    from aiayn.errors import AiaynError
+
+    began, out = time.time(), {"command": " ".join(sys.argv), "torch": torch.__version__, "stages": []}
+
+    def stage(name: str, **facts) -> None:
+        out["stages"].append({"name": name, "at_s": round(time.time() - began, 1), "graphs": graphs(), **facts})
+        args.out.write_text(json.dumps(out, indent=1))
+        print(f"[{time.strftime('%H:%M:%S')}] {json.dumps(out['stages'][-1])}", flush=True)
+
+    device = torch.device(args.device)
+    try:
+        cfg = apply_overrides(preset(args.preset), dict(args.set))
+        tok = load_tokenizer(str(args.data / "spm.model"))
+        src = (args.data / f"{args.test}.en.txt").read_text(encoding="utf-8").splitlines()[:args.sentences]
+    except (AiaynError, OSError) as e:
+        ap.error(str(e))
+    cfg.model.vocab_size = len(tok)
+    systems = translators(cfg, tok, device)
+    stage("built", device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+          eager=ROUTES[systems["eager"].search_model.sdpa])
+    stage("compile_now", seconds=round(systems["compiled"].compile_now(), 1))
+    first_batches(systems, src, stage, device)
+    timed_rounds(systems, src, args.rounds, stage, device)
     return 0
 
 

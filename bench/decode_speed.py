@@ -142,7 +142,7 @@ def measure(name: str, mode: str, threads: int, args: argparse.Namespace, export
     return json.loads(line[len("RESULT "):])
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
     p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.en.txt")
@@ -159,19 +159,12 @@ def main() -> None:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--mode", default="throughput", help=argparse.SUPPRESS)
     p.add_argument("--export-dir", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.worker:
-        return worker(args)
-    if args.src.parent == DATA:
-        prepared_data(DATA)
-    print(f"CPU: {cpu_meta()['label']}", flush=True)
-    args.checkpoint = trained_checkpoint(args.checkpoint)
-    systems = [s for s in args.systems.split(",") if s]
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown:
-        raise SystemExit(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
-    src = Path(args.src).read_text(encoding="utf-8").splitlines()
-    ref = Path(args.ref).read_text(encoding="utf-8").splitlines()
+    return p.parse_args()
+
+
+def exports(args: argparse.Namespace, systems: list[str]) -> Path:
+    """The checkpoint exported for the peers (HF, CTranslate2) and the shortlist, in a new folder;
+    a CTranslate2 system whose library is absent leaves `systems`."""
     export_dir = Path(tempfile.mkdtemp())
     export_hf(Path(args.checkpoint), export_dir / "hf")
     if any(s.endswith("-shortlist") for s in systems):
@@ -183,6 +176,13 @@ def main() -> None:
             except ImportError:
                 print("ctranslate2 not installed: skipping CTranslate2")
                 systems.remove(f"ct2-{quant}")
+    return export_dir
+
+
+def throughput(args: argparse.Namespace, systems: list[str], src: list[str], ref: list[str],
+               export_dir: Path) -> tuple[list[dict], dict]:
+    """Alternating repetitions of every system (a process each); the median's rows, and each system's
+    first measurement (its translations, tokens, and the unbatched check)."""
     times: dict[str, list[float]] = {k: [] for k in systems}
     outputs: dict[str, dict] = {}
     for rep in range(args.reps):
@@ -201,29 +201,61 @@ def main() -> None:
                      "vs_hf": len(src) / sec / ref_speed, "per_rep_sent_per_s": [len(src) / t for t in times[name]],
                      "bleu": sacrebleu.corpus_bleu(outputs[name]["text"], [ref]).score,
                      "compile_s": outputs[name].get("compile_s", 0.0), "ran": outputs[name].get("precision")})
-    alone = {n: o["identical_to_unbatched"] for n, o in outputs.items() if "identical_to_unbatched" in o}
-    for n, k in alone.items():
-        print(f"{n}: batched = unbatched for {k} of {min(args.unbatched, len(src))} sentences")
+    return rows, outputs
+
+
+def print_rows(rows: list[dict], outputs: dict, args: argparse.Namespace, n: int) -> int | None:
+    """The table; how many aiayn fp32 translations equal HF's (returned; None without both)."""
+    for name, o in outputs.items():
+        if "identical_to_unbatched" in o:
+            k = o["identical_to_unbatched"]
+            print(f"{name}: batched = unbatched for {k} of {min(args.unbatched, n)} sentences")
     print(f"\n{'system':<18}{'sent/s':>8}{'tok/s':>8}{'x HF':>7}{'BLEU':>7}")
     for r in rows:
         print(f"{r['system']:<18}{r['sent_per_s']:>8.1f}{r['tgt_tok_per_s']:>8.0f}{r['vs_hf']:>7.2f}{r['bleu']:>7.2f}")
     for r in rows:
         if r["compile_s"]:
             print(f"{r['system']}: compiled in {r['compile_s']:.1f} s before its first measurement")
-    same = None
-    if hf and "aiayn-fp32" in systems:
-        same = sum(a == b for a, b in zip(outputs["aiayn-fp32"]["text"], outputs["hf-generate-fp32"]["text"]))
-        print(f"aiayn fp32 and HF give the same translation for {same} of {len(src)} sentences")
+    if not {"aiayn-fp32", "hf-generate-fp32"} <= outputs.keys():
+        return None
+    same = sum(a == b for a, b in zip(outputs["aiayn-fp32"]["text"], outputs["hf-generate-fp32"]["text"]))
+    print(f"aiayn fp32 and HF give the same translation for {same} of {n} sentences")
+    return same
+
+
+def latencies(args: argparse.Namespace, systems: list[str], n: int, export_dir: Path) -> list[dict]:
+    """Single-sentence latency (p50, p95) of every system but HF's, on 1 and 2 threads."""
     latency = []
-    if args.latency:
-        for threads in (1, 2):
-            for name in (s for s in systems if s != "hf-generate-fp32"):
-                r = measure(name, "latency", threads, args, export_dir)
-                latency.append({"system": name, "threads": threads, **r})
-        print(f"\nsingle-sentence latency over {min(args.latency, len(src))} sentences, beam 4 (ms):")
-        print(f"{'system':<18}{'threads':>8}{'p50':>8}{'p95':>8}")
-        for r in latency:
-            print(f"{r['system']:<18}{r['threads']:>8}{r['p50_ms']:>8.1f}{r['p95_ms']:>8.1f}")
+    for threads in (1, 2):
+        for name in (s for s in systems if s != "hf-generate-fp32"):
+            r = measure(name, "latency", threads, args, export_dir)
+            latency.append({"system": name, "threads": threads, **r})
+    print(f"\nsingle-sentence latency over {min(args.latency, n)} sentences, beam 4 (ms):")
+    print(f"{'system':<18}{'threads':>8}{'p50':>8}{'p95':>8}")
+    for r in latency:
+        print(f"{r['system']:<18}{r['threads']:>8}{r['p50_ms']:>8.1f}{r['p95_ms']:>8.1f}")
+    return latency
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        return worker(args)
+    if args.src.parent == DATA:
+        prepared_data(DATA)
+    print(f"CPU: {cpu_meta()['label']}", flush=True)
+    args.checkpoint = trained_checkpoint(args.checkpoint)
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
+    src = Path(args.src).read_text(encoding="utf-8").splitlines()
+    ref = Path(args.ref).read_text(encoding="utf-8").splitlines()
+    export_dir = exports(args, systems)
+    rows, outputs = throughput(args, systems, src, ref, export_dir)
+    same = print_rows(rows, outputs, args, len(src))
+    latency = latencies(args, systems, len(src), export_dir) if args.latency else []
+    alone = {n: o["identical_to_unbatched"] for n, o in outputs.items() if "identical_to_unbatched" in o}
     meta = {"torch": torch.__version__, "threads": args.threads, "machine": platform.processor() or platform.machine(),
             "cpu": cpu_meta(),
             "sentences": len(src), "reps": args.reps, "date": time.strftime("%Y-%m-%d"), "identical_to_hf": same,
