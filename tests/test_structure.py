@@ -170,6 +170,14 @@ def test_functions_and_modules_are_short(name):
     assert long_functions(source) == [], f"{path.name}: functions over {MAX_FUNCTION} lines"
 
 
+@pytest.mark.parametrize("path", sorted((PACKAGE.parent / "bench").glob("*.py")), ids=lambda p: p.name)
+def test_the_benchmarks_are_kept_as_the_package_is(path):
+    """bench/ is read as often as the package (its figures are the README's): the same lengths."""
+    source = path.read_text()
+    assert len(source.splitlines()) <= MAX_MODULE, f"{path.name}: {len(source.splitlines())} lines"
+    assert long_functions(source) == [], f"{path.name}: functions over {MAX_FUNCTION} lines"
+
+
 def test_every_error_about_input_is_an_aiayn_error():
     """One base (errors.AiaynError) that the command line prints as one line: a new kind of error
     cannot be forgotten in a list of classes the CLI must know."""
