@@ -23,7 +23,10 @@ def _settle(v: RowVerdict, ref_nll: list[float], alpha: float) -> tuple[str, int
     m = seeds_to_settle(v.nll.delta, ref_nll, NLL_MARGIN if no_change else None, alpha, power=POWER)
     if m is None:
         return f"{v.r['row']} more than 20 with {len(ref_nll)} reference seeds (ΔNLL {v.nll.delta:+.4f})", None
-    return f"{v.r['row']} {max(m - v.nll.m, 0)}", max(m - v.nll.m, 0)
+    if m <= v.nll.m:  # enough seeds, had they spread as the reference's: its own spread wider
+        return (f"{v.r['row']} 1 or more (its {v.nll.m} seeds spread wider than the reference's, at whose spread "
+                f"{m} would do)"), 1
+    return f"{v.r['row']} {m - v.nll.m}", m - v.nll.m
 
 
 def _against(v: RowVerdict) -> str:

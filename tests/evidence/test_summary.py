@@ -82,6 +82,20 @@ def test_the_summary_names_agreeing_contradicted_open_and_unjudged_rows_and_thei
     assert "the tune suite has not run" not in tuned and "luong, 1 seed: valid NLL 1.8000" in tuned
 
 
+def test_a_row_whose_own_seeds_spread_wide_is_not_settled_by_none_more():
+    """An inconclusive row with as many seeds as would settle it at the reference's spread (its own two
+    spread far wider) needs at least one more, not "0"."""
+    refs = [_result(f"ref-s{i}", v, seed=i) for i, v in enumerate(REF, 1)]
+    wide = _seeds("C-N1", "C", [1.98, 2.14], [30.0, 30.0])
+    for r in wide:
+        r["paper"] = {"label": "C-N1", "ppl": 6.11, "bleu": 23.7, "ref_ppl": 4.92, "ref_bleu": 25.8}
+    p = scipy_stats.ttest_ind([1.98, 2.14], REF).pvalue
+    assert p > 0.05 and seeds_to_settle(0.06, REF, alpha=0.05, power=0.8) <= 2  # inconclusive, "settled" at 2
+    text = "\n".join(summary_section({"table3": refs + wide}))
+    assert "**1 is inconclusive** (C-N1)" in text and "C-N1 0" not in text
+    assert "C-N1 1 or more (its 2 seeds spread wider than the reference's" in text and "in all 1 runs" in text
+
+
 def _seeds(row: str, group: str, nlls: list[float], bleus: list[float], family: str = "main", **extra) -> list[dict]:
     return [{"row": row if s == 1 else f"{row}-s{s}", "of": row, "seed": s, "group": group, "family": family,
              "valid_nll": v, "valid_ppl": 7.0, "updates": 2750, "change": row, "params": 7.6e6, "curve": [],
