@@ -36,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-sys.path[:0] = [str(Path(__file__).resolve().parent)]  # its sibling modules, also when loaded from elsewhere
+if str(Path(__file__).resolve().parent) not in sys.path:  # its sibling modules, also when loaded from elsewhere
+    sys.path.append(str(Path(__file__).resolve().parent))
 from gpu_decoding import decode_bench  # noqa: E402
 from gpu_learning import (  # noqa: E402
     compare_precisions,

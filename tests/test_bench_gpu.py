@@ -73,7 +73,7 @@ def test_a_folder_that_is_not_prepared_data_gets_one_line(tmp_path):
 def _gpu_bench(name: str = "gpu"):
     """bench/NAME.py as a module (bench/ is not a package: its scripts import their siblings by name)."""
     if str(RUN.parent) not in sys.path:
-        sys.path.insert(0, str(RUN.parent))
+        sys.path.append(str(RUN.parent))  # last: its script names never shadow another module
     return importlib.import_module(name)
 
 
