@@ -87,3 +87,27 @@ def test_the_readmes_reproduction_numbers_are_the_reports():
     assert not missing, f"README numbers not in {block.group(1)}: {missing}"
     settings = [s for s in re.findall(r"\w+=\d+", block.group(2)) if s not in report]  # "N=6", not an edited count
     assert not settings, f"README settings not in {block.group(1)}: {settings}"
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens,
+    a repeated heading's anchor numbered (-1, -2, ...)."""
+    out, seen = set(), {}
+    for m in re.finditer(r"^#{1,6}\s+(.*?)\s*$", page.read_text(), re.M):
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+def test_every_link_to_a_section_finds_its_heading():
+    """README, docs/ and bench/README.md link into pages by heading (bench/README.md's contents list):
+    a renamed heading must take its links with it."""
+    assert heading_anchors(README) >= {"two-commands-on-a-fresh-machine", "results-by-processor"}
+    pages = [README, *(README.parent / "docs").rglob("*.md"), *(README.parent / "bench").glob("*.md")]
+    links = [(page, m.group(1), m.group(2)) for page in pages
+             for m in re.finditer(r"\]\(([^)\s:#]*)#([^)\s]+)\)", page.read_text())]
+    assert len(links) >= 20, len(links)  # the contents list alone has 17
+    broken = [f"{page.name}: {target}#{anchor}" for page, target, anchor in links
+              if anchor not in heading_anchors(page.parent / target if target else page)]
+    assert broken == []
