@@ -46,6 +46,10 @@ def _n(n: int, verb: str) -> str:
     return f"{n} {verb}s" if n == 1 else f"{n} {verb}"
 
 
+def _named(rows: list[str]) -> str:
+    return f" ({', '.join(rows)})" if rows else ""
+
+
 def _unjudged(judged_rows: list[tuple[RowVerdict, list[float]]]) -> str:
     parts = {"paper": [], "extension": [], "observation": []}
     for v, _ in judged_rows:
@@ -68,14 +72,15 @@ def table3_words(rs: list[dict]) -> str:
     open_ = [(v, ref) for v, ref in judged_rows if v.v_nll and v.v_nll.reproduced is None]
     bleu = [v.v_bleu for v, _ in judged_rows if v.v_bleu]
     n_open, b_open = len(open_), sum(b.reproduced is None for b in bleu)
+    b_rows = {k: [v.r["row"] for v, _ in judged_rows if v.v_bleu and v.v_bleu.reproduced is k] for k in (True, False)}
     text = (f"At {vs[0].r['updates']:,} updates on Multi30k, of the paper's {len(vs)} Table 3 claims on validation "
             f"NLL (the primary statistic; claims and their sources below), **{_n(len(agree), 'agree')}** "
             f"({', '.join(agree) or 'none'}), **{_n(len(against), 'contradict')}** "
             f"({', '.join(against) or 'none'}) and "
             f"**{n_open} {_are(n_open)} inconclusive** ({', '.join(v.r['row'] for v, _ in open_) or 'none'}). Of "
             f"its {len(bleu)} BLEU claims (the difference must also pass the paired bootstrap) "
-            f"{_n(sum(b.reproduced is True for b in bleu), 'agree')}, "
-            f"{_n(sum(b.reproduced is False for b in bleu), 'contradict')} and {b_open} {_are(b_open)} inconclusive.")
+            f"{_n(len(b_rows[True]), 'agree')}{_named(b_rows[True])}, "
+            f"{_n(len(b_rows[False]), 'contradict')}{_named(b_rows[False])} and {b_open} {_are(b_open)} inconclusive.")
     text += _unjudged(judged_rows)
     failed = [v.r["row"] for v, _ in judged_rows if v.failed]
     if failed:

@@ -82,6 +82,18 @@ def test_the_summary_names_agreeing_contradicted_open_and_unjudged_rows_and_thei
     assert "the tune suite has not run" not in tuned and "luong, 1 seed: valid NLL 1.8000" in tuned
 
 
+def test_the_summary_names_the_rows_whose_bleu_agrees_or_contradicts():
+    refs = [_result(f"ref-s{i}", v, seed=i, bleu={"valid": {"bleu": b}})
+            for i, (v, b) in enumerate(zip(REF, [30.0, 30.2, 29.8, 30.1, 29.9]), 1)]
+    paired = {"baseline": "ref-s1", "split": "valid", "p": 0.001, "samples": 1000}
+    rows = [_result("C-N1", 2.10, 6.11, bleu={"valid": {"bleu": 25.0}}, paired_bs={**paired, "delta": -5.0}),
+            _result("A-h1", 1.90, 5.29, bleu={"valid": {"bleu": 35.0}}, paired_bs={**paired, "delta": 5.0}),
+            _result("B-dk16", 2.03, 5.16, bleu={"valid": {"bleu": 30.1}}, paired_bs={**paired, "delta": 0.1})]
+    text = "\n".join(summary_section({"table3": refs + rows}))
+    assert "Of its 3 BLEU claims (the difference must also pass the paired bootstrap) 1 agrees (C-N1), " \
+           "1 contradicts (A-h1) and 1 is inconclusive." in text
+
+
 def test_a_row_whose_own_seeds_spread_wide_is_not_settled_by_none_more():
     """An inconclusive row with as many seeds as would settle it at the reference's spread (its own two
     spread far wider) needs at least one more, not "0"."""
