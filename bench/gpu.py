@@ -133,7 +133,12 @@ def parse_args() -> argparse.Namespace:
     only.add_argument("--decode-only", action="store_true", help="train the base-sized model and decode; nothing else")
     only.add_argument("--training-only", action="store_true", help="the timed training rows alone")
     ap.add_argument("--test", default="test_2016_flickr", help="test split: DATA/NAME.{en,de}.txt")
+    ap.add_argument("--models", help="the timed training rows' models, comma-separated (default base,big; --tiny: "
+                    "base): --training-only --models base times a lever in half a visit's call")
     args = ap.parse_args()
+    args.models = (("base" if args.tiny else "base,big") if args.models is None else args.models).split(",")
+    if not args.models or not set(args.models) <= {"base", "big"} or len(set(args.models)) < len(args.models):
+        ap.error(f"--models must name base, big or both once each, comma-separated; got {','.join(args.models)!r}")
     if args.length is not None and not 2 <= args.length <= 512:
         ap.error(f"--length must be in [2, 512] (padded subwords of a timed batch), got {args.length}")
     if not (args.data / "manifest.json").is_file():

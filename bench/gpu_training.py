@@ -119,7 +119,7 @@ def build_runners(args, device: torch.device, precision: str) -> dict:
     """Every training variant of `base` and `big`, each warmed up (compiled ones compile here): its
     step, config, warm-up seconds and the peak memory of its steps beyond what was allocated before."""
     runners = {}
-    for name in ("base",) if args.tiny else ("base", "big"):  # tiny: the same code once
+    for name in args.models:  # tiny: base alone, the same code once
         variants = {"aiayn eager (fp32 logits, the preset)": ("aiayn", False, True),
                     "aiayn eager": ("aiayn", False, False), "aiayn compiled": ("aiayn", True, False),
                     "aiayn compiled, chunked loss": ("chunked", True, False),
@@ -232,8 +232,8 @@ def timed_rows(args, device: torch.device) -> dict:
 
 
 def profile(args, device: torch.device) -> dict:
-    """Where a base update's time goes (torch.profiler, 2 updates each of eager and compiled): the
-    kernels by self time, for the next lever."""
+    """Where an update of the first model timed goes (torch.profiler, 2 updates each of eager and
+    compiled; base unless --models says otherwise): the kernels by self time, for the next lever."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
 
@@ -241,7 +241,7 @@ def profile(args, device: torch.device) -> dict:
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     out = {}
     for label in ("aiayn eager", "aiayn compiled"):
-        r = _RUNNERS.get(("base", label), {})
+        r = _RUNNERS.get((args.models[0], label), {})
         if "step" not in r:
             continue
         with prof(activities=acts) as p:

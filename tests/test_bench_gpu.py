@@ -136,18 +136,25 @@ def test_a_section_that_fails_keeps_what_it_saved(tmp_path):
 def test_training_only_times_the_training_rows_and_nothing_else(toy_prepared, tmp_path):
     """A short GPU visit's `--training-only`: the training sections, no learning runs, no decoding."""
     res = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(toy_prepared), "--device", "cpu",
-                          "--tiny", "--skip-compile", "--training-only", "--length", "24",
+                          "--tiny", "--skip-compile", "--training-only", "--length", "24", "--models", "big",
                           "--out", str(tmp_path / "g.json"), "--work", str(tmp_path / "w")],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads((tmp_path / "g.json").read_text())
     assert set(r) == {"command", "env", "training_warmup", "training", "paper_budget_projection", "profile"}, r
-    assert all(v["tgt_tok_s"] > 0 for v in r["training"]["base"].values())
+    assert {k for k in r["training"] if k in ("base", "big")} == {"big"}  # --models big: not --tiny's base
+    assert all(v["tgt_tok_s"] > 0 for v in r["training"]["big"].values())
+    assert set(r["paper_budget_projection"]) - {"section_s"} == {"big"} and set(r["profile"]) - {"section_s"} == {
+        "aiayn eager"}
     assert r["training"]["batch"]["padded_length"] == 24  # --length: the rows at another sequence length
     assert not list((tmp_path / "w").glob("multi30k-*"))  # no training run started
     both = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(toy_prepared), "--training-only",
                            "--decode-only"], capture_output=True, text=True, timeout=120)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    for models in ("base,base", "small", ""):
+        bad = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(toy_prepared), "--models",
+                              models], capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and "--models must name base, big or both" in bad.stderr.splitlines()[-1], models
     zero = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(toy_prepared), "--length", "0"],
                           capture_output=True, text=True, timeout=120)
     assert zero.returncode == 2 and "--length must be in [2, 512]" in zero.stderr.splitlines()[-1]
