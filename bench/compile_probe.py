@@ -3,9 +3,12 @@ eager against compiled beam search on real sentences.
 
 The sixth GPU visit's `--decode-only` run spent over 360 s in the compiled step's first use and was
 cut before it timed anything. This probe needs no trained model (compiling and the step's cost do not
-depend on the weights' values; a model of random weights translates every sentence to its full length
-+50, the search's longest): it builds the preset's model, compiles the step with `compile_now`, notes
-each graph dynamo compiles and when (TORCH_LOGS=recompiles prints why), then times beam 4, α 0.6 over
+depend on the weights' values; a model of random weights translates every sentence to the search's
+limit, a·S + b subwords, so the limit sets the lengths: by default b is 0, each output as long as its
+source, as a trained model's roughly are, where the preset's +50 would make every batch's sentences
+nearly one length and hide what shrinking a batch saves; `--set decode.max_len_b=50` restores it): it
+builds the preset's model, compiles the step with `compile_now`, notes each graph dynamo compiles and
+when (TORCH_LOGS=recompiles prints why), then times beam 4, α 0.6 over
 the first sentences of test2016, eager and compiled alternately, eager through the other attention
 route (SDPA's kernel or the written-out products: a GPU's eager step takes SDPA, a CPU's the products),
 and SDPA's eager step replayed as one CUDA graph a step (decode/graphed.py; emulated on a CPU, where it
@@ -62,6 +65,14 @@ def parse_args() -> tuple[argparse.Namespace, argparse.ArgumentParser]:
 
 
 ROUTES = {True: "sdpa", False: "explicit"}
+
+
+def probe_config(name: str, sets: list[tuple[str, str]]):
+    """The preset with the --set overrides, outputs as long as their sources unless they say otherwise
+    (decode.max_len_b 0: the module's docstring says why)."""
+    from aiayn.config import apply_overrides, preset
+
+    return apply_overrides(preset(name), {"decode.max_len_b": "0", **dict(sets)})
 
 
 def translators(cfg, tok, device: torch.device) -> dict:
@@ -125,7 +136,6 @@ def timed_rounds(systems: dict, src: list[str], rounds: int, stage, device: torc
 
 def main() -> int:
     args, ap = parse_args()
-    from aiayn.config import apply_overrides, preset
     from aiayn.data.tokenizer import load_tokenizer
     from aiayn.errors import AiaynError
 
@@ -138,7 +148,7 @@ def main() -> int:
 
     device = torch.device(args.device)
     try:
-        cfg = apply_overrides(preset(args.preset), dict(args.set))
+        cfg = probe_config(args.preset, args.set)
         tok = load_tokenizer(str(args.data / "spm.model"))
         src = (args.data / f"{args.test}.en.txt").read_text(encoding="utf-8").splitlines()[:args.sentences]
     except (AiaynError, OSError) as e:
@@ -146,7 +156,7 @@ def main() -> int:
     cfg.model.vocab_size = len(tok)
     systems = translators(cfg, tok, device)
     stage("built", device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-          eager=ROUTES[systems["eager"].search_model.sdpa])
+          eager=ROUTES[systems["eager"].search_model.sdpa], max_len=[cfg.decode.max_len_a, cfg.decode.max_len_b])
     stage("compile_now", seconds=round(systems["compiled"].compile_now(), 1))
     first_batches(systems, src, stage, device)
     timed_rounds(systems, src, args.rounds, stage, device)

@@ -176,6 +176,7 @@ def test_compile_probe_dry_run_on_the_cpu(toy_prepared, tmp_path):
                             "first eager graphs batch", "first eager graphs whole batch", "first compiled batch",
                             "round 1"]
     assert stages["built"]["eager"] == "explicit" and stages["round 1"]["sdpa_speedup"] > 0  # a CPU's eager route
+    assert stages["built"]["max_len"] == [1.0, 8]  # --set decode.max_len_b over the probe's own 0
     assert stages["round 1"]["graphs_speedup"] > 0  # graphs emulated on a CPU: timed, not faster
     assert stages["first eager graphs batch"]["same_as_eager"] == 6  # of 6 sentences
     assert stages["first eager graphs whole batch"]["same_as_eager"] == 6 and stages["round 1"]["shrink_speedup"] > 0
@@ -184,6 +185,15 @@ def test_compile_probe_dry_run_on_the_cpu(toy_prepared, tmp_path):
     assert stages["round 1"]["graphs"] == stages["compile_now"]["graphs"]
     assert stages["round 1"]["compiled_over_eager"] > 0
     assert "Recompiling function _tensor_step" in (tmp_path / "log.txt").read_text()  # TORCH_LOGS=recompiles, kept
+
+
+def test_the_probe_decodes_outputs_as_long_as_their_sources_unless_told():
+    """Random weights run every hypothesis to the search's limit a·S + b: b 0 gives test2016's spread of
+    lengths (what shrinking a batch is for); the preset's +50 only when --set asks."""
+    probe_config = _gpu_bench("compile_probe").probe_config
+    assert probe_config("base", []).decode.max_len_b == 0 and probe_config("base", []).decode.max_len_a == 1.0
+    assert probe_config("base", [("decode.max_len_b", "50")]).decode.max_len_b == 50
+    assert probe_config("base", [("model.N", "1")]).model.N == 1
 
 
 @pytest.mark.parametrize("args, says", [(["--set", "model.N"], "expected SECTION.FIELD=VALUE"),
