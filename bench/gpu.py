@@ -128,7 +128,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--m30k-minutes", type=float, default=4.5)
     ap.add_argument("--decode-rounds", type=int, default=2)
     ap.add_argument("--length", type=int, help="padded length of the timed training batches (default 32; --tiny: 16): "
-                    "SDPA against explicit attention at other lengths, e.g. --training-only --length 128")
+                    "the rows at other lengths, e.g. --training-only --length 128")
     only = ap.add_mutually_exclusive_group()
     only.add_argument("--decode-only", action="store_true", help="train the base-sized model and decode; nothing else")
     only.add_argument("--training-only", action="store_true", help="the timed training rows alone")
@@ -229,7 +229,8 @@ def print_table(data: dict) -> None:
                   f"{r.get('warmup_s', '—')} |")
     for name, r in data.get("paper_budget_projection", {}).items():
         if isinstance(r, dict):
-            print(f"paper {name} budget ({r['updates']:,} updates × 25k tokens): {r['hours']} h at {r['at']}")
+            shipped = f"; {r['preset']['hours']} h at {r['preset']['at']}" if "preset" in r else ""
+            print(f"paper {name} budget ({r['updates']:,} updates × 25k tokens): {r['hours']} h at {r['at']}{shipped}")
     for name, r in data.get("decoding", {}).items():
         if isinstance(r, dict) and "sent_s" in r:
             print(f"decode {name}: {r['sent_s']} sentences/s, BLEU {r['bleu']}")

@@ -41,6 +41,9 @@ def test_gpu_bench_dry_run_on_the_cpu(toy_prepared, tmp_path):
         best = max(v["tgt_tok_s"] for k, v in rows.items() if k.startswith("aiayn"))
         projected = r["paper_budget_projection"][name]
         assert projected["hours"] == pytest.approx(projected["updates"] * 25_000 / best / 3600, rel=1e-3)
+        shipped = rows["aiayn eager (fp32 logits, the preset)"]["tgt_tok_s"]  # the only preset row uncompiled
+        assert projected["preset"] == {"at": "aiayn eager (fp32 logits, the preset)", "hours": pytest.approx(
+            projected["updates"] * 25_000 / shipped / 3600, rel=1e-3)}
     learning = {k: v for k, v in r["learning"].items() if k != "section_s"}
     assert set(learning) == {"multi30k-bf16-s1", "multi30k-bf16-s2", "multi30k-fp16-s1", "multi30k-fp16-s2",
                              "base-multi30k"}
