@@ -161,7 +161,8 @@ def edit_json(path: Path, key: str, value) -> None:
 
 def tally(todo: list, results: dict) -> tuple[dict, list, list, dict]:
     """Each case's kind (ran, one-line error, timeout, traceback) counted by verb; the failures, the
-    timeouts and the odd values a verb took without a word, kept to be read."""
+    timeouts and the odd values a verb took without a word (`VERB_accepted`: a flag case's argv, a file
+    edit's key and value), kept to be read and to tell two runs apart."""
     table, failures, slow, accepted = {}, [], [], {}
     for i, (verb, argv, edit) in enumerate(todo):
         r = results[i]
@@ -177,8 +178,9 @@ def tally(todo: list, results: dict) -> tuple[dict, list, list, dict]:
             failures.append({**case, "returncode": r.returncode, "stderr_tail": r.stderr[-600:]})
         elif kind == "timeouts":  # kept, to tell a slow valid run from a hang
             slow.append({**case, "stderr_tail": r.stderr[-300:]})
-        elif kind == "ran" and edit:  # an odd value taken without a word: read to judge it harmless
-            accepted.setdefault(f"{verb}_accepted", []).append([*edit, argv[0]] if verb == "ckpt" else list(edit))
+        elif kind == "ran":  # an odd value taken without a word: kept to judge it harmless, and to compare runs
+            accepted.setdefault(f"{verb}_accepted", []).append(
+                argv if not edit else [*edit, argv[0]] if verb == "ckpt" else list(edit))
     return table, failures, slow, accepted
 
 

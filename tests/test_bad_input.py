@@ -462,7 +462,11 @@ def test_the_flag_sweep_builds_its_workspace_and_finds_no_traceback(tmp_path):
     res = subprocess.run([sys.executable, str(script), "--verbs", "score,params,config,marian", "--short", "--out",
                           str(tmp_path / "sweep.json")], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    table = json.loads((tmp_path / "sweep.json").read_text())["by_verb"]
+    found = json.loads((tmp_path / "sweep.json").read_text())
+    table = found["by_verb"]
+    for verb, row in table.items():  # every case that ran is listed, to compare two sweeps case by case
+        assert len(found.get(f"{verb}_accepted", [])) == row["ran"], verb
+    assert all(argv[0] == "score" for argv in found.get("score_accepted", []))
     assert table["score"]["cases"] == 3 * 4 and table["params"]["cases"] == 3 * 2  # --hyp --ref --pcfg --lang
     assert table["config"]["cases"] == 3 * len(config_keys()) and table["config"]["one_line_errors"] > 100
     assert table["marian"]["cases"] >= 3 * 30 and table["marian"]["one_line_errors"] > 40  # the counts, the ids
