@@ -15,44 +15,36 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from .config import (
-    Config,
-    ConfigError,
-    DataConfig,
-    DecodeConfig,
-    ModelConfig,
-    TrainConfig,
-    apply_overrides,
-    load_yaml,
-    preset,
-)
+from .config import Config, ConfigError, DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from .data.prepare import prepare
+from .doors import lazy
+from .overrides import apply_overrides, load_yaml, preset
 from .version import __version__
 
 if TYPE_CHECKING:
     from .decode.translator import Translation, Translator
     from .models.rnn import RecurrentModel
     from .models.transformer import Transformer
-    from .parsing.model import build_any as build_model
     from .parsing.treesearch import Parser
     from .training.session import train
 
 # the public names that need torch, and where each lives (module, or module:name)
-_WITH_TORCH = {"RecurrentModel": ".models.rnn", "Transformer": ".models.transformer",
-               "build_model": ".parsing.model:build_any",  # any config's model, §6.3's parser too
-               "train": ".training.session", "Translation": ".decode.translator", "Translator": ".decode.translator",
-               "Parser": ".parsing.treesearch"}
+_WITH_TORCH = {"RecurrentModel": "models.rnn", "Transformer": "models.transformer",
+               "train": "training.session", "Translation": "decode.translator", "Translator": "decode.translator",
+               "Parser": "parsing.treesearch"}
+__getattr__, _lazy_dir = lazy(__name__, _WITH_TORCH)
 
 
-def __getattr__(name: str) -> object:
-    if name not in _WITH_TORCH:
-        raise AttributeError(f"module 'aiayn' has no attribute {name!r}")
-    module, _, attr = _WITH_TORCH[name].partition(":")
-    return getattr(import_module(module, __name__), attr or name)
+def build_model(cfg: ModelConfig, pieces: list[str] | None = None):
+    """The model any config names: a translation model (models/build.py, without importing the
+    parser), or §6.3's parser when the config turns on its inputs (parsing/model.py's build_any)."""
+    if cfg.parser_inputs:
+        return import_module(".parsing.model", __name__).build_any(cfg, pieces)
+    return import_module(".models.build", __name__).build_model(cfg, pieces)
 
 
 def __dir__() -> list[str]:  # tab completion lists the lazy names too
-    return sorted(set(globals()) | set(_WITH_TORCH))
+    return sorted(set(globals()) | set(_lazy_dir()))
 
 
 __all__ = ["__version__", "Config", "ConfigError", "DataConfig", "DecodeConfig", "ModelConfig", "Parser",

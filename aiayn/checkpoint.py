@@ -20,11 +20,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from .config import Config, ConfigError, ModelConfig, from_dict
+from .config import Config, ConfigError, ModelConfig
 from .data.tokenizer import Tokenizer, read_tokenizer
 from .errors import AiaynError
 from .files import FileError, atomic_write, check_output_file
 from .models.build import build_model, shapes_only
+from .overrides import from_dict
 
 Builder = Callable[[ModelConfig, "list[str] | None"], torch.nn.Module]
 

@@ -1,4 +1,4 @@
-"""Plain dataclass configs, one per stage, with the paper's presets (Table 3) and YAML in/out.
+"""Plain dataclass configs, one per stage, each checked by its `validate` (overrides.py sets them by dotted key).
 
 Every default is the paper's choice (base model, §3 and §5). Presets are plain data: a dict of
 dotted overrides applied on top of the defaults, so ``big`` reads exactly as Table 3 describes it.
@@ -7,16 +7,14 @@ dotted overrides applied on top of the defaults, so ``big`` reads exactly as Tab
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import ConfigError
-from .presets import DECODE_LIMITS, MODEL_LIMITS, PRESETS, TRAIN_LIMITS
+from .presets import DECODE_LIMITS, MODEL_LIMITS, TRAIN_LIMITS
 
 
 def _check_numbers(section: str, cfg: Any) -> None:
@@ -32,10 +30,10 @@ def _check_limits(section: str, cfg: Any, limits: dict[str, float]) -> None:
     for name, most in limits.items():
         value = getattr(cfg, name)
         if value is not None and value > most:
-            raise ConfigError(f"{section}.{name} must be at most {most:,}, got {_show(value)}")
+            raise ConfigError(f"{section}.{name} must be at most {most:,}, got {show(value)}")
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     """repr(value), short (a 5,000-digit number has no repr in Python 3.11)."""
     try:
         text = repr(value)
@@ -88,6 +86,7 @@ class ModelConfig:
     activation: str = "relu"  # §3.3 ReLU; swish | gelu: pretrained Marian models' (aiayn import hf)
     out_bias: bool = False  # §3.4 no bias before the softmax; Marian's final_logits_bias
     scale_embedding: bool = True  # §3.4 embeddings times sqrt(d_model); Marian's scale_embedding false
+    attention: str = "auto"  # Eq. 1's kernel: auto (SDPA on a GPU and in fp32 CPU training) | sdpa | explicit
 
     @property
     def parser_inputs(self) -> list[str]:
@@ -114,7 +113,7 @@ class ModelConfig:
         for name, allowed in (("arch", ("transformer", "rnn", "conv")), ("rnn_cell", ("lstm", "gru")),
                               ("rnn_variant", ("luong", "bahdanau")),
                               ("rnn_attention", ("additive", "dot", "general")),
-                              ("activation", ("relu", "swish", "gelu"))):
+                              ("activation", ("relu", "swish", "gelu")), ("attention", ("auto", "sdpa", "explicit"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.rnn_variant == "bahdanau" and self.rnn_attention != "additive":
@@ -203,6 +202,7 @@ class TrainConfig:
     save_every_minutes: float = 10.0  # §6.1: checkpoints every 10 minutes
     keep_last: int = 5  # §6.1: interval checkpoints kept, and averaged by `aiayn average` (big: 20)
     dist_timeout_minutes: float = 60.0  # torchrun: how long a rank waits for the others in a collective
+    fused_loss: bool = True  # §5.4's loss compiled into fused kernels on a GPU; false: 8,192-row chunks there too
 
     def validate(self) -> None:
         _check_numbers("train", self)
@@ -250,6 +250,7 @@ class DecodeConfig:
     max_len_b: int = 50
     nbest: int = 1
     max_tokens: int | None = None  # source tokens per translation batch; None: by the decoding device
+    step: str = "auto"  # the decoder step: auto (fused; compiled with --compile) | modules | fused | compiled | graphed
 
     def validate(self) -> None:
         _check_numbers("decode", self)
@@ -264,6 +265,8 @@ class DecodeConfig:
             raise ConfigError(f"decode.nbest must be in [1, beam={self.beam}], got {self.nbest}")
         if self.alpha < 0:
             raise ConfigError(f"decode.alpha must be >= 0, got {self.alpha}")
+        if self.step not in ("auto", "modules", "fused", "compiled", "graphed"):
+            raise ConfigError(f"decode.step must be auto, modules, fused, compiled or graphed, got {self.step!r}")
         _check_limits("decode", self, DECODE_LIMITS)
 
 
@@ -289,110 +292,3 @@ class Config:
     def to_yaml(self) -> str:
         """The config as load_yaml reads it back (a run writes it atomically: training/runs.py)."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
-
-
-def _coerce(value: Any, current: Any, key: str) -> Any:
-    """A command-line string parsed into the type of the field it overrides; a value from a file
-    (YAML, a checkpoint's JSON) checked against that type (`N: 2.5` is refused, 2 becomes 2.0)."""
-    if isinstance(value, str) and not isinstance(current, str):
-        if isinstance(current, bool):
-            if value.lower() in ("1", "true", "yes", "on"):
-                return True
-            if value.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ConfigError(f"{key}: expected true/false, got {_show(value)}")
-        try:
-            value = yaml.safe_load(value)
-            if isinstance(current, float) and isinstance(value, str):
-                value = float(value)  # 2e-3 is a string to YAML 1.1
-        except (yaml.YAMLError, ValueError):
-            raise ConfigError(f"{key}: expected {type(current).__name__}, got {_show(value)}") from None
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if current is None:  # every None default is `int | None` (d_k, d_v, N_dec, decode.max_tokens)
-        if value is None or (number and isinstance(value, int)):
-            return value
-        raise ConfigError(f"{key}: expected an integer or null, got {_show(value)}")
-    if isinstance(current, bool) and isinstance(value, bool):
-        return value
-    if isinstance(current, int) and not isinstance(current, bool) and number and isinstance(value, int):
-        return value
-    if isinstance(current, float) and number and not (isinstance(value, int) and abs(value) > 1e300):
-        return float(value)  # NaN and inf pass here; validate() names them
-    if isinstance(current, tuple) and isinstance(value, (list, tuple)) and all(
-            isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in value):
-        return tuple(value)
-    if isinstance(current, str) and isinstance(value, str):
-        return value
-    raise ConfigError(f"{key}: expected {type(current).__name__}, got {_show(value)}")
-
-
-def config_keys(cfg: Config | None = None) -> dict[str, Any]:
-    """Every dotted key of a config and its value (the defaults when cfg is None)."""
-    return _flatten((cfg or Config()).to_dict())
-
-
-def _unknown_key(key: str) -> ConfigError:
-    """An error that names the key and, when some are close, the keys the user probably meant
-    (those it begins first, then the most similar: at most two)."""
-    keys = list(config_keys())
-    close = [k for k in keys if k.startswith(key)][:1] + difflib.get_close_matches(key, keys, n=2, cutoff=0.75)
-    close = list(dict.fromkeys(close))[:2]
-    hint = (f"; did you mean {' or '.join(map(repr, close))}?" if close else
-            " (keys are model.*, data.*, train.*, decode.*; `aiayn config` prints them all)")
-    return ConfigError(f"unknown config key {key!r}{hint}")
-
-
-def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
-    """Set dotted keys (``train.lr_scale``) on a config; unknown keys are an error."""
-    for key, value in overrides.items():
-        section, _, name = key.partition(".")
-        sub = getattr(cfg, section, None)
-        if sub is None or not dataclasses.is_dataclass(sub) or not name:
-            raise _unknown_key(key)
-        if name not in {f.name for f in dataclasses.fields(sub)}:
-            raise _unknown_key(key)
-        setattr(sub, name, _coerce(value, getattr(sub, name), key))
-    return cfg
-
-
-def preset(name: str) -> Config:
-    """A fresh Config for a named preset (see PRESETS)."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose from: {', '.join(PRESETS)}")
-    return apply_overrides(Config(), PRESETS[name])
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
-def from_dict(d: dict[str, Any], base: Config | None = None) -> Config:
-    """Build a Config from a nested dict (as written by `to_dict` / YAML)."""
-    return apply_overrides(base or Config(), _flatten(d))
-
-
-def load_yaml(path: str | Path, base: Config | None = None) -> Config:
-    path = Path(path)
-    try:
-        size = path.stat().st_size  # missing: OSError below
-        if not path.is_file() or size > 1 << 20:  # a config is a few hundred bytes; a FIFO is never opened (it blocks)
-            why = f"{size:,} bytes, at most 1 MiB" if path.is_file() else "not a regular file"
-            raise ConfigError(f"{path}: not a readable config file ({why})")
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError) as e:  # missing, a binary file, no permission
-        why = f"invalid UTF-8 at byte {e.start}" if isinstance(e, UnicodeDecodeError) else e.strerror
-        raise ConfigError(f"{path}: not a readable config file ({why})") from None
-    except (yaml.YAMLError, RecursionError) as e:  # RecursionError: nested past Python's limit
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        what = " ".join(str(getattr(e, "problem", None) or e).split())
-        raise ConfigError(f"{where}: invalid YAML: {what}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    try:
-        return from_dict(data, base)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None

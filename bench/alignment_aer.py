@@ -4,7 +4,7 @@ The gold links (bench/data/gold_test2016_en-de.align, described in bench/data/RE
 scored against, each teacher-forced on the reference German of the same pairs:
 - every encoder-decoder head of the checkpoint and every layer's mean (decode/align.py);
 - the head `aiayn align` chooses (scored on validation pairs against the reference aligner, never
-  on these test pairs: analysis/align.py);
+  on these test pairs: analysis/alignment_head.py);
 - the reference aligner itself (data/ibm.py: IBM Model 2 with a diagonal prior, both directions,
   grow-diag-final-and), trained on the 100 pairs together with the Multi30k training corpus.
 The corpus: $AIAYN_MULTI30K, else ../shared/data/multi30k beside the repository.
@@ -95,7 +95,7 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=500, help="validation pairs the head is chosen on")
     p.add_argument("--out", default="bench/alignment_aer.json")
     args = p.parse_args()
-    from aiayn.analysis.align import reference, score_heads
+    from aiayn.analysis.alignment_head import reference, score_heads
     from aiayn.data.ibm import align as ibm_align
     from aiayn.decode.align import head_name
     from aiayn.score import read_pharaoh

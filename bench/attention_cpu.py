@@ -21,12 +21,12 @@ import torch
 from aiayn.models.attention import attention
 
 
-def time_once(use_sdpa: bool, q, k, v, mask, iters: int) -> float:
+def time_once(sdpa: bool, q, k, v, mask, iters: int) -> float:
     train = q.requires_grad
     start = time.perf_counter()
     with torch.set_grad_enabled(train):
         for _ in range(iters):
-            out, _ = attention(q, k, v, mask, use_sdpa=use_sdpa)
+            out, _ = attention(q, k, v, mask, kernel="sdpa" if sdpa else "explicit")
             if train:
                 out.sum().backward()
     return (time.perf_counter() - start) / iters * 1000

@@ -70,7 +70,7 @@ ROUTES = {True: "sdpa", False: "explicit"}
 def probe_config(name: str, sets: list[tuple[str, str]]):
     """The preset with the --set overrides, outputs as long as their sources unless they say otherwise
     (decode.max_len_b 0: the module's docstring says why)."""
-    from aiayn.config import apply_overrides, preset
+    from aiayn.overrides import apply_overrides, preset
 
     return apply_overrides(preset(name), {"decode.max_len_b": "0", **dict(sets)})
 
@@ -78,6 +78,7 @@ def probe_config(name: str, sets: list[tuple[str, str]]):
 def translators(cfg, tok, device: torch.device) -> dict:
     """The systems timed, one model of random weights: eager (the device's attention route), eager
     through the other route, SDPA's step as one CUDA graph a step (shrinking, and kept whole), compiled."""
+    from aiayn.decode.fast import StepOptions
     from aiayn.decode.translator import Translator
     from aiayn.models.build import build_model
 
@@ -85,13 +86,12 @@ def translators(cfg, tok, device: torch.device) -> dict:
     model = build_model(cfg.model).to(device).eval()
     precision = "bf16" if device.type == "cuda" else "fp32"
     eager = Translator(model, tok, cfg.decode, device, precision)
-    other = Translator(model, tok, cfg.decode, device, precision)  # eager through the other attention route
-    other.search_model.sdpa = not eager.search_model.sdpa  # a GPU's is SDPA, a CPU's the written-out products
-    graphed = Translator(model, tok, cfg.decode, device, precision)  # SDPA's step replayed as a CUDA graph
-    graphed.search_model.sdpa = graphed.search_model.graphs = True
-    whole = Translator(model, tok, cfg.decode, device, precision)  # the same, each batch's graph never shrunk
-    whole.search_model.sdpa = whole.search_model.graphs = True
-    whole.search_model.shrink = 0.0
+    # eager through the other attention route: a GPU's is SDPA, a CPU's the written-out products
+    other = Translator(model, tok, cfg.decode, device, precision, options=StepOptions(sdpa=not eager.search_model.sdpa))
+    # SDPA's step replayed as a CUDA graph; the same, each batch's graph never shrunk
+    graphed = Translator(model, tok, cfg.decode, device, precision, options=StepOptions(sdpa=True, graphs=True))
+    whole = Translator(model, tok, cfg.decode, device, precision,
+                       options=StepOptions(sdpa=True, graphs=True, shrink=0.0))
     return {"eager": eager, f"eager {ROUTES[other.search_model.sdpa]}": other, "eager graphs": graphed,
             "eager graphs whole": whole, "compiled": Translator(model, tok, cfg.decode, device, precision,
                                                                 compiled=True)}

@@ -25,11 +25,11 @@ import torch
 from benchdata import DATA, ROOT, cpu_meta, prepared_data
 
 sys.path.insert(0, str(ROOT))
-from aiayn.config import preset  # noqa: E402
 from aiayn.data.batches import TokenData, bucket_length, collate, make_batches  # noqa: E402
 from aiayn.data.prepare import load_manifest  # noqa: E402
 from aiayn.device import inductor_cache, resolve_precision  # noqa: E402
 from aiayn.models.build import build_model  # noqa: E402
+from aiayn.overrides import preset
 from aiayn.training.optim import make_optimizer  # noqa: E402
 from aiayn.training.step import compile_model, train_step  # noqa: E402
 

@@ -27,12 +27,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from aiayn.config import preset  # noqa: E402
-from aiayn.decode.fused import FusedDecoder  # noqa: E402
-from aiayn.decode.graphed import Recorded, graphed_beam_search  # noqa: E402
+from aiayn.decode.fast import FusedDecoder, StepOptions  # noqa: E402
+from aiayn.decode.fast.graphed import Recorded, graphed_beam_search  # noqa: E402
 from aiayn.decode.search import beam_search  # noqa: E402
-from aiayn.decode.translator import cast_bf16  # noqa: E402
 from aiayn.models.build import build_model  # noqa: E402
+from aiayn.models.precision import cast_bf16  # noqa: E402
+from aiayn.overrides import preset
 
 STEPS = 11  # max_len_b with max_len_a 0: every search runs this many steps
 
@@ -72,8 +72,8 @@ def replayed(counted: Counted):
 def count(name: str, dtype: torch.dtype, attention: str) -> dict:
     torch.manual_seed(0)
     model = build_model(preset(name).model).eval()
-    fused = FusedDecoder(cast_bf16(model) if dtype == torch.bfloat16 else model, dtype)
-    fused.sdpa, fused.graphs = attention != "explicit", attention == "graphs"
+    options = StepOptions(sdpa=attention != "explicit", graphs=attention == "graphs")
+    fused = FusedDecoder(cast_bf16(model) if dtype == torch.bfloat16 else model, dtype, options=options)
     src = torch.randint(4, model.cfg.vocab_size, (3, 12))
     state, tokens = fused.start_decoding(src, group=4), torch.full((12,), 5)
     for _ in range(3):  # past the first positions and any lazy set-up

@@ -3,7 +3,7 @@
 For each way `Translator` can decode (fp32, bf16, int8; eager or compiled), the first N
 validation sentences are translated one by one and each sentence's time is split into the
 encoder (`start_decoding`), the decoder steps (`decode_step`), choosing the candidates
-(`search._top_lprobs`), merging finished hypotheses (`search._merge_finished`) and the rest
+(`search.top_lprobs`), merging finished hypotheses (`search.merge_finished`) and the rest
 (tokenization and the search's bookkeeping in Python). Then every matrix product of one step
 (per decoder layer: Q|K|V, W^O, the cross-attention's W^Q and W^O, the FFN's two; the output
 layer) is timed alone at 4 rows in that precision (floats through the decoder's own product
@@ -29,7 +29,7 @@ import torch
 from benchdata import CHECKPOINT, DATA, prepared_data, trained_checkpoint
 
 import aiayn.decode.search as search
-from aiayn.decode.fused import FusedDecoder
+from aiayn.decode.fast import FusedDecoder
 from aiayn.decode.translator import Translator
 from aiayn.models.linear import Int8Linear
 
@@ -55,9 +55,9 @@ def split_sentences(tr: Translator, lines: list[str], passes: int = 3) -> dict:
     model = tr.search_model
     model.decode_step = timed(acc, calls, "decoder step", model.decode_step)
     model.start_decoding = timed(acc, calls, "encoder", model.start_decoding)
-    top, merge = search._top_lprobs, search._merge_finished
-    search._top_lprobs = timed(acc, calls, "top-k", top)
-    search._merge_finished = timed(acc, calls, "merge finished", merge)
+    top, merge = search.top_lprobs, search.merge_finished
+    search.top_lprobs = timed(acc, calls, "top-k", top)
+    search.merge_finished = timed(acc, calls, "merge finished", merge)
     try:
         for line in lines[:5]:  # warm-up: kernels, caches, graphs
             tr.translate([line])
@@ -73,7 +73,7 @@ def split_sentences(tr: Translator, lines: list[str], passes: int = 3) -> dict:
             parts["rest (tokens, search bookkeeping)"] = 1e3 * total / len(lines) - sum(parts.values())
             runs.append((1e3 * total / len(lines), parts, calls["decoder step"] / len(lines)))
     finally:
-        search._top_lprobs, search._merge_finished = top, merge
+        search.top_lprobs, search.merge_finished = top, merge
     ms, parts, steps = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
     return {"ms_per_sentence": round(ms, 2), "runs_ms": [round(r[0], 2) for r in runs],
             "steps_per_sentence": round(steps, 2), "parts_ms": {k: round(v, 2) for k, v in parts.items()},

@@ -34,7 +34,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from aiayn import cli  # noqa: E402
-from aiayn.config import config_keys  # noqa: E402
+from aiayn.overrides import config_keys  # noqa: E402
 
 ODD = ["", "-1", "0", "1e309", "nan", "9" * 30, "{w}/nothere", "{w}", "/dev/null", "{w}/prep/train.src.tok.npy"]
 ODD_KEY = ["-1", "0", "1e309", "nan", "9" * 30, "", "true", "[1, 2]", "{a: 1}"]

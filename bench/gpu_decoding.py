@@ -78,8 +78,7 @@ def decode_systems(args, checkpoint: Path, out: dict, deadline: float) -> dict:
         out["CTranslate2 float16, 16k-token batches"] = {"skipped": f"{type(e).__name__}: {e}"[:500]}
     tb = Translator.load(checkpoint, device=args.device, precision="bf16", max_tokens=4096)
     systems["aiayn bf16, 4k-token batches"] = lambda s: tb.translate(s, beam=4, alpha=0.6)  # the CPU's size
-    tg = Translator.load(checkpoint, device=args.device, precision="bf16")
-    tg.search_model.graphs = True  # decode/graphed.py: each search step one CUDA graph replay
+    tg = Translator.load(checkpoint, device=args.device, precision="bf16", step="graphed")  # one graph a step
     systems["aiayn bf16 graphs"] = lambda s: tg.translate(s, beam=4, alpha=0.6)
     if deadline - time.time() < COMPILE_DECODING_S:
         out["aiayn bf16 compiled"] = {"skipped": f"{deadline - time.time():.0f} s left, "

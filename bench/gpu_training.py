@@ -15,11 +15,11 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from aiayn.config import Config, preset  # noqa: E402
+from aiayn.config import Config  # noqa: E402
 from aiayn.data.batches import Batch  # noqa: E402
 from aiayn.evidence.mfu import model_flops, peak_flops, step_flops  # noqa: E402
 from aiayn.models.build import build_model  # noqa: E402
-from aiayn.training import loss as loss_module  # noqa: E402
+from aiayn.overrides import preset  # noqa: E402
 from aiayn.training.optim import make_optimizer  # noqa: E402
 from aiayn.training.scaling import LossScaler  # noqa: E402
 from aiayn.training.step import train_step  # noqa: E402
@@ -58,18 +58,14 @@ def aiayn_runner(name: str, cfg: Config, device: torch.device, compiled: bool, p
     """One training step of aiayn's own path (train_step: loss, fused Adam on a GPU, scaler);
     fused_loss False: the loss in 8,192-row chunks on a GPU, as before its fused kernels."""
     torch.manual_seed(1)
-    cfg.train.precision = precision
+    cfg.train.precision, cfg.train.fused_loss = precision, fused_loss
     model = build_model(cfg.model).to(device)
     opt = make_optimizer(model, cfg.train)
     scaler = LossScaler(device, precision)
     fwd = torch.compile(model, dynamic=False) if compiled else model
 
     def step(b: Batch) -> None:
-        loss_module.GPU_FUSED = fused_loss
-        try:
-            train_step(fwd, opt, [(b, 1.0)], b.n_tokens, cfg, 1e-4, 1, device, scaler)
-        finally:
-            loss_module.GPU_FUSED = True
+        train_step(fwd, opt, [(b, 1.0)], b.n_tokens, cfg, 1e-4, 1, device, scaler)
     return step
 
 

@@ -27,8 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from aiayn.decode import graphed  # noqa: E402
-from aiayn.decode.fused import FusedDecoder  # noqa: E402
+from aiayn.decode.fast import FusedDecoder, StepOptions, fast_decoder, graphed  # noqa: E402
 from aiayn.decode.search import beam_search  # noqa: E402
 from aiayn.decode.translator import Translator  # noqa: E402
 from aiayn.device import cpu_class  # noqa: E402
@@ -47,7 +46,6 @@ def _batches(tr: Translator, ids: list[list[int]], max_tokens: int) -> list[tupl
 
 def _search(fd, batches, mode: str, beam: int) -> list[list[int]]:
     """Every batch searched in `mode` (eager, whole, shrink): each sentence's best hypothesis, in order."""
-    fd.graphs = mode != "eager"
     hyps: dict[int, list[int]] = {}
     for batch, src in batches:
         if mode == "eager":
@@ -102,14 +100,16 @@ def main() -> None:
         ap.error(str(e))
     if refs is not None and len(refs) != len(lines):
         ap.error(f"--reference {a.reference}: {len(refs)} lines, --source {a.source}: {len(lines)}")
-    fd = tr.search_model
-    if not isinstance(fd, FusedDecoder):
+    if not isinstance(tr.search_model, FusedDecoder):
         ap.error(f"--checkpoint {a.checkpoint}: not a Transformer the fused step takes (no graphed search)")
-    fd.sdpa = True  # a GPU's attention, which the graphed step takes
+    # a GPU's attention, which the graphed step takes; the eager search and the graphed one
+    eager_fd = fast_decoder(tr.model, tr.precision, options=StepOptions(sdpa=True), check=False)
+    graphed_fd = fast_decoder(tr.model, tr.precision, options=StepOptions(sdpa=True, graphs=True), check=False)
     batches = _batches(tr, tr.encode_sources(lines), a.max_tokens)
     rows, outs = [], {}
     for mode in ("eager", "whole", "shrink"):
         counts = {"row_steps": 0, "steps": 0, "recordings": 0}
+        fd = eager_fd if mode == "eager" else graphed_fd
         undo = _counting(fd, counts)
         t0 = time.perf_counter()
         try:

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from aiayn.config import preset
+from aiayn.overrides import preset
 from aiayn.training.session import train
 
 

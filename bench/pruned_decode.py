@@ -16,9 +16,10 @@ import statistics
 import time
 from pathlib import Path
 
-from aiayn.decode.fused import FusedDecoder
-from aiayn.decode.translator import Translator, cast_bf16, quantize_int8
+from aiayn.decode.fast import FusedDecoder
+from aiayn.decode.translator import Translator
 from aiayn.models.attention import without_dead_heads
+from aiayn.models.precision import cast_bf16, quantize_int8
 
 
 def main() -> None:

@@ -24,11 +24,12 @@ import sacrebleu
 import torch
 from benchdata import CHECKPOINT, DATA, prepared_data, trained_checkpoint
 
-from aiayn.config import preset
-from aiayn.decode.fused import FusedDecoder
+from aiayn.decode.fast import FusedDecoder
 from aiayn.decode.shortlist import ShortlistDecoder, build
-from aiayn.decode.translator import Translator, cast_bf16, quantize_int8
+from aiayn.decode.translator import Translator
 from aiayn.models.build import build_model
+from aiayn.models.precision import cast_bf16, quantize_int8
+from aiayn.overrides import preset
 
 GRID = [(20, 100), (50, 100), (50, 200), (100, 200), (100, 500)]
 

@@ -21,8 +21,9 @@ from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 
 from aiayn.checkpoint import CheckpointError
-from aiayn.config import ConfigError, config_keys
+from aiayn.config import ConfigError
 from aiayn.decode.translator import Translator
+from aiayn.overrides import config_keys
 from aiayn.serve.app import Limits, create_app
 from aiayn.training.session import train
 

@@ -121,7 +121,7 @@ def test_input_is_read_in_chunks_as_the_text_splits_into_lines(tmp_path):
     the chunk size, and names the line of invalid UTF-8."""
     import unicodedata
 
-    from aiayn.cli.common import UserError, _input_chunks, _read_input
+    from aiayn.cli.common import UserError, input_chunks, read_input
 
     f = tmp_path / "in.txt"
     for data in (b"", b"\n", b"a\r\n\nb", "caf\u0065\u0301\nx\r\r\n\n\n".encode(), b"one\ntwo\nthree\n"):
@@ -129,17 +129,17 @@ def test_input_is_read_in_chunks_as_the_text_splits_into_lines(tmp_path):
         text = data.decode()
         expected = [unicodedata.normalize("NFC", x.rstrip("\r")) for x in text.split("\n")]
         expected = expected[:-1] if text.endswith("\n") or not text else expected
-        assert _read_input(str(f)) == expected
+        assert read_input(str(f)) == expected
         for size in (1, 2, 3, 5000):
-            chunks = list(_input_chunks(str(f), size))
+            chunks = list(input_chunks(str(f), size))
             assert [x for c in chunks for x in c] == expected
             assert all(len(c) == size for c in chunks[:-1]) and all(chunks)
     f.write_bytes(b"ok\nfine\n\xff\xfe\nlater\n")
-    for read in (lambda: list(_input_chunks(str(f), 2)), lambda: _read_input(str(f))):
+    for read in (lambda: list(input_chunks(str(f), 2)), lambda: read_input(str(f))):
         with pytest.raises(UserError, match=r"in\.txt:3: invalid UTF-8"):
             read()
     with pytest.raises(UserError, match="input file not found"):
-        list(_input_chunks(str(tmp_path / "absent.txt"), 2))
+        list(input_chunks(str(tmp_path / "absent.txt"), 2))
 
 
 @pytest.mark.slow

@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from aiayn.config import Config, ConfigError, apply_overrides, load_yaml, preset
+from aiayn.config import Config, ConfigError
+from aiayn.overrides import apply_overrides, load_yaml, preset
 from aiayn.presets import PRESETS
 
 

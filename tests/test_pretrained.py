@@ -145,7 +145,7 @@ def test_an_aiayn_model_exported_and_imported_is_the_same_model(toy_prepared, tm
 
 def test_an_imported_model_decodes_in_every_precision_batched_as_alone(imported, tmp_path):
     """translate's precisions and the fused step (swish, the logits bias, unscaled embeddings)."""
-    from aiayn.decode.fused import FusedDecoder
+    from aiayn.decode.fast import FusedDecoder
 
     name, ckpt, _, _ = imported
     src = _lines("test_2016_flickr.en", 12)

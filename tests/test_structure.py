@@ -84,9 +84,9 @@ def test_no_import_cycle_in_the_package():
 # The plan, lowest layer first: a room (a folder of the package, or a module at its top) imports
 # only rooms of layers below its own. Rooms of one layer know nothing of each other.
 LAYERS = (
-    ("errors", "presets", "version", "score"),  # what every layer may use
+    ("errors", "presets", "version", "score", "doors"),  # what every layer may use
     ("files", "config", "device"),  # atomic files and markers; typed settings; what the machine can do
-    ("data", "models"),  # text -> subwords -> batches (§5.1); §3 and the families it replaced
+    ("data", "models", "overrides"),  # text -> subwords -> batches (§5.1); §3 and its rivals; dotted keys, YAML
     ("checkpoint", "pretrained"),  # a model's file, and the model back from it; a Marian folder read
     ("decode", "export"),  # §6.1's search; Marian / CTranslate2 files
     ("parsing", "serve"),  # §6.3, above the translator it decodes with; HTTP
@@ -253,3 +253,59 @@ def test_the_package_names_only_files_that_exist():
             for ref in named_files(path.read_text())
             if not any((root / ref).exists() for root in [path.parent, *roots])}
     assert gone == set()
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A module's underscore names are its own: another module of the package that needs one needs
+    a public name (the door), not a reach into the room."""
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("aiayn")):
+                found += [f"{name}: {a.name}" for a in node.names if a.name.startswith("_") and a.name[:2] != "__"]
+    assert not found, found
+
+
+SUBPACKAGES = sorted(p.parent for p in PACKAGE.glob("*/**/__init__.py"))
+
+
+@pytest.mark.parametrize("folder", SUBPACKAGES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_every_subpackage_door_lists_its_names_and_each_opens(folder):
+    """Each subpackage's __init__ says what to read first and exports its public names in __all__;
+    every one of them resolves (a door naming a moved or gone name fails here)."""
+    import importlib
+
+    source = (folder / "__init__.py").read_text()
+    doc = ast.get_docstring(ast.parse(source)) or ""
+    assert doc and "Read first" in doc or folder.name == "cli", f"{folder.name}: no docstring saying what to read first"
+    package = importlib.import_module(module_name(folder / "__init__.py"))
+    assert getattr(package, "__all__", None), f"{folder.name}: no __all__"
+    for public in package.__all__:
+        assert getattr(package, public) is not None
+
+
+def test_the_door_check_sees_a_name_that_is_gone(tmp_path):
+    from aiayn.doors import lazy
+
+    get, names = lazy("aiayn.data", {"prepare": "prepare", "gone": "prepare"})
+    assert callable(get("prepare")) and names() == ["gone", "prepare"]
+    with pytest.raises(AttributeError):
+        get("gone")
+    with pytest.raises(AttributeError, match="no attribute 'other'"):
+        get("other")
+
+
+def test_a_translation_model_is_built_and_decoded_without_the_parser():
+    """§6.3's parser sits above the translator: building a translation model through aiayn.build_model,
+    its fused step and a Translator import nothing from parsing/ (in a fresh process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, aiayn\nfrom aiayn.config import ModelConfig\n"
+            "m = aiayn.build_model(ModelConfig(vocab_size=40, d_model=16, d_ff=32, h=2, N=1)).eval()\n"
+            "from aiayn.decode.fast import fast_decoder\nfast_decoder(m)\naiayn.Translator\n"
+            "import aiayn.checkpoint, aiayn.decode.translator\n"
+            "print(sorted(k for k in sys.modules if k.startswith('aiayn.parsing')))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "[]", res.stdout

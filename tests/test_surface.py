@@ -16,11 +16,12 @@ from conftest import tiny_config
 import aiayn
 from aiayn.checkpoint import list_checkpoints
 from aiayn.cli import main
-from aiayn.config import ConfigError, apply_overrides, load_yaml, preset
+from aiayn.config import ConfigError
 from aiayn.data.tokenizer import BOS, EOS
 from aiayn.decode.search import length_penalty
 from aiayn.decode.translator import Translator
 from aiayn.device import decode_batch_tokens
+from aiayn.overrides import apply_overrides, load_yaml, preset
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,8 @@ from ..checkpoint import (
 from ..data.batches import TokenData  # noqa: E402
 from ..data.prepare import check_vocabulary, load_manifest, read_text  # noqa: E402
 from ..data.tokenizer import EOS, Tokenizer  # noqa: E402
-from ..decode.translator import Translator, attention_data  # noqa: E402
+from ..decode.maps import attention_data  # noqa: E402
+from ..decode.translator import Translator  # noqa: E402
 from ..device import TRAIN_PRECISIONS, resolve_precision  # noqa: E402
 from ..files import atomic_write, new_folder  # noqa: E402
 from ..parsing.model import build_any  # noqa: E402

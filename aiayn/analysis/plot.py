@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ..decode.translator import AttentionData  # noqa: E402
+from ..decode.maps import AttentionData  # noqa: E402
 from ..files import new_folder  # noqa: E402
 from ..training.runs import read_metrics  # noqa: E402
 

@@ -11,15 +11,16 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ..errors import AiaynError
-from . import analysis, decoding, evidence, prepare, serving, training
+from . import analysis, decoding, evidence, preparing, serving, training
 
 log = logging.getLogger("aiayn")
+__all__ = ["VERBS", "main"]
 
 # every verb, in the order `aiayn --help` lists them; its flags live beside its command
 VERBS = {
-    "params": training.add_params, "prepare": prepare.add_prepare, "train": training.add_train,
+    "params": training.add_params, "prepare": preparing.add_prepare, "train": training.add_train,
     "average": training.add_average, "translate": decoding.add_translate, "tune": decoding.add_tune,
-    "shortlist": prepare.add_shortlist, "score": decoding.add_score, "parse": decoding.add_parse,
+    "shortlist": preparing.add_shortlist, "score": decoding.add_score, "parse": decoding.add_parse,
     "plot": analysis.add_plot, "heads": analysis.add_heads, "align": analysis.add_align,
     "serve": serving.add_serve, "export": serving.add_export, "import": serving.add_import,
     "config": training.add_config, "reproduce": evidence.add_reproduce,

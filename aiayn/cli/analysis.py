@@ -18,7 +18,8 @@ log = logging.getLogger("aiayn")
 def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
     """Attention maps (Figures 3-5) or training curves."""
     from ..analysis.plot import plot_attention, plot_curves
-    from ..decode.translator import attention_data
+    from ..decode.maps import attention_data
+    from ..decode.translator import Translator
 
     if args.what == "curves":
         if not args.run_dir:
@@ -40,7 +41,8 @@ def cmd_plot(args: argparse.Namespace, extra: list[str]) -> None:
 
     check_output_folder(args.output, ATTENTION_MAPS)  # before the model is loaded and run
     model, cfg, tokenizer, _ = load_checkpoint(Path(args.checkpoint), build=build_any)
-    data = attention_data(model, tokenizer, args.src, args.tgt, cfg.decode)
+    search = None if args.tgt is not None else Translator(model, tokenizer, cfg.decode, precision="fp32")
+    data = attention_data(model, tokenizer, args.src, args.tgt, cfg.decode, search)
     files = plot_attention(data, Path(args.output))
     print(f"target: {data.translation}")
     print(f"wrote {len(files)} files to {args.output}")
@@ -113,7 +115,7 @@ def add_heads(sub) -> None:
 
 def cmd_align(args: argparse.Namespace, extra: list[str]) -> None:
     """Choose the encoder-decoder head that aligns words best (AER on validation pairs)."""
-    from ..analysis.align import choose_head, report
+    from ..analysis.alignment_head import choose_head, report
     from ..decode.align import head_name
 
     if args.pairs < 1:

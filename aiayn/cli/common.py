@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 
-from ..config import Config, apply_overrides, load_yaml, preset
+from ..config import Config
 from ..errors import AiaynError
+from ..overrides import apply_overrides, load_yaml, preset
 
 log = logging.getLogger("aiayn")
 
@@ -34,7 +35,7 @@ def refuse_parser(paths: str | Path | list, verb: str) -> None:
                             f"translation models: parse with `aiayn parse --checkpoint {p}`")
 
 
-def _parse_overrides(extra: list[str]) -> dict[str, str]:
+def parse_overrides(extra: list[str]) -> dict[str, str]:
     """`--train.lr_scale 2 --model.N=4` -> {"train.lr_scale": "2", "model.N": "4"}."""
     out: dict[str, str] = {}
     i = 0
@@ -59,15 +60,15 @@ def build_config(args: argparse.Namespace, extra: list[str]) -> Config:
     cfg = preset(args.preset) if getattr(args, "preset", None) else Config()
     if getattr(args, "config", None):
         cfg = load_yaml(args.config, cfg)
-    return apply_overrides(cfg, _parse_overrides(extra)).validate()
+    return apply_overrides(cfg, parse_overrides(extra)).validate()
 
 
-def _read_input(path: str | None) -> list[str]:
-    """All the lines of a file or stdin (`-` or None), as `_input_chunks` reads them."""
-    return [x for chunk in _input_chunks(path, 1 << 62) for x in chunk]
+def read_input(path: str | None) -> list[str]:
+    """All the lines of a file or stdin (`-` or None), as `input_chunks` reads them."""
+    return [x for chunk in input_chunks(path, 1 << 62) for x in chunk]
 
 
-def _input_chunks(path: str | None, size: int) -> Iterator[list[str]]:
+def input_chunks(path: str | None, size: int) -> Iterator[list[str]]:
     """The lines of a file or stdin (`-` or None), split at "\\n" alone, a trailing "\\r" dropped, NFC,
     `size` at a time, each chunk given as soon as it has been read (a pipe's first lines are
     translated before its writer has finished); invalid UTF-8 is one error naming its line."""
@@ -91,7 +92,7 @@ def _input_chunks(path: str | None, size: int) -> Iterator[list[str]]:
             yield chunk
 
 
-def _score_lines(hyps: list[str], refs: list[str], hyp_name: str, ref_name: str) -> str:
+def score_lines(hyps: list[str], refs: list[str], hyp_name: str, ref_name: str) -> str:
     from ..score import score
 
     if len(hyps) != len(refs):
@@ -99,7 +100,7 @@ def _score_lines(hyps: list[str], refs: list[str], hyp_name: str, ref_name: str)
     return score(hyps, refs)
 
 
-def _name_the_flag(message: str, flags: dict[str, str]) -> str:
+def name_the_flag(message: str, flags: dict[str, str]) -> str:
     """Put the flag the user typed in front of an error about the config key behind it."""
     for key, flag in flags.items():
         if message.startswith(key + " ") or message.startswith(key + ":"):
@@ -107,7 +108,7 @@ def _name_the_flag(message: str, flags: dict[str, str]) -> str:
     return message
 
 
-def _numbers(text: str, kind: type, flag: str) -> tuple:
+def parse_numbers(text: str, kind: type, flag: str) -> tuple:
     try:
         values = tuple(kind(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -119,7 +120,7 @@ def _numbers(text: str, kind: type, flag: str) -> tuple:
 
 def config_epilog() -> str:
     """Every config key with its default, by section, for `--help`."""
-    from ..config import config_keys
+    from ..overrides import config_keys
 
     lines, section = ["config keys (override with --KEY VALUE, e.g. --train.lr_scale 2; `aiayn config` "
                       "prints a resolved config):"], ""

@@ -14,12 +14,12 @@ from ..files import atomic_write, check_output_file
 from ..presets import DECODE_LIMITS
 from .common import (
     UserError,
-    _input_chunks,
-    _name_the_flag,
-    _numbers,
-    _read_input,
-    _score_lines,
+    input_chunks,
+    name_the_flag,
+    parse_numbers,
+    read_input,
     refuse_parser,
+    score_lines,
 )
 
 log = logging.getLogger("aiayn")
@@ -59,7 +59,7 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         translator = Translator.load(args.checkpoint, device=args.device, precision=args.precision,
                                      compiled=args.compile, shortlist=args.shortlist, **overrides)
     except ConfigError as e:
-        raise UserError(_name_the_flag(str(e), _DECODE_FLAGS)) from None
+        raise UserError(name_the_flag(str(e), _DECODE_FLAGS)) from None
     translator.compile_now()
     if args.output:  # before hours of translation, not after
         check_output_file(args.output, inputs=(args.input, args.ref, args.checkpoint, args.shortlist))
@@ -69,10 +69,10 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         _interactive(translator, args.output)
         return
     if args.document or args.markup:
-        _document(translator, _read_input(args.input), args)
+        _document(translator, read_input(args.input), args)
         return
-    chunks = _input_chunks(args.input, STREAM_LINES)
-    refs = _read_input(args.ref) if args.ref else None
+    chunks = input_chunks(args.input, STREAM_LINES)
+    refs = read_input(args.ref) if args.ref else None
     if refs is not None:  # the line counts checked before hours of translation, not after
         lines = [x for c in chunks for x in c]
         if len(refs) != len(lines):
@@ -115,7 +115,7 @@ def _translate_chunks(translator, chunks, args: argparse.Namespace, refs: list[s
              n_lines / max(seconds, 1e-9), n_tok / max(seconds, 1e-9))
     if refs is not None:
         best = out_lines[::translator.decode_cfg.nbest]
-        print(_score_lines([x.split("\t")[0] for x in best], refs, "translation", args.ref), file=sys.stderr)
+        print(score_lines([x.split("\t")[0] for x in best], refs, "translation", args.ref), file=sys.stderr)
 
 
 def _output_lines(translator, hyps: list) -> list[str]:
@@ -158,7 +158,7 @@ def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: choose beam size and alpha on the validation set; write them into a copy of the checkpoint."""
     from ..decode.tune import tune
 
-    beams, alphas = _numbers(args.beams, int, "--beams"), _numbers(args.alphas, float, "--alphas")
+    beams, alphas = parse_numbers(args.beams, int, "--beams"), parse_numbers(args.alphas, float, "--alphas")
     most_beam, most_alpha = DECODE_LIMITS["beam"], DECODE_LIMITS["alpha"]
     if any(not 1 <= b <= most_beam for b in beams) or any(not 0 <= a <= most_alpha for a in alphas):
         raise UserError(f"--beams must be in [1, {most_beam}] and --alphas in [0, {most_alpha:g}]; "
@@ -180,13 +180,13 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
         from ..parsing.trees import TreeError, evalb, read_trees, right_branching
 
         try:
-            gold = read_trees("\n".join(_read_input(args.ref)), args.ref)
+            gold = read_trees("\n".join(read_input(args.ref)), args.ref)
             if args.right_branching:
                 test = [right_branching(g.words()) for g in gold]
             elif args.pcfg:
                 test = _pcfg(args.pcfg, gold)
             elif args.hyp:
-                test = read_trees("\n".join(_read_input(args.hyp)), args.hyp)
+                test = read_trees("\n".join(read_input(args.hyp)), args.hyp)
             else:
                 raise UserError("score --parse needs --hyp TREES (or --right-branching for the baseline)")
             print(evalb(gold, test))
@@ -197,8 +197,8 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> None:
         return
     if not args.hyp:
         raise UserError("score needs --hyp FILE")
-    hyps, refs = _read_input(args.hyp), _read_input(args.ref)
-    print(_score_lines(hyps, refs, args.hyp, args.ref))
+    hyps, refs = read_input(args.hyp), read_input(args.ref)
+    print(score_lines(hyps, refs, args.hyp, args.ref))
     if args.paper:
         from ..score import paper_score
 
@@ -210,7 +210,7 @@ def _pcfg(train_file: str, gold: list) -> list:
     from ..parsing.pcfg import pcfg_parses
     from ..parsing.trees import read_trees
 
-    test, failed = pcfg_parses(read_trees("\n".join(_read_input(train_file)), train_file), gold)
+    test, failed = pcfg_parses(read_trees("\n".join(read_input(train_file)), train_file), gold)
     log.info("PCFG from %s: %d of %d sentences outside the grammar (parsed right-branching)", train_file, failed,
              len(gold))
     return test
@@ -226,7 +226,7 @@ def cmd_parse(args: argparse.Namespace, extra: list[str]) -> None:
         parser = Parser.load(args.checkpoint, device=args.device, free=args.free, **decode)
     except (ConfigError, TreeError) as e:
         raise UserError(str(e)) from None
-    lines = _read_input(args.input)
+    lines = read_input(args.input)
     if args.output:
         check_output_file(args.output, inputs=(args.input, args.checkpoint))
     start = time.perf_counter()

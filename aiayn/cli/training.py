@@ -7,14 +7,15 @@ import logging
 import sys
 from pathlib import Path
 
-from ..config import ConfigError, load_yaml, preset
+from ..config import ConfigError
+from ..overrides import load_yaml, preset
 from ..presets import PAPER_PARAMS_M, PRESETS
 from .common import (
     UserError,
-    _name_the_flag,
-    _parse_overrides,
     build_config,
     config_epilog,
+    name_the_flag,
+    parse_overrides,
 )
 
 log = logging.getLogger("aiayn")
@@ -39,7 +40,7 @@ def cmd_params(args: argparse.Namespace, extra: list[str]) -> None:
     try:
         model.validate()  # the vocabulary checked once (positive, presets.py's MODEL_LIMITS), naming the flag
     except ConfigError as e:
-        raise UserError(_name_the_flag(str(e), {"model.vocab_size": "--vocab-size"})) from None
+        raise UserError(name_the_flag(str(e), {"model.vocab_size": "--vocab-size"})) from None
     if args.preset:
         n = count_parameters(args.preset, args.vocab_size)
         paper = PAPER_PARAMS_M.get(args.preset)
@@ -60,7 +61,7 @@ def cmd_params(args: argparse.Namespace, extra: list[str]) -> None:
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
     """Train (§5), or continue a run with --resume RUN_DIR (flags and config checked before torch loads)."""
     if args.resume:
-        overrides = _parse_overrides(extra)
+        overrides = parse_overrides(extra)
         from ..training.session import train
 
         train(None, Path(args.data) if args.data else None, Path(args.resume), resume=True, device=args.device,

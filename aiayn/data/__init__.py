@@ -1,1 +1,28 @@
-"""text -> subwords -> batches (§5.1)."""
+"""§5.1's data: text -> subwords -> token-count batches.
+
+Read first: prepare.py (`aiayn prepare`: a corpus to a prepared folder), then tokenizer.py (the joint
+SentencePiece vocabulary) and batches.py (batches by target tokens).
+"""
+
+from ..doors import lazy
+
+__all__ = [
+    "BOS", "Batch", "DataError", "EOS", "PAD", "TokenData", "Tokenizer", "UNK", "fetch_multi30k",
+    "load_manifest", "load_tokenizer", "make_batches", "prepare", "read_lines"
+]
+__getattr__, __dir__ = lazy(__name__, {
+    "prepare": "prepare",
+    "load_manifest": "prepare",
+    "Tokenizer": "tokenizer",
+    "load_tokenizer": "tokenizer",
+    "BOS": "tokenizer",
+    "EOS": "tokenizer",
+    "PAD": "tokenizer",
+    "UNK": "tokenizer",
+    "Batch": "batches",
+    "TokenData": "batches",
+    "make_batches": "batches",
+    "read_lines": "text",
+    "DataError": "text",
+    "fetch_multi30k": "corpora",
+})

@@ -184,7 +184,7 @@ def _old_manifest(path: Path) -> dict | None:
 @dataclass
 class Task:
     """What a prepared folder is for beyond translation, from the stage that knows (§6.3's parsing:
-    parsing/prepare.py). The default is plain translation."""
+    parsing/treebank_data.py). The default is plain translation."""
 
     settings: dict[str, str] = field(default_factory=dict)  # into the manifest; checkpoints carry them
     symbols: tuple[str, ...] = ()  # pieces the vocabulary keeps whole (a tree's brackets)
@@ -207,7 +207,7 @@ def prepare(
     The cache is built in a hidden sibling of `out` and swapped in whole at the end: a failure
     leaves the old cache as it was, a trainer that memory-maps it keeps reading the old files, and
     a folder in use by a trainer or holding files prepare did not write is refused. `task`: what
-    the folder is for beyond translation (§6.3's parsing gives one: parsing/prepare.py).
+    the folder is for beyond translation (§6.3's parsing gives one: parsing/treebank_data.py).
     `vocabulary`: a checkpoint's tokenizer (`prepare --tokenizer-from`: to fine-tune it) instead of a learned one.
     Returns the manifest; if one with the same inputs and settings exists in `out`, it is reused.
     """

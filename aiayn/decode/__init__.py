@@ -1,1 +1,27 @@
-"""§6.1's search."""
+"""§6.1's search: raw text in, translations out.
+
+Read first: translator.py (`Translator`), then search.py (greedy and beam search over any
+`IncrementalDecoder`), beams.py (their bookkeeping) and fast/ (the fused decoder step).
+"""
+
+from ..doors import lazy
+
+__all__ = [
+    "AttentionData", "Ensemble", "Hypothesis", "Shortlist", "Translation", "Translator", "attention_data",
+    "beam_search", "greedy_search", "length_penalty", "translate_markup", "translate_paragraphs", "tune"
+]
+__getattr__, __dir__ = lazy(__name__, {
+    "Translator": "translator",
+    "Translation": "translator",
+    "beam_search": "search",
+    "greedy_search": "search",
+    "Hypothesis": "beams",
+    "length_penalty": "beams",
+    "AttentionData": "maps",
+    "attention_data": "maps",
+    "Ensemble": "ensemble",
+    "Shortlist": "shortlist",
+    "tune": "tune",
+    "translate_markup": "markup",
+    "translate_paragraphs": "document",
+})

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from ..data.tokenizer import BOS, EOS, PAD, word_starts
 from ..score import Links
+from .beams import Hypothesis
 
 Head = tuple[int, int | None]  # (layer, head); head None: the mean of the layer's heads
 
@@ -77,3 +78,26 @@ def candidates(layers: int, heads: int) -> list[Head]:
 
 def head_name(head: Head) -> str:
     return f"layer {head[0] + 1} " + ("mean" if head[1] is None else f"head {head[1] + 1}")
+
+
+def hypothesis_links(model, tokenizer, ids: list[list[int]], hyps: list[list[Hypothesis]], head: Head
+                     ) -> list[Links]:
+    """Word links of each source (ids with EOS) with its best hypothesis, from `head`: taken during
+    the search where the fused step kept where it attended (Hypothesis.attended), else from one
+    teacher-forced pass over the hypotheses (128 a batch)."""
+    src = [x[:-1] for x in ids]
+    tgt = [h[0].tokens if h else [] for h in hyps]
+    out: list[Links] = [set() for _ in ids]
+    keep = []
+    for k in (k for k in range(len(ids)) if src[k] and tgt[k]):
+        if hyps[k][0].attended is None:
+            keep.append(k)
+        else:
+            out[k] = word_links({(i, j) for j, i in enumerate(hyps[k][0].attended)},
+                                tokenizer.id_to_piece(src[k]), tokenizer.id_to_piece(tgt[k]))
+    for k, weights in cross_attention(model, [src[k] for k in keep], [tgt[k] for k in keep], batch=128,
+                                      layer=head[0]):
+        i = keep[k]
+        out[i] = word_links(links_of(weights, (0, head[1])), tokenizer.id_to_piece(src[i]),
+                            tokenizer.id_to_piece(tgt[i]))
+    return out

@@ -14,13 +14,24 @@ score / lp(|Y|), |Y| counting the end-of-sentence token.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from ..data.tokenizer import BOS, EOS, PAD
+from .beams import (
+    Hypothesis,
+    candidates,
+    finished_hypotheses,
+    hypothesis,
+    length_penalty,
+    live_beams,
+    max_lengths,
+    merge_finished,
+    open_sentences,
+    top_lprobs,
+)
 
 
 class DecodingState(Protocol):
@@ -37,58 +48,6 @@ class IncrementalDecoder(Protocol):
 
     def decode_step(self, tokens: Tensor, cache: DecodingState) -> Tensor:
         """Next-token logits (R, V) after feeding tokens (R,)."""
-
-
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # output ids, without BOS/EOS
-    score: float  # length-normalized log-probability (beam) or raw log-probability (greedy)
-    attended: list[int] | None = None  # per token, the source position its prediction attended to most
-
-
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """GNMT length penalty (Wu et al., 2016), used in §6.1: lp(Y) = ((5 + |Y|) / 6)^α."""
-    return ((5 + length) / 6) ** alpha
-
-
-def max_lengths(src: Tensor, a: float, b: int, limit: int) -> Tensor:
-    """§6.1: maximum output length = a · input length + b (input without EOS/padding), capped."""
-    n_src = ((src != PAD) & (src != EOS)).sum(1)
-    return (a * n_src + b).long().clamp(1, limit)
-
-
-def _top_lprobs(logits: Tensor, n: int, at_max: Tensor, chunk_bytes: int = 1 << 20,
-                branchless: bool | None = None) -> tuple[Tensor, Tensor]:
-    """The n best next tokens of each row and their log-probabilities, (R, n) each.
-
-    Log-probabilities are log_softmax over the whole vocabulary; PAD and BOS are never chosen,
-    and rows where ``at_max`` is set may only end (EOS keeps its own log-probability). The
-    vocabulary-wide work runs on blocks of rows small enough to stay in cache: on a 2-core CPU
-    this is about twice as fast as one log_softmax and one top-k over the full (R, V) tensor.
-    `branchless` (None: off a CPU) forces EOS without asking whether any row needs it: asking
-    would wait for the GPU.
-    """
-    R, V = logits.shape
-    n = min(n, V)
-    vals = torch.empty(R, n, device=logits.device)
-    idx = torch.empty(R, n, dtype=torch.long, device=logits.device)
-    on_cpu = logits.device.type == "cpu"
-    step = R if not on_cpu else max(1, chunk_bytes // (4 * V))
-    for s in range(0, R, step):
-        lp = torch.log_softmax(logits[s:s + step], dim=-1, dtype=torch.float32)
-        lp[:, PAD] = float("-inf")
-        lp[:, BOS] = float("-inf")
-        rows = at_max[s:s + step]
-        if not on_cpu if branchless is None else branchless:
-            only_eos = torch.full_like(lp, float("-inf"))
-            only_eos[:, EOS] = lp[:, EOS]
-            lp = torch.where(rows[:, None], only_eos, lp)
-        elif rows.any():
-            eos = lp[rows, EOS]
-            lp[rows] = float("-inf")
-            lp[rows, EOS] = eos
-        torch.topk(lp, n, dim=-1, out=(vals[s:s + step], idx[s:s + step]))
-    return vals, idx
 
 
 Abandoned = Callable[[Tensor], Tensor]  # sentence ids (B,) -> which of them nobody waits for now
@@ -117,7 +76,7 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
     scores = torch.zeros(B, device=dev)
     active = torch.arange(B, device=dev)  # sentence id of each row
     for t in range(int(max_len.max()) + 1):
-        best, tokens = _top_lprobs(model.decode_step(tokens, cache), 1, t >= max_len[active])
+        best, tokens = top_lprobs(model.decode_step(tokens, cache), 1, t >= max_len[active])
         best, tokens = best[:, 0], tokens[:, 0]
         scores[active] += best
         out[active, t] = tokens
@@ -133,17 +92,13 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
             keep = live.nonzero().squeeze(1)
             cache.reorder(keep, keep)
             active, tokens = active[keep], tokens[keep]
-    return [_hypothesis([i for i in row if i not in (PAD, EOS)], s, a if _aligns(cache) else None)
+    return [hypothesis([i for i in row if i not in (PAD, EOS)], s, a if _aligns(cache) else None)
             for row, s, a in zip(out.tolist(), scores.tolist(), att.tolist())]
 
 
 def _aligns(cache) -> bool:
     """Whether the decoding state keeps where each row attended (fused.FusedState, alignments asked for)."""
     return getattr(cache, "not_word", None) is not None
-
-
-def _hypothesis(tokens: list[int], score: float, attended: list[int] | None) -> Hypothesis:
-    return Hypothesis(tokens, score, None if attended is None else attended[:len(tokens)])
 
 
 @torch.no_grad()
@@ -154,10 +109,10 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
 
     Each step expands every live beam, keeps the 2·beam best candidates, sets aside those that end
     in EOS among the top `beam`, and continues with the best `beam` that do not (bookkeeping in
-    tensors: no per-sentence Python work per step). A sentence stops as `_open` says and leaves the
+    tensors: no per-sentence Python work per step). A sentence stops as `open_sentences` says and leaves the
     batch; so does one that `abandoned` names (every ABANDON_EVERY steps), with what it finished.
     Which stop is read every `look_every` steps (None: 1 on a CPU, LOOK_EVERY off it: a read waits
-    for the GPU); in between, a done sentence searches on without changing its n best (`_open`)."""
+    for the GPU); in between, a done sentence searches on without changing its n best (`open_sentences`)."""
     B, k, dev = src.size(0), beam, src.device
     look_every = look_every or (1 if dev.type == "cpu" else LOOK_EVERY)
     max_len = max_lengths(src, max_len_a, max_len_b, limit)  # (B,)
@@ -179,17 +134,18 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         n = active.numel()
         # The 2k best continuations of a sentence are among the 2k best of each of its beams.
         at_max = (t >= max_len[active]).repeat_interleave(k)
-        row_lp, row_tok = _top_lprobs(model.decode_step(tokens, cache), 2 * k, at_max)  # (n*k, c)
-        top_scores, top_beam, top_tok, is_eos = _candidates(scores, row_lp, row_tok, k)
+        row_lp, row_tok = top_lprobs(model.decode_step(tokens, cache), 2 * k, at_max)  # (n*k, c)
+        top_scores, top_beam, top_tok, is_eos = candidates(scores, row_lp, row_tok, k)
         row_base = torch.arange(n, device=dev).unsqueeze(1) * k
         if look_every > 1 or is_eos[:, :k].any():  # without looking, set aside (maybe nothing) every step
             rows = (row_base + top_beam[:, :k]).view(-1)
-            _merge_finished(fin_score, fins, active, top_scores[:, :k], [h[rows] for h in hists], is_eos[:, :k],
+            merge_finished(fin_score, fins, active, top_scores[:, :k], [h[rows] for h in hists], is_eos[:, :k],
                             length_penalty(t + 1, alpha))
-        new_scores, new_tok, src_rows = _live(top_scores, top_tok, top_beam, is_eos, row_base, k)
+        new_scores, new_tok, src_rows = live_beams(top_scores, top_tok, top_beam, is_eos, row_base, k)
         keep = None  # None: no look this step, every sentence stays
         if t % look_every == look_every - 1 or t >= L - 1:  # the last step always looks: all are done
-            keep = _open(fin_score[active, nbest - 1], new_scores[:, 0], bound_lp[active], t >= max_len[active])
+            keep = open_sentences(fin_score[active, nbest - 1], new_scores[:, 0], bound_lp[active],
+                                  t >= max_len[active])
             keep = keep if (wanted := _wanted(abandoned, t, active[keep])) is None else keep[wanted]
             if not keep.numel():
                 break
@@ -202,17 +158,7 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         # Beams move only within their sentence, so the encoder side is selected only on a drop.
         cache.reorder(src_rows, keep if dropped else None)
         scores, tokens = new_scores, new_tok.view(-1)
-    return _results(fin_score[:, :nbest], [f[:, :nbest] for f in fins])
-
-
-def _candidates(scores: Tensor, row_lp: Tensor, row_tok: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Each sentence's 2k best continuations (n, 2k), from the live scores (n, k) and each beam's c best
-    next tokens (n·k, c): their scores, beams, tokens, and whether they end (EOS with a finite score)."""
-    n, c = scores.size(0), row_lp.size(1)
-    cand = (scores.unsqueeze(-1) + row_lp.view(n, k, c)).view(n, k * c)
-    top_scores, top_idx = cand.topk(min(2 * k, k * c), dim=1)
-    top_beam, top_tok = top_idx // c, row_tok.view(n, k * c).gather(1, top_idx)
-    return top_scores, top_beam, top_tok, (top_tok == EOS) & torch.isfinite(top_scores)
+    return finished_hypotheses(fin_score[:, :nbest], [f[:, :nbest] for f in fins])
 
 
 def _extended(hists: list[Tensor], src_rows: Tensor, new_tok: Tensor, cache, t: int) -> list[Tensor]:
@@ -225,41 +171,3 @@ def _extended(hists: list[Tensor], src_rows: Tensor, new_tok: Tensor, cache, t: 
     return hists
 
 
-def _results(fin_score: Tensor, fins: list[Tensor]) -> list[list[Hypothesis]]:
-    """Each sentence's finished hypotheses (scores (B, n), tokens (B, n, L) and maybe attended positions)."""
-    atts = fins[1].tolist() if len(fins) > 1 else [[None] * fins[0].size(1)] * fins[0].size(0)
-    return [[_hypothesis([i for i in row if i != PAD], s, a) for s, row, a in zip(sc, tk, at) if s > float("-inf")]
-            for sc, tk, at in zip(fin_score.tolist(), fins[0].tolist(), atts)]
-
-
-def _live(top_scores: Tensor, top_tok: Tensor, top_beam: Tensor, is_eos: Tensor, row_base: Tensor, k: int
-          ) -> tuple[Tensor, Tensor, Tensor]:
-    """The live beams: each sentence's k best candidates that do not end in EOS, (n, k) scores and
-    tokens, and the decoder row each continues, (n·k,)."""
-    rank = torch.arange(top_scores.size(1), device=top_scores.device).expand_as(top_scores)
-    live = (rank + is_eos.long() * 10_000).topk(k, dim=1, largest=False).indices  # (n, k)
-    return top_scores.gather(1, live), top_tok.gather(1, live), (row_base + top_beam.gather(1, live)).view(-1)
-
-
-def _open(nth: Tensor, best_live: Tensor, bound_lp: Tensor, at_max: Tensor) -> Tensor:
-    """Indices of the sentences still searching. One is done when EOS was forced (every live beam
-    has finished), or when it has `nbest` finished hypotheses (the nth best scores `nth`) and no
-    live one can beat them: a live score can only fall, so the best it can reach is
-    best_live / lp(max length) (the stopping rule of tensor2tensor, which the paper used)."""
-    done = at_max | ((nth > float("-inf")) & (best_live.double() / bound_lp <= nth))
-    return (~done).nonzero().squeeze(1)
-
-
-def _merge_finished(fin_score: Tensor, fins: list[Tensor], active: Tensor, scores: Tensor, rows: list[Tensor],
-                    is_eos: Tensor, lp: float) -> None:
-    """Hypotheses that end in EOS among a sentence's first k candidates (scores (n, k); their
-    tokens so far, and what else is followed per token, (n·k, L) each in `rows`) join its k best
-    finished ones (`fins`, (B, k, L) each), normalized by lp(|Y|) (§6.1), best first; a stable sort
-    keeps earlier ones first among equal scores."""
-    n, k = scores.shape
-    new = torch.where(is_eos, scores.double() / lp, float("-inf"))
-    merged, order = torch.cat([fin_score[active], new], 1).sort(dim=1, descending=True, stable=True)
-    fin_score[active] = merged[:, :k]
-    for fin, row in zip(fins, rows):
-        both = torch.cat([fin[active], row.view(n, k, -1)], 1)
-        fin[active] = both.gather(1, order[:, :k, None].expand(n, k, both.size(2)))

@@ -4,62 +4,31 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from ..checkpoint import Builder, CheckpointError, read_extra
 from ..config import ConfigError, DecodeConfig
-from ..data.tokenizer import BOS, EOS, PAD, Tokenizer
+from ..data.tokenizer import EOS, PAD, Tokenizer
 from ..device import PRECISIONS, decode_batch_tokens, huge_pages, pick_device, resolve_precision
 from ..models.attention import without_dead_heads
 from ..models.build import build_model
-from ..models.linear import Int8Linear, kernel_cache
+from ..models.linear import kernel_cache
+from ..models.precision import cast_bf16, quantize_int8
 from ..presets import DECODE_LIMITS
 from ..score import Links
-from .align import cross_attention, links_of, word_links
+from .align import hypothesis_links
 from .ensemble import Ensemble, load_models
-from .fused import FusedDecoder, fusable
-from .graphed import search_beams
+from .fast import FusedDecoder, StepOptions, fast_decoder, fusable, search_beams, warm_up
+from .maps import AttentionData, attention_data
 from .search import Hypothesis, greedy_search
 from .shortlist import Shortlist, ShortlistDecoder, ShortlistError, vocabulary_id
 
 log = logging.getLogger("aiayn")
-def cast_bf16(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of the model whose projections hold bf16 weights, for decoding under bf16 autocast:
-    autocast would otherwise round every fp32 weight to bf16 again at every step (the same
-    rounding, so the results are identical), which for one sentence cost more than the products.
-    Embeddings and LayerNorm stay fp32; the tied output layer gets its own bf16 copy unless it
-    computes in fp32 (model.fp32_logits)."""
-    import copy
-
-    model = copy.deepcopy(model)
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear) and not getattr(m, "fp32", False):
-            m.weight = torch.nn.Parameter(m.weight.detach().to(torch.bfloat16), requires_grad=False)
-            if m.bias is not None:
-                m.bias = torch.nn.Parameter(m.bias.detach().to(torch.bfloat16), requires_grad=False)
-    return model
-
-
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of the model whose projections (§3.2.2, §3.3) and output layer (§3.4) compute with
-    int8 weights (one scale per output channel) and int8 activations (one scale per row, taken on
-    the fly): linear.Int8Linear. Embeddings, LayerNorm, softmax and attention stay in fp32; the
-    tied output layer gets its own int8 copy of the embedding matrix, the embeddings keep theirs."""
-    import copy
-
-    model = copy.deepcopy(model)
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(parent, name, Int8Linear(child))
-    return model
 
 
 @dataclass
@@ -96,26 +65,33 @@ class Translator:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, decode: DecodeConfig | None = None,
                  device: str | torch.device | None = None, precision: str = "auto", fused: bool = True,
-                 compiled: bool = False):
+                 compiled: bool = False, options: StepOptions | None = None):
         """`device` moves the model there; None (the default) uses it where it is, so a model shared
         with other users (the server's, the trainer's) is never moved behind their back.
         `precision`: auto (bf16 where the processor has it natively, else fp32), fp32, bf16 or
         int8 (CPU). bf16 and int8 decode with a converted copy made here (bf16 weights; int8
         weights), so later changes to the model's weights reach them only when `model` is set
-        again; the given model is left as it is. `fused`: a Transformer decodes through
-        fusedstep.FusedDecoder (identical logits, less overhead per step); False: through its modules.
-        `compiled`: that fused step runs under torch.compile (fusedstep.compiled_step; the first
-        translations of each batch shape compile it; logits agree with eager to rounding)."""
+        again; the given model is left as it is. The decoder step is `decode.step`'s: auto takes
+        the fused step (decode/fast: identical logits, less overhead per step), or its compiled
+        form with `compiled` (torch.compile; the first translations of each batch shape compile
+        it; logits agree with eager to rounding), or the modules with `fused` False; modules,
+        fused, compiled and graphed (one CUDA graph a step) name one. `options` (decode/fast's
+        StepOptions): the fused step's settings in full, over decode.step's (for measurements)."""
         kernel_cache(1024)  # decoding reuses its shapes: a larger oneDNN cache pays (linear.py)
         huge_pages()
-        self.fused, self.compiled = fused, compiled
+        self.decode_cfg = decode = decode or DecodeConfig()
+        step = decode.step if decode.step != "auto" else "compiled" if compiled else "fused" if fused else "modules"
+        if options is not None:
+            step = "compiled" if options.compiled else "graphed" if options.graphs else "fused"
+        self.step, self.step_options = step, options
+        self.fused, self.compiled = step != "modules", step == "compiled"
         here = next(model.parameters()).device
         self.device = here if device is None else torch.device(device)
         self.precision, why = resolve_precision(precision, self.device)
         (log.warning if why.startswith("int8 refused") else log.info)("decoding in %s (%s)", self.precision, why)
         self.model = model.eval() if self.device == here else model.eval().to(self.device)
         self.tokenizer = tokenizer
-        self.decode_cfg = decode = decode or DecodeConfig()
+        log.info("decoder step: %s (decode.step %s)", step, self.decode_cfg.step)
         log.info("translation batches of %d source tokens (%s)", *decode_batch_tokens(self.device, decode.max_tokens))
         self.data_max_len = 0  # subwords per side in training (data.max_len), when loaded from a checkpoint
         self.alignment_head: tuple[int, int | None] | None = None  # `aiayn align`'s choice, when loaded
@@ -158,13 +134,9 @@ class Translator:
 
     def _searchable(self, slim: torch.nn.Module, fuse: bool) -> torch.nn.Module:
         """One model (its live heads only) as search runs it: converted to the precision, fused if `fuse`."""
-        out = {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(slim)
         if self.fused and fuse:  # the same numbers, fewer calls
-            if self.precision == "int8":
-                return FusedDecoder(slim, int8=True, encoder=out, compiled=self.compiled)
-            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
-            return FusedDecoder(out, dtype, compiled=self.compiled)
-        return out
+            return fast_decoder(slim, self.precision, self.step, self.step_options, check=False)
+        return {"int8": quantize_int8, "bf16": cast_bf16}.get(self.precision, lambda m: m)(slim)
 
     @classmethod
     def load(cls, path: str | Path | Sequence[str | Path], device: str | torch.device | None = None,
@@ -210,24 +182,8 @@ class Translator:
         from one teacher-forced pass over the hypotheses."""
         if isinstance(self.model, Ensemble):
             raise ConfigError("alignments come from one model's attention; translate with one checkpoint")
-        head = self._head()
-        src = [x[:-1] for x in ids]
-        tgt = [h[0].tokens if h else [] for h in hyps]
-        out: list[Links] = [set() for _ in ids]
-        keep = []
-        for k in (k for k in range(len(ids)) if src[k] and tgt[k]):
-            if hyps[k][0].attended is None:
-                keep.append(k)
-            else:
-                out[k] = word_links({(i, j) for j, i in enumerate(hyps[k][0].attended)},
-                                    self.tokenizer.id_to_piece(src[k]), self.tokenizer.id_to_piece(tgt[k]))
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
-            for k, weights in cross_attention(self.model, [src[k] for k in keep], [tgt[k] for k in keep],
-                                              batch=128, layer=head[0]):
-                i = keep[k]
-                out[i] = word_links(links_of(weights, (0, head[1])), self.tokenizer.id_to_piece(src[i]),
-                                    self.tokenizer.id_to_piece(tgt[i]))
-        return out
+            return hypothesis_links(self.model, self.tokenizer, ids, hyps, self._head())
 
     def encode_sources(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
         """Subword ids + EOS; sources longer than the model allows are truncated with a warning
@@ -315,7 +271,8 @@ class Translator:
     def attention(self, src: str, tgt: str | None = None) -> AttentionData:
         """Every attention map of one sentence (numpy arrays of shape (layers, heads, queries, keys)),
         teacher-forced on `tgt` or on this translator's own translation."""
-        return attention_data(self.model, self.tokenizer, src, tgt, self.decode_cfg)
+        search = None if tgt is not None else Translator(self.model, self.tokenizer, self.decode_cfg, precision="fp32")
+        return attention_data(self.model, self.tokenizer, src, tgt, self.decode_cfg, search)
 
     def translate(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
                   progress: bool = False) -> list[str]:
@@ -329,15 +286,7 @@ class Translator:
         positions only: fused.compiled_step) so no request waits for it; returns the seconds it took."""
         if not (self.compiled and _casts_itself(self.search_model)):
             return 0.0
-        start = time.perf_counter()
-        # Lengths that equal no other size of the step (beam, h, batch): PyTorch gives equal sizes
-        # one symbol, and a real sentence of another length would then compile again.
-        ids = [[4 + i % 5 for i in range(n)] + [EOS] for n in (16, 12, 10)]
-        self.translate_ids(ids[:1], beam=self.decode_cfg.beam)
-        self.translate_ids(ids, beam=self.decode_cfg.beam)
-        seconds = time.perf_counter() - start
-        log.info("encoder and decoder step compiled in %.1f s (torch.compile; inductor caches it on disk)", seconds)
-        return seconds
+        return warm_up(self.translate_ids, self.decode_cfg.beam)
 
 
 def _checked_head(chosen, cfg, path: Path) -> tuple[int, int | None]:
@@ -353,48 +302,3 @@ def _gone(abandoned: Callable[[], set[int]], batch: list[int], active: torch.Ten
     """Which of a batch's active sentences (positions in `batch`) are among the abandoned ids."""
     out = abandoned()
     return torch.tensor([batch[i] in out for i in active.tolist()], dtype=torch.bool, device=active.device)
-
-
-# -- attention maps (Figures 3-5): one extraction for plots, the server and the analysis ----------
-@dataclass
-class AttentionData:
-    """Every attention map for one sentence pair, numpy (layers, heads, query, key)."""
-
-    src_tokens: list[str]  # source pieces + </s>
-    tgt_in_tokens: list[str]  # <s> + target pieces (decoder inputs, self-attention keys)
-    tgt_out_tokens: list[str]  # target pieces + </s> (what each decoder position predicts)
-    encoder_self: np.ndarray  # (N, h, S, S)
-    decoder_self: np.ndarray  # (N, h, T, T)
-    cross: np.ndarray  # (N, h, T, S)
-    translation: str
-
-
-def attention_data(model: torch.nn.Module, tokenizer: Tokenizer, src: str, tgt: str | None = None,
-                   decode: DecodeConfig | None = None, search: Translator | None = None) -> AttentionData:
-    """Attention weights through the explicit path, returned as values (§3.2). With `tgt` the
-    decoder is teacher-forced on it; otherwise on the model's own beam-search translation, found
-    by `search` where given (a server's translator, rather than a new one per call)."""
-    model.eval()
-    limit = model.cfg.max_positions - 1
-    src_ids = tokenizer.encode([src.strip()])[0][:limit] + [EOS]
-    if tgt is None:
-        search = search or Translator(model, tokenizer, decode, precision="fp32")
-        hyps = search.translate_ids([src_ids], beam=(decode or search.decode_cfg).beam, nbest=1)[0]
-        tgt_ids = hyps[0].tokens if hyps else []
-    else:
-        tgt_ids = tokenizer.encode_target([tgt.strip()])[0][:limit - 1]
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        _, maps = model.attention_maps(torch.tensor([src_ids], device=device),
-                                       torch.tensor([[BOS] + tgt_ids], device=device))
-
-    def stack(ws: list[torch.Tensor]) -> np.ndarray:  # the recurrent model has no self-attention
-        return torch.stack([w[0].float() for w in ws]).cpu().numpy() if ws else np.zeros((0, 1, 0, 0))
-
-    return AttentionData(
-        src_tokens=tokenizer.id_to_piece(src_ids),
-        tgt_in_tokens=tokenizer.id_to_piece([BOS] + tgt_ids),
-        tgt_out_tokens=tokenizer.id_to_piece(tgt_ids + [EOS]),
-        encoder_self=stack(maps.encoder_self), decoder_self=stack(maps.decoder_self), cross=stack(maps.cross),
-        translation=tokenizer.decode([tgt_ids])[0],
-    )

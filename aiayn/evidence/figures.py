@@ -12,11 +12,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ..training.optim import noam_lr  # noqa: E402
 
 
-def _valid_bleu(r: dict) -> float:
+def row_valid_bleu(r: dict) -> float:
     return r["bleu"].get("valid", {}).get("bleu", float("nan"))
 
 
-def _plot_curves(rs: list[dict], path: Path, title: str, by_time: bool) -> None:
+def plot_suite_curves(rs: list[dict], path: Path, title: str, by_time: bool) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in rs:
         c = r.get("curve") or []
@@ -34,12 +34,12 @@ def _plot_curves(rs: list[dict], path: Path, title: str, by_time: bool) -> None:
     _save(fig, path)
 
 
-def _plot_bleu_params(results: dict[str, list[dict]], path: Path) -> None:
+def plot_bleu_params(results: dict[str, list[dict]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for suite, marker in (("table3", "o"), ("arch", "s")):
         for r in (r for r in results.get(suite, []) if r.get("family") != "stability"):
-            ax.scatter(r["params"] / 1e6, _valid_bleu(r), marker=marker)
-            ax.annotate(r["row"], (r["params"] / 1e6, _valid_bleu(r)), fontsize=6)
+            ax.scatter(r["params"] / 1e6, row_valid_bleu(r), marker=marker)
+            ax.annotate(r["row"], (r["params"] / 1e6, row_valid_bleu(r)), fontsize=6)
     ax.set_xscale("log")
     ax.set_xlabel("parameters (millions)")
     ax.set_ylabel("validation BLEU (beam 4, averaged)")
@@ -48,7 +48,7 @@ def _plot_bleu_params(results: dict[str, list[dict]], path: Path) -> None:
     _save(fig, path)
 
 
-def _plot_schedule(path: Path, settings: list[tuple[str, dict]]) -> None:
+def plot_schedule(path: Path, settings: list[tuple[str, dict]]) -> None:
     """Eq. 3 for the paper's base model and for each (label, recorded config) given."""
     fig, ax = plt.subplots(figsize=(7, 4))
     curves = [("paper base: d_model 512, warm-up 4000", 512, 4000, 1.0, 0.0)]
@@ -65,7 +65,7 @@ def _plot_schedule(path: Path, settings: list[tuple[str, dict]]) -> None:
     _save(fig, path)
 
 
-def _plot_budget(curve: list[tuple[int, float]], at: int | None, path: Path) -> None:
+def plot_budget(curve: list[tuple[int, float]], at: int | None, path: Path) -> None:
     """The reference's validation NLL against updates, and where the budget rule stops."""
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([c[0] for c in curve], [c[1] for c in curve], marker=".")
@@ -86,7 +86,7 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_table1(t1: dict, path: Path) -> None:
+def plot_table1(t1: dict, path: Path) -> None:
     """Table 1 measured: time and activation memory per layer against n, log-log."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name, L in t1["layers"].items():

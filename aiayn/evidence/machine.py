@@ -22,11 +22,11 @@ def machine() -> dict[str, Any]:
     cpu = info.pop("cpu", None) or platform.processor() or platform.machine()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"cpu": cpu, **info, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
-            "torch": torch.__version__, "python": platform.python_version(), "git": _code_commit()}
+            "torch": torch.__version__, "python": platform.python_version(), "git": code_commit()}
 
 
 @functools.cache
-def _code_commit() -> str | None:
+def code_commit() -> str | None:
     """The commit of the code this process runs: read once, when the suite starts (a result
     written an hour later must not name whatever the working tree holds by then)."""
 

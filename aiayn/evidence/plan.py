@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import preset
+from ..overrides import preset
 from .stats import seed_test
 
 # The update budget of every suite: from where the multi30k reference's validation NLL improves by

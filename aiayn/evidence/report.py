@@ -15,7 +15,7 @@ from typing import Any
 from ..files import atomic_write, read_json
 from .curves import curve_section
 from .families import chosen, seed_lines, tuned_lines
-from .figures import _plot_bleu_params, _plot_budget, _plot_curves, _plot_schedule, _plot_table1
+from .figures import plot_bleu_params, plot_budget, plot_schedule, plot_suite_curves, plot_table1
 from .machine import compute_section, machine_words
 from .plan import converged_at, diverged
 from .stats import p_text
@@ -73,7 +73,7 @@ def budget_section(rs: list[dict], img: Path) -> list[str]:
            + " Every suite trains that many updates (`--steps`, default in `aiayn/evidence/plan.py`).", "",
            "Made by `aiayn reproduce --suite budget --steps " f"{r['common']['train.max_steps']}` at commit "
            f"{(r.get('machine', {}).get('git') or 'not recorded')[:7]}.", ""]
-    _plot_budget(curve, at, img / "budget.png")
+    plot_budget(curve, at, img / "budget.png")
     return out + ["![budget](img/budget.png)", ""]
 
 
@@ -142,7 +142,7 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
         out += ["", f"Throughput: {throughput['updates']} updates × {throughput['rounds']} rounds, "
                 f"{throughput['tgt_tokens_per_update']:.0f} target tokens per update, {throughput['precision']}."]
     out += ["", f"Machine: {_fmt_machine(rs)}.", "", commits_words(rs), ""]
-    _plot_curves(rs, img / f"{suite}_curves.png", "Validation perplexity against updates", by_time=False)
+    plot_suite_curves(rs, img / f"{suite}_curves.png", "Validation perplexity against updates", by_time=False)
     return out + [f"![validation curves](img/{suite}_curves.png)", ""]
 
 
@@ -193,7 +193,7 @@ def table1_section(t1: dict, img: Path) -> list[str]:
             if load else " The load average was not recorded.")
     out += ["", f"Machine: {t1['machine'].get('gpu') or t1['machine'].get('cpu')} ({t1['device']}).{seen}", "",
             "![Table 1 costs](img/table1.png)", ""]
-    _plot_table1(t1, img / "table1.png")
+    plot_table1(t1, img / "table1.png")
     return out
 
 
@@ -322,10 +322,10 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
         out += table1_section(read_json(t1_files[0]), img)
     trained = [r for s in ("table3", "arch") for r in results.get(s, []) if r.get("family") != "stability"]
     if trained:
-        _plot_bleu_params(results, img / "bleu_params.png")
+        plot_bleu_params(results, img / "bleu_params.png")
         out += ["## BLEU against parameters", "", "![BLEU vs parameters](img/bleu_params.png)", ""]
         schedules = {schedule_words(r): r for r in trained if r.get("config")}
-        _plot_schedule(img / "schedule.png", [(k, r["config"]) for k, r in schedules.items()])
+        plot_schedule(img / "schedule.png", [(k, r["config"]) for k, r in schedules.items()])
         out += ["## The learning-rate schedules (Eq. 3)", "",
                 "The paper's base schedule beside each schedule the rows above trained with (from their configs).", "",
                 "![Eq. 3](img/schedule.png)", "", f"sacreBLEU signature: `{trained[0].get('signature', '?')}`", ""]

@@ -17,18 +17,19 @@ import sacrebleu
 import torch
 
 from ..checkpoint import list_checkpoints, load_checkpoint, write_averaged
-from ..config import Config, ConfigError, apply_overrides, load_yaml, preset
+from ..config import Config, ConfigError
 from ..data.batches import TokenData
 from ..data.prepare import load_manifest, read_text, vocabulary_size
 from ..data.text import read_lines
 from ..decode.translator import Translator
 from ..files import FileError, atomic_write, read_json
 from ..models.build import shapes_only
+from ..overrides import apply_overrides, load_yaml, preset
 from ..parsing.model import build_any
 from ..training.runs import Run, read_metrics
 from ..training.session import train
 from ..training.step import validate
-from .machine import _code_commit, machine
+from .machine import code_commit, machine
 from .plan import Row
 from .stats import paired_bootstrap
 from .table1 import flops_per_token
@@ -124,7 +125,7 @@ def _finished_twin(row: Row, common: dict[str, Any], data_dir: Path, results: Pa
     """A result in results/ (any suite) of this very training and evaluation: the same resolved config,
     suite settings, data, sentences scored, device and committed code. Training is deterministic, so
     that run is this row's run (arch's Transformer seeds are Table 3's reference seeds)."""
-    commit = _code_commit()
+    commit = code_commit()
     if commit is None or commit.endswith("+dirty"):
         return None
     want = {"config": json.loads(json.dumps(trained_config(row, common, data_dir).to_dict())), "common": common,
@@ -234,7 +235,7 @@ def _data_words(data_dir: Path) -> dict[str, Any]:
 
 def _check_commit(suite_results: Path, run_dir: Path, allow_mixed: bool) -> None:
     """A suite's rows come from one commit: refuse to train a row with other code than its results'."""
-    now = _code_commit()
+    now = code_commit()
     seen = set()
     for f in sorted(suite_results.glob("*.json")):
         try:

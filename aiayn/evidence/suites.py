@@ -23,7 +23,7 @@ from typing import Any
 from ..config import ConfigError
 from ..files import atomic_write
 from .families import FLOPS, chosen, grid_edges, grid_run
-from .machine import _code_commit
+from .machine import code_commit
 from .plan import (
     BUDGET_UPDATES,
     DEPTH,
@@ -154,7 +154,7 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
 
     if suite not in SUITES:
         raise ConfigError(f"unknown suite {suite!r}; choose from: {', '.join(SUITES)}")
-    _code_commit()
+    code_commit()
     steps = steps or (2 * BUDGET_UPDATES if suite == "budget" else BUDGET_UPDATES)
     report_dir = Path(report_dir)
     results = report_dir / "results"

@@ -61,7 +61,7 @@ class RestrictedSelfAttention(nn.Module):
         qi = torch.arange(nb * w, device=x.device).view(nb, w, 1)
         kj = (torch.arange(nb, device=x.device).view(nb, 1, 1) - 1) * w + torch.arange(3 * w, device=x.device)
         mask = ((qi - kj).abs() <= w) & (kj >= 0) & (kj < n)  # (nb, w, 3w)
-        out, _ = attention(q.view(B, m.h, nb, w, -1), blocks(k), blocks(v), mask, use_sdpa=False)
+        out, _ = attention(q.view(B, m.h, nb, w, -1), blocks(k), blocks(v), mask, kernel="explicit")
         out = out.reshape(B, m.h, nb * w, -1).transpose(1, 2).reshape(B, nb * w, -1)[:, :n]
         return m.w_o(out)
 
@@ -88,14 +88,14 @@ def make_layers(d: int, h: int = 8, r: int = 32, device: torch.device | str | No
     def self_attention(x: Tensor, fused: bool) -> Tensor:
         k, v = mha.project_kv(x)
         q = mha._split(mha.w_q(x), mha.d_k)
-        out, _ = attention(q, k, v, use_sdpa=fused)
+        out, _ = attention(q, k, v, kernel="sdpa" if fused else "explicit")
         B, _, n, _ = out.shape
         return mha.w_o(out.transpose(1, 2).reshape(B, n, -1))
 
     def core(x: Tensor) -> Tensor:  # Eq. 1 alone: no projections, the n×n part of the layer's cost
         B, n, _ = x.shape
         q = x.view(B, n, h, d // h).transpose(1, 2)
-        return attention(q, q, q, use_sdpa=False)[0].transpose(1, 2).reshape(B, n, d)
+        return attention(q, q, q, kernel="explicit")[0].transpose(1, 2).reshape(B, n, d)
 
     return {
         "self-attention": Layer(lambda x: self_attention(x, False), mha),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..training.optim import noam_lr
 from .claims import SAME, Claim, claim_of, judged
-from .figures import _plot_curves, _valid_bleu
+from .figures import plot_suite_curves, row_valid_bleu
 from .plan import BLEU_MARGIN, NLL_MARGIN, diverged, second_seed_distance, unstable
 from .power import claims_table, power_table
 from .stats import (
@@ -66,9 +66,9 @@ def paper_deltas(p: dict) -> tuple[float, float]:
 
 def seed_tests(refs: list[dict], rows: list[dict]) -> list[RowVerdict]:
     """Every row's seed tests against one family's reference, before any correction or verdict."""
-    ref_nll, ref_bleu = [r["valid_nll"] for r in refs], [_valid_bleu(r) for r in refs]
+    ref_nll, ref_bleu = [r["valid_nll"] for r in refs], [row_valid_bleu(r) for r in refs]
     return [RowVerdict(rs[0], seed_test([r["valid_nll"] for r in rs], ref_nll),
-                       seed_test([_valid_bleu(r) for r in rs], ref_bleu), claim_of(rs[0]["row"]),
+                       seed_test([row_valid_bleu(r) for r in rs], ref_bleu), claim_of(rs[0]["row"]),
                        failed=next((f for f in map(diverged, rs) if f), None), runs=rs) for rs in with_repeats(rows)]
 
 
@@ -214,7 +214,7 @@ def reference_words(refs: list[dict]) -> str:
         return ""
     parts = []
     for name, vals, fmt in (("NLL", [r["valid_nll"] for r in refs], ".4f"),
-                            ("BLEU", [_valid_bleu(r) for r in refs], ".2f")):
+                            ("BLEU", [row_valid_bleu(r) for r in refs], ".2f")):
         parts.append(f"{name} {statistics.mean(vals):{fmt}} ± {statistics.stdev(vals):{fmt}} (sd), a new run "
                      f"within ±{prediction_halfwidth(vals):{fmt}} (95 %)")
     return f"Reference, {len(refs)} seeds: " + "; ".join(parts) + "."
@@ -332,6 +332,6 @@ def table3_section(rs: list[dict], img: Path, machine_words, seeds: int = 5,
     out += ["### What each row could show", "", "The power of each row's test (NLL): the smallest change its "
             "seeds find at 80 % power, and the seeds that would settle it with that power.", ""]
     out += power_table(verdicts, refs_nll) + [""]
-    _plot_curves([r for r in rs if r.get("family") != "stability"], img / "table3_curves.png",
+    plot_suite_curves([r for r in rs if r.get("family") != "stability"], img / "table3_curves.png",
                  "Table 3 rows: validation perplexity", by_time=False)
     return out + ["![validation curves](img/table3_curves.png)", ""]

@@ -14,29 +14,32 @@ from torch import Tensor, nn
 
 from .linear import Linear
 
+KERNELS = {"sdpa": True, "explicit": False}  # model.attention's choices besides auto: whether SDPA computes Eq. 1
+
 
 def attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
-    dropout_p: float = 0.0, need_weights: bool = False, use_sdpa: bool | None = None,
+    dropout_p: float = 0.0, need_weights: bool = False, kernel: str = "auto",
 ) -> tuple[Tensor, Tensor | None]:
     """Eq. 1: softmax(Q Kᵀ / √d_k) V.
 
     q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v) -> (B, h, T, d_v), weights (B, h, T, S).
     The fast path is `F.scaled_dot_product_attention` (flash / memory-efficient kernels on GPU);
-    ``need_weights`` takes the explicit path and also returns the weights. On the CPU, SDPA is
+    ``need_weights`` takes the explicit path and also returns the weights. `kernel` (model.attention):
+    sdpa, explicit, or auto, which picks by device and dtype. On the CPU, SDPA is
     only faster for fp32 training (fwd+bwd of (130, 4, 30, 64): 12.4 vs 15.9 ms); in bf16
     training (21.6 vs 4.4 ms) and in inference at every precision the
     explicit path wins (decoding shapes: 1.2-2.5x), so it is the default there (bench/attention_cpu.py).
     On a GPU SDPA stays: compiled base training on an H200, explicit was 1.05x at 32 tokens and
     0.92x at 128 (bench/gpu_h200_visit4.json, bench/gpu_h200_visit5_length128.json).
     """
-    if use_sdpa is None:
-        use_sdpa = q.device.type != "cpu" or (q.dtype != torch.bfloat16 and torch.is_grad_enabled())
+    sdpa = KERNELS[kernel] if kernel != "auto" else (
+        q.device.type != "cpu" or (q.dtype != torch.bfloat16 and torch.is_grad_enabled()))
     T, S = q.size(-2), k.size(-2)
-    if causal and (mask is not None or not use_sdpa or need_weights or T != S):  # SDPA's own: T == S, no mask
+    if causal and (mask is not None or not sdpa or need_weights or T != S):  # SDPA's own: T == S, no mask
         future = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
         mask, causal = (future if mask is None else mask & future), False
-    if use_sdpa and not need_weights:
+    if sdpa and not need_weights:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
         return out, None
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, T, S)
@@ -50,10 +53,10 @@ def attention(
 class MultiHeadAttention(nn.Module):
     """§3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(QW^Q_i, KW^K_i, VW^V_i)."""
 
-    def __init__(self, d_model: int, h: int, d_k: int, d_v: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, h: int, d_k: int, d_v: int, dropout: float = 0.0, kernel: str = "auto"):
         super().__init__()
         self.h, self.d_k, self.d_v, self.dropout = h, d_k, d_v, dropout
-        self.use_sdpa: bool | None = None  # None: `attention` decides by device and dtype; bench/gpu.py times both
+        self.kernel = kernel  # model.attention: auto (`attention` decides by device and dtype), sdpa or explicit
         self.w_q = Linear(d_model, h * d_k)
         self.w_k = Linear(d_model, h * d_k)
         self.w_v = Linear(d_model, h * d_v)
@@ -74,7 +77,7 @@ class MultiHeadAttention(nn.Module):
         """Queries from x (B, T, d_model) over projected k, v -> (B, T, d_model), weights."""
         q = self._split(self.w_q(x), self.d_k)  # (B, h, T, d_k)
         p = self.dropout if self.training else 0.0
-        out, weights = attention(q, k, v, mask, causal, p, need_weights, self.use_sdpa)  # (B, h, T, d_v)
+        out, weights = attention(q, k, v, mask, causal, p, need_weights, self.kernel)  # (B, h, T, d_v)
         B, _, T, _ = out.shape
         return self.w_o(out.transpose(1, 2).reshape(B, T, self.h * self.d_v)), weights
 

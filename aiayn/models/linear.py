@@ -67,7 +67,7 @@ def onednn_trains() -> bool:
     return "avx512f" in cpu_flags()
 
 
-def _onednn(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+def onednn_linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
@@ -78,7 +78,7 @@ class _OneDNNLinear(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _onednn(x, weight, bias)
+        return onednn_linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -89,10 +89,10 @@ class _OneDNNLinear(torch.autograd.Function):
         g, x2 = grad.contiguous().reshape(-1, n_out), x.reshape(-1, n_in)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = _onednn(g, weight.t()).view(x.shape)
+            dx = onednn_linear(g, weight.t()).view(x.shape)
         if ctx.needs_input_grad[1]:
             # oneDNN is about 2x faster with the smaller dimension as the product's rows.
-            dw = _onednn(x2.t(), g.t()).t().contiguous() if n_out >= n_in else _onednn(g.t(), x2.t())
+            dw = onednn_linear(x2.t(), g.t()).t().contiguous() if n_out >= n_in else onednn_linear(g.t(), x2.t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = g.sum(0)
         return dx, dw, db

@@ -90,7 +90,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = MultiHeadAttention(d, cfg.h, cfg.head_dim_k, cfg.head_dim_v, cfg.attn_drop)
+        self.self_attn = MultiHeadAttention(d, cfg.h, cfg.head_dim_k, cfg.head_dim_v, cfg.attn_drop, cfg.attention)
         self.ffn = FeedForward(d, cfg.d_ff, cfg.activation)
         self.res_attn = Residual(d, cfg.p_drop, cfg.pre_norm)
         self.res_ffn = Residual(d, cfg.p_drop, cfg.pre_norm)
@@ -198,8 +198,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d, dk, dv = cfg.d_model, cfg.head_dim_k, cfg.head_dim_v
-        self.self_attn = MultiHeadAttention(d, cfg.h, dk, dv, cfg.attn_drop)
-        self.cross_attn = MultiHeadAttention(d, cfg.h, dk, dv, cfg.attn_drop)
+        self.self_attn = MultiHeadAttention(d, cfg.h, dk, dv, cfg.attn_drop, cfg.attention)
+        self.cross_attn = MultiHeadAttention(d, cfg.h, dk, dv, cfg.attn_drop, cfg.attention)
         self.ffn = FeedForward(d, cfg.d_ff, cfg.activation)
         self.res_self = Residual(d, cfg.p_drop, cfg.pre_norm)
         self.res_cross = Residual(d, cfg.p_drop, cfg.pre_norm)

@@ -23,8 +23,9 @@ from pydantic import BaseModel, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..data.tokenizer import EOS
+from ..decode.maps import attention_data
 from ..decode.markup import MarkupError, parse, put_back
-from ..decode.translator import Translator, attention_data
+from ..decode.translator import Translator
 from .batcher import Batcher, Overloaded, OverShare
 from .edge import BearerToken, BodyLimit, Concurrency, ConnectionCount, RateLimited, edge_protocol
 

@@ -18,7 +18,6 @@ from torch import Tensor
 _ROWS = 64  # rows per chunk: a chunk of fp32 logits stays in cache (128 was 2x slower: bench/README.md)
 _GPU_ROWS = 8192  # on a GPU a chunk is a launch: few, large ones (8,192 x 37k fp32 logits: 1.2 GB at most)
 log = logging.getLogger("aiayn")
-GPU_FUSED = True  # the fused kernels on a GPU; False: the chunks there too (bench/gpu.py compares them)
 
 
 def _rows(x: Tensor) -> int:
@@ -42,8 +41,10 @@ def rows_backward(x: Tensor, t: Tensor, lse: Tensor, w: Tensor, eps: float) -> T
     return ((p - eps / V - (1 - eps) * onehot) * w[:, None]).to(x.dtype)
 
 
-def _fused_here(x: Tensor) -> bool:
-    return x.is_cuda and GPU_FUSED
+def _fused_here(x: Tensor, fused: bool) -> bool:
+    """train.fused_loss: the compiled kernels, on a GPU only; false: the chunks there too (bench/gpu.py
+    compares them)."""
+    return x.is_cuda and fused
 
 
 @functools.cache
@@ -84,11 +85,11 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int, reuse: bool = False
-                ) -> tuple[Tensor, Tensor]:
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int, reuse: bool = False,
+                fused: bool = True) -> tuple[Tensor, Tensor]:
         n, V = logits.shape
         ctx.epsilon, ctx.pad_id, ctx.reuse = epsilon, pad_id, reuse
-        ctx.fused = _fused_here(logits)
+        ctx.fused = _fused_here(logits, fused)
         if ctx.fused:
             lse, nll, loss = _fused("forward")(logits, target, target != pad_id, epsilon)
             ctx.save_for_backward(logits, target, lse)
@@ -118,7 +119,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         eps, V = ctx.epsilon, logits.size(-1)
         if ctx.fused:  # a new gradient tensor: on a GPU memory is not what the reuse saves
             grad = _fused("backward")(logits, target, lse, grad_loss * (target != ctx.pad_id), eps)
-            return grad, None, None, None, None
+            return grad, None, None, None, None, None
         grad = logits if ctx.reuse else torch.empty_like(logits)
         weight = grad_loss * (target != ctx.pad_id)  # 0 on padding rows
         inplace, R = grad.dtype == torch.float32, _rows(logits)  # softmax, then (p - q)·g, in the gradient's rows
@@ -131,11 +132,11 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
                 p.sub_(eps / V).mul_(w)
             else:
                 torch.addcmul(w * (-eps / V), p, w, out=grad[s:s + R])
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def label_smoothed_loss(
-    logits: Tensor, target: Tensor, epsilon: float, pad_id: int, reuse_logits: bool = False
+    logits: Tensor, target: Tensor, epsilon: float, pad_id: int, reuse_logits: bool = False, fused: bool = True
 ) -> tuple[Tensor, Tensor, int]:
     """§5.4 label smoothing ε_ls (Szegedy et al., 2016): cross-entropy against
     q = (1 - ε)·onehot(y) + ε / V, summed over non-padding target tokens.
@@ -143,15 +144,16 @@ def label_smoothed_loss(
     logits (..., V), target (...) -> (smoothed loss sum, NLL sum, number of tokens), in float32.
     reuse_logits: backward overwrites the logits with their gradient (a training step that reads
     them no more after the loss: one fresh tokens x vocabulary tensor a step instead of two).
+    fused: on a GPU, the compiled kernels (train.fused_loss); False, the chunks there too.
     """
-    loss, nll = smoothed_sums(logits, target, epsilon, pad_id, reuse_logits)
+    loss, nll = smoothed_sums(logits, target, epsilon, pad_id, reuse_logits, fused)
     return loss, nll, int((target != pad_id).reshape(-1).sum())
 
 
-def smoothed_sums(logits: Tensor, target: Tensor, epsilon: float, pad_id: int, reuse_logits: bool = False
-                  ) -> tuple[Tensor, Tensor]:
+def smoothed_sums(logits: Tensor, target: Tensor, epsilon: float, pad_id: int, reuse_logits: bool = False,
+                  fused: bool = True) -> tuple[Tensor, Tensor]:
     """`label_smoothed_loss` without the token count, whose reading waits for a GPU: a training
     step knows its count from the batch and goes on without waiting."""
     logits = logits.reshape(-1, logits.size(-1))
-    loss, nll = _SmoothedCrossEntropy.apply(logits, target.reshape(-1), float(epsilon), pad_id, reuse_logits)
+    loss, nll = _SmoothedCrossEntropy.apply(logits, target.reshape(-1), float(epsilon), pad_id, reuse_logits, fused)
     return loss, nll.detach()

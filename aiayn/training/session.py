@@ -8,10 +8,11 @@ from pathlib import Path
 import yaml
 
 from ..checkpoint import CheckpointError, DamagedState, list_checkpoints, load_into, read_meta, read_weights
-from ..config import Config, apply_overrides, load_yaml
+from ..config import Config
 from ..data.prepare import check_vocabulary, vocabulary_size
 from ..device import TRAIN_PRECISIONS, cpu_label, inductor_cache, resolve_precision
 from ..files import hold_data, lock_run, read_json
+from ..overrides import apply_overrides, load_yaml
 from .runs import Dist, Run, cpu_paths, leave, progress_log, record_start, setup
 from .trainer import Trainer
 

@@ -50,7 +50,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list
                 out = model(*batch.inputs()) if align_layer is None else model(*batch.inputs(), align_layer=align_layer)
             logits, attention = (out, None) if align_layer is None else out
             loss, nll = smoothed_sums(logits, batch.tgt_out, cfg.train.label_smoothing, cfg.model.pad_id,
-                                      reuse_logits=True)
+                                      reuse_logits=True, fused=cfg.train.fused_loss)
             del logits, out  # its storage now holds its gradient
             total = loss if attention is None else loss + cfg.train.guided_alignment * guided.alignment_loss(
                 attention[:, cfg.train.guided_head], batch.align)

@@ -355,8 +355,8 @@ def test_the_pruned_checkpoint_keeps_the_models_metadata(toy_prepared, tmp_path)
     import aiayn
     from aiayn.analysis.heads_report import _save_pruned
     from aiayn.checkpoint import list_checkpoints, read_task, read_weights, save_weights
-    from aiayn.config import from_dict
     from aiayn.data.tokenizer import Tokenizer
+    from aiayn.overrides import from_dict
 
     aiayn.train(tiny_config(max_steps=2), str(toy_prepared), str(tmp_path / "run"))
     tensors, meta = read_weights(list_checkpoints(tmp_path / "run")[-1])

@@ -10,7 +10,8 @@ from aiayn.analysis.plot import plot_attention, plot_curves
 from aiayn.cli import main
 from aiayn.config import ModelConfig
 from aiayn.data.tokenizer import EOS, PAD, Tokenizer
-from aiayn.decode.translator import Translator, attention_data
+from aiayn.decode.maps import attention_data
+from aiayn.decode.translator import Translator
 from aiayn.models.transformer import Transformer
 from aiayn.training.runs import read_metrics
 
@@ -49,7 +50,9 @@ def test_padded_keys_get_zero_weight(model_and_tok):
 
 def test_without_target_uses_the_models_translation(model_and_tok, tmp_path):
     model, tok = model_and_tok
-    d = attention_data(model, tok, "a small cat sits")
+    with pytest.raises(ValueError, match="need a translator"):
+        attention_data(model, tok, "a small cat sits")
+    d = attention_data(model, tok, "a small cat sits", search=Translator(model, tok, precision="fp32"))
     assert d.translation == Translator(model, tok).translate(["a small cat sits"])[0]
     files = plot_attention(d, tmp_path / "maps")
     assert len(files) == 3 * 2 * 2 + 2  # 3 kinds x 2 layers x (png, svg) + the mean

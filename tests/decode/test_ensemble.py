@@ -9,7 +9,7 @@ from aiayn.checkpoint import CheckpointError, model_tensors, save_weights
 from aiayn.config import Config, ModelConfig
 from aiayn.data.tokenizer import PAD, Tokenizer
 from aiayn.decode.ensemble import Ensemble, load_models
-from aiayn.decode.fused import FusedDecoder
+from aiayn.decode.fast import FusedDecoder
 from aiayn.decode.search import beam_search, greedy_search
 from aiayn.decode.translator import Translator
 from aiayn.models.build import build_model

@@ -6,11 +6,11 @@ import pytest
 import torch
 from conftest import requires_int8, requires_vnni
 
-from aiayn.config import preset
-from aiayn.decode.fused import FusedDecoder, fusable
+from aiayn.decode.fast import FusedDecoder, StepOptions, fusable
 from aiayn.decode.search import beam_search, greedy_search
-from aiayn.decode.translator import cast_bf16
 from aiayn.device import int8_kernel
+from aiayn.models.precision import cast_bf16
+from aiayn.overrides import preset
 from aiayn.parsing.model import build_any
 
 
@@ -125,7 +125,7 @@ def test_only_plain_transformers_are_fused():
 def test_fused_step_equals_the_int8_modules_bit_for_bit():
     """int8: the fused Q|K|V product quantized as one (per-channel weight scales, per-row
     activation scales) gives what the three Int8Linear products of translate.quantize_int8 give."""
-    from aiayn.decode.translator import quantize_int8
+    from aiayn.models.precision import quantize_int8
 
     model = toy()
     int8 = quantize_int8(model)
@@ -149,8 +149,9 @@ def test_compiled_step_agrees_with_eager_and_searches_the_same_batch_or_alone(in
     same as in the batch. int8 goes through Translator: after its compile_now(), nothing the test
     decodes compiles again (warm-up lengths that collided with the beam once did). "fbgemm": the
     AVX2 kernel forced (one opaque operation in the graph)."""
-    from aiayn.decode.translator import Translator, quantize_int8
+    from aiayn.decode.translator import Translator
     from aiayn.models import linear
+    from aiayn.models.precision import quantize_int8
 
     if int8 == "fbgemm":
         monkeypatch.setattr(linear, "int8_kernel", lambda: "fbgemm")
@@ -234,8 +235,8 @@ def test_on_a_gpu_one_sentence_and_a_batch_share_the_compiled_graphs(gpu, monkey
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, **{**kw, "backend": record}))
     torch._dynamo.reset()
     model = toy(N=1)
-    eager, compiled = FusedDecoder(model, capacity=4), FusedDecoder(model, capacity=4, compiled=True)
-    compiled.eager_first = compiled.unbacked = gpu
+    eager = FusedDecoder(model, capacity=4)
+    compiled = FusedDecoder(model, capacity=4, options=StepOptions(compiled=True, eager_first=gpu, unbacked=gpu))
     src = sources()
 
     def key(m, s):
@@ -248,8 +249,7 @@ def test_on_a_gpu_one_sentence_and_a_batch_share_the_compiled_graphs(gpu, monkey
 def _routed(eager_first: bool) -> list[tuple[str, int]]:
     """Which of the step's callables decode_step and decode_hidden hand to _advance, at which position:
     three steps and a decode_hidden, then decode_hidden at position 0 of a fresh state."""
-    fused = FusedDecoder(toy(N=1), capacity=4, compiled=True)
-    fused.eager_first = eager_first
+    fused = FusedDecoder(toy(N=1), capacity=4, options=StepOptions(compiled=True, eager_first=eager_first))
     fused._step = lambda *a, **k: fused._tensor_step(*a, **k)  # stand-ins for the compiled: no compiling
     fused._hidden = lambda *a, **k: fused._tensor_hidden(*a, **k)
     fused._start = fused._tensor_start
@@ -280,15 +280,13 @@ def test_a_gpus_eager_step_attends_through_sdpa_as_the_model_does_there():
     assert not FusedDecoder(toy(N=1), capacity=4).sdpa
     assert not FusedDecoder(toy(N=1).to("meta"), capacity=4, compiled=True).sdpa  # inductor fuses its own
     for bf16 in (False, True):
-        model = cast_bf16(toy()) if bf16 else toy()
-        for m in model.modules():
-            if hasattr(m, "use_sdpa"):
-                m.use_sdpa = True
+        model = cast_bf16(toy(attention="sdpa")) if bf16 else toy(attention="sdpa")
         fused = FusedDecoder(model, torch.bfloat16 if bf16 else torch.float32, capacity=2)
-        fused.sdpa = True
+        assert fused.sdpa  # model.attention sdpa: the fused step's too
         close = 1e-2 if bf16 else 1e-5
         steps_agree(model, fused, bf16, close=close)
-        explicit = FusedDecoder(model, torch.bfloat16 if bf16 else torch.float32, capacity=2)
+        explicit = FusedDecoder(model, torch.bfloat16 if bf16 else torch.float32, capacity=2,
+                                options=StepOptions(sdpa=False))
         for a, b in zip(beam_search(fused, sources()), beam_search(explicit, sources())):
             assert a[0].tokens == b[0].tokens and a[0].score == pytest.approx(b[0].score, abs=close * 10), bf16
 
@@ -299,8 +297,8 @@ def test_alignments_under_sdpa_read_the_same_attention():
     model = toy()
     got = []
     for sdpa in (False, True):
-        fused = FusedDecoder(model, capacity=4)
-        fused.sdpa, fused.align_head = sdpa, (1, None)
+        fused = FusedDecoder(model, capacity=4, options=StepOptions(sdpa=sdpa))
+        fused.align_head = (1, None)
         state = fused.start_decoding(sources(), 4)
         assert state.pad.dtype == (torch.float32 if sdpa else torch.bool)
         seen = []
@@ -317,7 +315,7 @@ def test_the_compiled_step_has_the_batch_sizes_as_symbols_and_the_weights_sizes_
     entered the graph as symbols made the generated code generic: single-sentence int8 decoding
     took 50 ms instead of 25 (p50, 1 thread) until the weights were marked static. (torch._int_mm's
     weights are graph inputs; fbgemm's packed weights stay inside one opaque operation.)"""
-    from aiayn.decode.translator import quantize_int8
+    from aiayn.models.precision import quantize_int8
 
     seen: list[tuple[str, tuple]] = []
 
@@ -344,7 +342,7 @@ def test_the_search_state_lives_on_the_sources_device():
     every decode (found by bench/gpu.py's first run). A meta device stands in for the GPU here."""
     from types import SimpleNamespace
 
-    from aiayn.decode.fused import FusedState
+    from aiayn.decode.fast import FusedState
 
     pad = torch.zeros(2, 1, 1, 5, dtype=torch.bool, device="meta")
     state = FusedState([], pad, 1, 2, [SimpleNamespace(heads=(2, 4, 4, 2, 4, 4))] * 3, torch.bfloat16, capacity=8)

@@ -8,25 +8,20 @@ import torch
 from test_fusedstep import sources, steps_agree, toy
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from aiayn.decode.fused import FusedDecoder
-from aiayn.decode.graphed import StepGraph, graphed_beam_search, search_beams, static_logits
+from aiayn.decode.fast import FusedDecoder, StepOptions
+from aiayn.decode.fast.graphed import StepGraph, graphed_beam_search, search_beams, static_logits
 from aiayn.decode.search import beam_search, greedy_search
-from aiayn.decode.translator import cast_bf16
+from aiayn.models.precision import cast_bf16
 
 
 def graphed(model, bf16: bool, capacity: int = 2) -> FusedDecoder:
     """A fused decoder as a GPU's would be with graphs on: SDPA's attention, each step replayed."""
-    fused = FusedDecoder(model, torch.bfloat16 if bf16 else torch.float32, capacity=capacity)
-    fused.sdpa = fused.graphs = True
-    return fused
+    return FusedDecoder(model, torch.bfloat16 if bf16 else torch.float32, capacity=capacity,
+                        options=StepOptions(sdpa=True, graphs=True))
 
 
 def sdpa_model(bf16: bool):
-    model = cast_bf16(toy()) if bf16 else toy()
-    for m in model.modules():
-        if hasattr(m, "use_sdpa"):
-            m.use_sdpa = True
-    return model
+    return cast_bf16(toy(attention="sdpa")) if bf16 else toy(attention="sdpa")
 
 
 @pytest.mark.parametrize("bf16", [False, True])
@@ -41,8 +36,7 @@ def test_the_graphed_step_computes_the_models_step(bf16):
 @pytest.mark.parametrize("bf16", [False, True])
 def test_search_through_the_graphed_step_finds_what_the_eager_step_finds(bf16):
     model = sdpa_model(bf16)
-    eager = FusedDecoder(model, torch.bfloat16 if bf16 else torch.float32, capacity=2)
-    eager.sdpa = True
+    eager = FusedDecoder(model, torch.bfloat16 if bf16 else torch.float32, capacity=2, options=StepOptions(sdpa=True))
     src = sources()
     for beam in (1, 4):
         a, b = (beam_search(m, src, beam=beam, nbest=beam, max_len_b=12) for m in (eager, graphed(model, bf16)))
@@ -126,8 +120,7 @@ def test_graphed_beam_search_finds_what_beam_search_finds(bf16):
     in bf16 through the graphed step (bf16's rounding otherwise decides near-ties; the scores agree
     to 0.1, as the caches' capacities, so the masked lengths, differ)."""
     model = sdpa_model(bf16)
-    eager = FusedDecoder(model, torch.bfloat16 if bf16 else torch.float32)
-    eager.sdpa = True
+    eager = FusedDecoder(model, torch.bfloat16 if bf16 else torch.float32, options=StepOptions(sdpa=True))
     eager = graphed(model, bf16) if bf16 else eager
     src = sources()
     ends = set()
@@ -144,9 +137,9 @@ def test_graphed_beam_search_finds_what_beam_search_finds(bf16):
 def test_the_graphed_search_step_reads_nothing_back_and_looks_every_few_steps(monkeypatch):
     """The search step a graph records reads nothing back to the host and runs the same operations on
     the same shapes at every step; the host reads which sentences are done once every LOOK_EVERY steps."""
-    from aiayn.decode import graphed as g
+    from aiayn.decode.fast import graphed as g
     runs, looks = [], []
-    real_step, real_open = g._search_step, g._open
+    real_step, real_open = g._search_step, g.open_sentences
 
     def step(*args):
         with Seen() as seen:
@@ -154,7 +147,7 @@ def test_the_graphed_search_step_reads_nothing_back_and_looks_every_few_steps(mo
         runs.append(seen.ops)
 
     monkeypatch.setattr(g, "_search_step", step)
-    monkeypatch.setattr(g, "_open", lambda *a: looks.append(1) or real_open(*a))
+    monkeypatch.setattr(g, "open_sentences", lambda *a: looks.append(1) or real_open(*a))
     g.graphed_beam_search(graphed(sdpa_model(True), True), sources(), 4, 0.6, 1.0, 20, 1, shrink=0.0)
     assert len(runs) == 30 and all(r == runs[0] for r in runs)  # max length 9 + 20, plus the EOS step
     assert len(looks) == 8  # steps 3, 7, ..., 27 and the last
@@ -178,7 +171,7 @@ def test_a_graphed_search_goes_on_with_its_open_sentences_alone_and_finds_the_sa
     scores and finished hypotheses selected, the done sentences' results kept in their places. The
     hypotheses and scores stay beam_search's (fp32, eager step), over beams, n-best and α; the batch
     was recorded more than once, each time smaller, and once with no shrinking."""
-    from aiayn.decode import graphed as g
+    from aiayn.decode.fast import graphed as g
     sizes = []
 
     class Counted(g.Recorded):
@@ -190,8 +183,7 @@ def test_a_graphed_search_goes_on_with_its_open_sentences_alone_and_finds_the_sa
     real = g._shrunk
     monkeypatch.setattr(g, "_shrunk", lambda b, state, keep, k: sizes.append(keep.numel()) or real(b, state, keep, k))
     model = sdpa_model(False)
-    eager = FusedDecoder(model, torch.float32)
-    eager.sdpa = True
+    eager = FusedDecoder(model, torch.float32, options=StepOptions(sdpa=True))
     src = many_sources()
     for beam, nbest, alpha, max_b in [(4, 2, 0.6, 12), (2, 1, 0.0, 6), (5, 5, 1.0, 9), (3, 1, 0.6, 30)]:
         sizes.clear()
@@ -208,15 +200,15 @@ def test_a_graphed_search_goes_on_with_its_open_sentences_alone_and_finds_the_sa
 
 
 def test_the_translator_searches_through_graphs_when_they_are_on(monkeypatch):
-    from aiayn.decode import graphed as g
+    from aiayn.decode.fast import graphed as g
     used = []
     monkeypatch.setattr(g, "graphed_beam_search",
                         lambda *a, shrink: used.append(shrink) or [[] for _ in range(a[1].size(0))])
     fused = graphed(toy(), False)
     search_beams(fused, sources(), 4, 0.6, 1.0, 5, 1, 100)
-    fused.shrink = 0.0
+    fused = FusedDecoder(toy(), options=StepOptions(sdpa=True, graphs=True, shrink=0.0))
     search_beams(fused, sources(), 4, 0.6, 1.0, 5, 1, 100)
     search_beams(fused, sources(), 4, 0.6, 1.0, 5, 1, 100, abandoned=lambda ids: ids < 0)  # a server's: eager
-    fused.graphs = False
+    fused = FusedDecoder(toy(), options=StepOptions(sdpa=True))
     search_beams(fused, sources(), 4, 0.6, 1.0, 5, 1, 100)
     assert used == [0.5, 0.0]  # the decoder's shrink

@@ -205,7 +205,7 @@ def test_bf16_weights_cast_once_give_what_autocast_gives(trained):
     autocast rounds fp32 weights the same way at every step, so the hypotheses and scores must
     be identical to searching the fp32 model under autocast. The given model stays fp32."""
     from aiayn.data.tokenizer import EOS, PAD
-    from aiayn.decode.fused import FusedDecoder
+    from aiayn.decode.fast import FusedDecoder
     from aiayn.decode.search import beam_search
 
     ckpt, data = trained

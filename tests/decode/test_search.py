@@ -10,7 +10,7 @@ import torch
 
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.data.tokenizer import BOS, EOS, PAD, Tokenizer
-from aiayn.decode.search import _top_lprobs, beam_search, greedy_search, length_penalty
+from aiayn.decode.search import beam_search, greedy_search, length_penalty, top_lprobs
 from aiayn.decode.translator import Translator
 from aiayn.models.transformer import Transformer
 
@@ -205,11 +205,11 @@ def test_blockwise_top_candidates_equal_full_log_softmax():
     forced[:, EOS] = lp[:, EOS]
     ref = torch.where(at_max[:, None], forced, lp).topk(8, -1)
     for chunk_bytes, branchless in itertools.product((1, 4 * 50 * 4, 1 << 30), (False, True)):  # rows: 1, 4, all
-        vals, idx = _top_lprobs(logits, 8, at_max, chunk_bytes, branchless)  # branchless: the GPU's way
+        vals, idx = top_lprobs(logits, 8, at_max, chunk_bytes, branchless)  # branchless: the GPU's way
         torch.testing.assert_close(vals, ref.values)
         assert torch.equal(idx[~at_max], ref.indices[~at_max])
         assert (idx[at_max, 0] == EOS).all()
-    vals, _ = _top_lprobs(logits[:, :5], 8, at_max)  # fewer tokens than asked for
+    vals, _ = top_lprobs(logits[:, :5], 8, at_max)  # fewer tokens than asked for
     assert vals.shape == (37, 5)
 
 

@@ -11,7 +11,7 @@ import torch
 from conftest import requires_int8
 from test_fusedstep import sources, toy
 
-from aiayn.decode.fused import FusedDecoder
+from aiayn.decode.fast import FusedDecoder
 from aiayn.decode.search import beam_search, greedy_search
 from aiayn.decode.shortlist import (
     MAX_PER_SOURCE,
@@ -22,8 +22,8 @@ from aiayn.decode.shortlist import (
     build,
     vocabulary_id,
 )
-from aiayn.decode.translator import cast_bf16, quantize_int8
 from aiayn.device import int8_kernel
+from aiayn.models.precision import cast_bf16, quantize_int8
 
 
 @pytest.mark.parametrize("max_pairs,stride", [(0, 1), (200, 2), (150, 3)])

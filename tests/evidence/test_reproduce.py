@@ -19,7 +19,6 @@ from cli_forks import run_many
 from scipy import stats as scipy_stats
 from torch.utils.flop_counter import FlopCounterMode
 
-from aiayn.config import preset
 from aiayn.evidence import suites
 from aiayn.evidence.plan import (
     BUDGET_UPDATES,
@@ -44,6 +43,7 @@ from aiayn.evidence.table1 import (
 from aiayn.evidence.verdicts import judge_all, seed_tests
 from aiayn.models.attention import attention
 from aiayn.models.rnn import LSTMCell
+from aiayn.overrides import preset
 
 
 def reproduce(*args, cwd=None):
@@ -616,7 +616,7 @@ def test_restricted_attention_equals_masked_full_attention():
     q, (k, v) = m._split(m.w_q(x), m.d_k), m.project_kv(x)
     i = torch.arange(n)
     band = (i[:, None] - i[None, :]).abs() <= r // 2
-    full, _ = attention(q, k, v, band, use_sdpa=False)
+    full, _ = attention(q, k, v, band, kernel="explicit")
     ref = m.w_o(full.transpose(1, 2).reshape(2, n, d))
     assert torch.allclose(layer(x), ref, atol=1e-5)
 
@@ -850,7 +850,7 @@ def test_a_row_whose_training_another_suite_finished_reuses_it(tmp_path, monkeyp
     trained = []
     monkeypatch.setattr(rows_mod, "_train_and_evaluate", lambda row, *a: trained.append(row.name)
                         or {"row": row.name, "valid_nll": 2.0, "bleu": {}, "machine": {"git": "abc"}})
-    monkeypatch.setattr(rows_mod, "_code_commit", lambda: "abc")
+    monkeypatch.setattr(rows_mod, "code_commit", lambda: "abc")
     row = Row("transformer-s2", "Transformer", group="transformer", seed=2, of="transformer")
     got = rows_mod.run_row(row, "arch", common, data, tmp_path / "work", results, device="cpu")
     assert trained == [] and got["reused"] == "table3/ref-s2" and got["valid_nll"] == 1.6678
@@ -860,7 +860,7 @@ def test_a_row_whose_training_another_suite_finished_reuses_it(tmp_path, monkeyp
     rows_mod.run_row(Row("transformer-s3", "T", seed=3), "arch", common, data, tmp_path / "work", results, device="cpu")
     rows_mod.run_row(Row("transformer-q", "T", seed=2), "arch", common, data, tmp_path / "work", results, sentences=1,
                      device="cpu")  # the twin scored 2 validation sentences, this row would score 1
-    monkeypatch.setattr(rows_mod, "_code_commit", lambda: "abc+dirty")  # the twin's uncommitted code, maybe not ours
+    monkeypatch.setattr(rows_mod, "code_commit", lambda: "abc+dirty")  # the twin's uncommitted code, maybe not ours
     (results / "table3" / "ref-s2.json").write_text(json.dumps({**twin, "machine": {"git": "abc+dirty"}}))
     rows_mod.run_row(Row("transformer-x", "T", seed=2), "arch", common, data, tmp_path / "work", results, device="cpu",
                      allow_mixed=True)
@@ -908,7 +908,7 @@ def test_a_finished_twin_is_looked_for_only_among_rows_results(toy_prepared, tmp
     from aiayn.evidence import rows
     from aiayn.evidence.plan import TINY, Row
 
-    monkeypatch.setattr(rows, "_code_commit", lambda: "abc1234")
+    monkeypatch.setattr(rows, "code_commit", lambda: "abc1234")
     for suite, content in (("parse", {"machine": "AMD EPYC family 26"}), ("table3", ["not", "a", "mapping"])):
         (tmp_path / suite).mkdir()
         (tmp_path / suite / "x.json").write_text(json.dumps(content))

@@ -23,8 +23,8 @@ def test_attention_matches_formula_with_padding_mask():
     lengths = torch.tensor([7, 4])
     mask = (torch.arange(7)[None, :] < lengths[:, None])[:, None, None, :]
     ref, ref_w = reference_attention(q, k, v, mask)
-    fast, none = attention(q, k, v, mask, use_sdpa=True)
-    explicit, _ = attention(q, k, v, mask, use_sdpa=False)
+    fast, none = attention(q, k, v, mask, kernel="sdpa")
+    explicit, _ = attention(q, k, v, mask, kernel="explicit")
     torch.testing.assert_close(explicit, ref, atol=1e-5, rtol=1e-5)
     slow, w = attention(q, k, v, mask, need_weights=True)
     assert none is None
@@ -39,7 +39,7 @@ def test_causal_paths_agree_and_match_formula():
     q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()
     ref, ref_w = reference_attention(q, k, v, causal)
-    fast, _ = attention(q, k, v, causal=True, use_sdpa=True)
+    fast, _ = attention(q, k, v, causal=True, kernel="sdpa")
     slow, w = attention(q, k, v, causal=True, need_weights=True)
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(slow, ref, atol=1e-5, rtol=1e-5)
@@ -82,8 +82,8 @@ def test_multi_head_equals_per_head_concat():
 
 
 def test_a_module_told_its_attention_path_takes_it_and_computes_the_same():
-    """`MultiHeadAttention.use_sdpa` (bench/gpu.py times both on a GPU): SDPA and Eq. 1 written out give
-    the same outputs and gradients; the module really calls the path it is told."""
+    """`MultiHeadAttention`'s kernel (model.attention; bench/gpu.py times both on a GPU): SDPA and Eq. 1
+    written out give the same outputs and gradients; the module really calls the path it is told."""
     from unittest import mock
 
     import aiayn.models.attention as mod
@@ -93,8 +93,7 @@ def test_a_module_told_its_attention_path_takes_it_and_computes_the_same():
     outs, grads = [], []
     for use_sdpa in (True, False):
         torch.manual_seed(3)
-        m = MultiHeadAttention(16, 4, 4, 4)
-        m.use_sdpa = use_sdpa
+        m = MultiHeadAttention(16, 4, 4, 4, kernel="sdpa" if use_sdpa else "explicit")
         k, v = m.project_kv(x)
         with mock.patch.object(mod.F, "scaled_dot_product_attention", wraps=mod.F.scaled_dot_product_attention) as f:
             out, _ = m(x, k, v, mask, causal=True)
@@ -116,5 +115,5 @@ def test_sdpa_with_a_mask_and_causal_stays_causal_and_aligns_fewer_queries_to_th
         future = torch.ones(3, 6, dtype=torch.bool).tril(3)
         ref, _ = reference_attention(q, k, v, future if mask is None else mask & future)
         for use_sdpa in (True, False):
-            out, _ = attention(q, k, v, mask, causal=True, use_sdpa=use_sdpa)
+            out, _ = attention(q, k, v, mask, causal=True, kernel="sdpa" if use_sdpa else "explicit")
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

@@ -19,9 +19,10 @@ from conftest import (
 
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
 from aiayn.cli import main
-from aiayn.config import ConfigError, ModelConfig, preset
+from aiayn.config import ConfigError, ModelConfig
 from aiayn.models.build import build_model
 from aiayn.models.conv import ConvS2S, glu_conv
+from aiayn.overrides import preset
 from aiayn.training.session import train
 
 

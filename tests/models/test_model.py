@@ -8,8 +8,9 @@ from conftest import overfit
 
 from aiayn.cli import main
 from aiayn.cli.training import count_parameters
-from aiayn.config import ModelConfig, preset
+from aiayn.config import ModelConfig
 from aiayn.models.transformer import Transformer, sinusoidal_positions
+from aiayn.overrides import preset
 
 
 def tiny(**kw) -> Transformer:
@@ -289,7 +290,7 @@ def test_a_shapes_only_build_has_every_parameter_shape_allocates_nothing_and_sta
         assert all(p.is_meta for p in skeleton.parameters()), name
         assert {k: p.shape for k, p in skeleton.named_parameters()} == {k: p.shape for k, p in real.named_parameters()}
         assert all(torch.equal(a, b) for a, b in zip(real.parameters(), again.parameters())), name
-    code = ("import sys, time\nfrom aiayn.config import preset\n"
+    code = ("import sys, time\nfrom aiayn.overrides import preset\n"
             "from aiayn.models.build import build_model, shapes_only\n"
             "t = time.perf_counter()\nwith shapes_only(): build_model(preset('base').model)\n"
             "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'\nprint(time.perf_counter() - t)")

@@ -15,9 +15,10 @@ from conftest import (
 )
 
 from aiayn.checkpoint import list_checkpoints, load_checkpoint
-from aiayn.config import ConfigError, ModelConfig, preset
+from aiayn.config import ConfigError, ModelConfig
 from aiayn.models.build import build_model
 from aiayn.models.rnn import AdditiveAttention, MultiplicativeAttention, RecurrentModel, attend
+from aiayn.overrides import preset
 from aiayn.training.session import train
 
 KINDS = [(cell, att) for cell in ("lstm", "gru") for att in ("additive", "dot", "general", "bahdanau")]

@@ -189,7 +189,7 @@ def test_a_prepared_folders_gold_trees_are_read_bounded(tmp_path):
     import os
 
     from aiayn.files import FileError
-    from aiayn.parsing.prepare import _read_tagging
+    from aiayn.parsing.treebank_data import _read_tagging
 
     os.mkfifo(tmp_path / "train.gold.mrg")
     with pytest.raises(FileError, match="train.gold.mrg: not a regular file"):

@@ -324,8 +324,8 @@ def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(
     from conftest import _sentences
 
     from aiayn.checkpoint import load_checkpoint
-    from aiayn.config import load_yaml
     from aiayn.data.prepare import prepare
+    from aiayn.overrides import load_yaml
     from aiayn.training.step import valid_bleu, validate
 
     for split, n, seed in (("train", 400, 0), ("valid", 10000, 1)):  # 5,000 took 4.7 s on a family-26 EPYC

@@ -305,7 +305,7 @@ def test_best_checkpoint_stays_out_of_the_rotation_and_average_defaults_to_keep_
 
 
 def test_presets_keep_what_section_6_1_averages():
-    from aiayn.config import preset
+    from aiayn.overrides import preset
 
     assert preset("base").train.keep_last == 5 and preset("big").train.keep_last == 20
     assert preset("base").train.tokens_per_update == preset("big").train.tokens_per_update == 25_000

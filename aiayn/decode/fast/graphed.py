@@ -1,7 +1,7 @@
 """The fused decoder step (§3.2.3, §6.1) replayed as one CUDA graph: one launch a step instead of ~140.
 
 On a GPU the eager step is bound by the host, not by arithmetic (bench/README.md, fifth visit: 911 ms
-of host time to 64 ms of GPU time over a search; `bench/decode_launches.py` counts 141 kernels a base
+of host time to 64 ms of GPU time over a search on an H200; `bench/decode_launches.py` counts 141 kernels a base
 bf16 step). A CUDA graph records a step's kernels once and launches them all with one call, but only
 a step whose every tensor keeps its size and place: so a graphed batch's step attends over the whole
 self-attention cache, the positions after the current one masked (Eq. 1 with -inf added to their
@@ -29,20 +29,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..data.tokenizer import BOS, PAD
-from .search import (
-    LOOK_EVERY,
+from ...data.tokenizer import BOS, PAD
+from ..beams import (
     Hypothesis,
-    _candidates,
-    _live,
-    _merge_finished,
-    _open,
-    _results,
-    _top_lprobs,
-    beam_search,
+    candidates,
+    finished_hypotheses,
     length_penalty,
+    live_beams,
     max_lengths,
+    merge_finished,
+    open_sentences,
+    top_lprobs,
 )
+from ..search import LOOK_EVERY, beam_search
 
 log = logging.getLogger("aiayn")
 SHRINK = 0.5  # graphed search: the open sentences go on alone once at most this fraction of the batch
@@ -61,7 +60,7 @@ def static_logits(dec, tokens: Tensor, n: Tensor, ks: list[Tensor], vs: list[Ten
     later = torch.arange(cap, device=idx.device) > n  # (capacity,)
     mask = torch.zeros(1, cap, dtype=ks[0].dtype, device=idx.device).masked_fill(later, float("-inf"))  # (1, cap)
     x = dec.embed.index_select(0, tokens) * dec.scale + dec.pos.index_select(0, n)
-    x = dec._layers(x, lambda y, i, L: _self_attention(dec, y, L, ks[i], vs[i], n, where, mask), cross, pad, group)
+    x = dec.run_layers(x, lambda y, i, L: _self_attention(dec, y, L, ks[i], vs[i], n, where, mask), cross, pad, group)
     return dec.linear(x, dec.out, dec.out_dtype)
 
 
@@ -179,13 +178,13 @@ def _search_step(dec, b: _Beams, state: tuple, k: int, alpha: float) -> None:
     B = b.scores.size(0)
     logits = static_logits(dec, b.tokens, b.t, ks, vs, idx, cross, pad, k)
     at_max = (b.t >= b.max_len)[:, None].expand(B, k).reshape(-1)
-    row_lp, row_tok = _top_lprobs(logits, 2 * k, at_max, branchless=True)
-    top_scores, top_beam, top_tok, is_eos = _candidates(b.scores, row_lp, row_tok, k)
+    row_lp, row_tok = top_lprobs(logits, 2 * k, at_max, branchless=True)
+    top_scores, top_beam, top_tok, is_eos = candidates(b.scores, row_lp, row_tok, k)
     row_base = b.ids.unsqueeze(1) * k
     rows = (row_base + top_beam[:, :k]).view(-1)
-    _merge_finished(b.fin_score, [b.fins], b.ids, top_scores[:, :k], [b.hist[rows]], is_eos[:, :k],
+    merge_finished(b.fin_score, [b.fins], b.ids, top_scores[:, :k], [b.hist[rows]], is_eos[:, :k],
                     length_penalty(b.t.double() + 1, alpha))
-    new_scores, new_tok, src_rows = _live(top_scores, top_tok, top_beam, is_eos, row_base, k)
+    new_scores, new_tok, src_rows = live_beams(top_scores, top_tok, top_beam, is_eos, row_base, k)
     b.hist.copy_(b.hist.index_select(0, src_rows))
     b.hist.index_copy_(1, b.t, new_tok.view(-1, 1))
     idx.copy_(idx.index_select(1, src_rows))  # every position: later ones are masked, whatever they hold
@@ -227,7 +226,7 @@ def graphed_beam_search(dec, src: Tensor, beam: int = 4, alpha: float = 0.6, max
     L = int(max_len.max()) + 1
     st = dec.start_decoding(src, group=k, capacity=L)  # never grows: recorded again only to shrink
     if not st.static:
-        raise ValueError("graphed_beam_search needs a fused decoder with graphs on (FusedDecoder.graphs)")
+        raise ValueError("graphed_beam_search needs a fused decoder with graphs on (StepOptions.graphs)")
     b = _Beams.start(max_len, k, L)
     state = (list(st.k), list(st.v), st.idx, [tuple(kv) for kv in st.cross], st.pad)
     del st  # its buffers go with the batch's first graph when the batch shrinks
@@ -242,7 +241,7 @@ def graphed_beam_search(dec, src: Tensor, beam: int = 4, alpha: float = 0.6, max
             graph.replay()
         if t % look_every != look_every - 1 and t < L - 1:
             continue
-        live = _open(b.fin_score[:, nbest - 1], b.scores[:, 0], bound_lp, t >= b.max_len)
+        live = open_sentences(b.fin_score[:, nbest - 1], b.scores[:, 0], bound_lp, t >= b.max_len)
         if live.numel() > shrink * b.scores.size(0) or live.numel() == b.scores.size(0):
             continue
         fin_score[which], fins[which] = b.fin_score[:, :nbest], b.fins[:, :nbest]
@@ -250,14 +249,15 @@ def graphed_beam_search(dec, src: Tensor, beam: int = 4, alpha: float = 0.6, max
             break
         (b, state), which, bound_lp, graph = _shrunk(b, state, live, k), which[live], bound_lp[live], None
         log.debug("graphed search: %d sentences open at step %d, recorded again", live.numel(), t)
-    return _results(fin_score, [fins])
+    return finished_hypotheses(fin_score, [fins])
 
 
 def search_beams(model, src: Tensor, beam: int, alpha: float, max_len_a: float, max_len_b: int, nbest: int,
                  limit: int, abandoned=None) -> list[list[Hypothesis]]:
     """beam_search; for a fused decoder with `graphs` on (no alignments, not compiled) and no
     requests that may be abandoned, graphed_beam_search, shrinking as the decoder's `shrink` says."""
-    if getattr(model, "graphs", False) and abandoned is None and model.align_head is None and not model.compiled:
-        return graphed_beam_search(model, src, beam, alpha, max_len_a, max_len_b, nbest, limit,
-                                   shrink=getattr(model, "shrink", SHRINK))
+    options = getattr(model, "options", None)
+    if options is not None and options.graphs and abandoned is None and model.align_head is None \
+            and not options.compiled:
+        return graphed_beam_search(model, src, beam, alpha, max_len_a, max_len_b, nbest, limit, shrink=options.shrink)
     return beam_search(model, src, beam, alpha, max_len_a, max_len_b, nbest, limit, abandoned)

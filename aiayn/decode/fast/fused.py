@@ -8,33 +8,26 @@ table of rows follows the beams; compiled, the gather fuses into attention), no 
 autocast. The arithmetic is the model's at the same
 precision: in bf16 the products run in bf16 while the residual stream, LayerNorm and softmax stay
 in fp32, as under autocast. Search uses it through the `IncrementalDecoder` contract (search.py).
+
+What is written twice, the module step and this one (with graphed.py's `static_logits`), is
+listed in mirror.py, whose `fusable` says which models this step may decode.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..data.tokenizer import EOS, PAD
-from ..device import inductor_cache
-from ..models.linear import Int8Linear, _onednn, onednn_available
-from ..models.transformer import ACTIVATIONS, Transformer
-from .graphed import SHRINK, StepGraph
-
-
-def fusable(model) -> bool:
-    """A model `FusedDecoder` computes exactly: a Transformer whose decoder inputs are the embedded
-    token and its position alone (not the parser's with pointer or depth inputs), with no forward
-    hooks on its modules (they must see every call: `aiayn heads`'s gates are hooks)."""
-    if not isinstance(model, Transformer) or model.decoder_inputs:
-        return False
-    return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
-
+from ...data.tokenizer import EOS, PAD
+from ...models.linear import Int8Linear, onednn_available, onednn_linear
+from ...models.transformer import ACTIVATIONS
+from .compiled import compiled_step
+from .graphed import StepGraph
+from .options import StepOptions
 
 Proj = tuple[Tensor, Tensor | None] | Int8Linear
 
@@ -109,11 +102,11 @@ class FusedDecoder:
     same per-channel weight scales and per-row activation scales, so the same numbers). encoder:
     the model whose `encode` runs (default `model`; int8: translate.quantize_int8's copy).
     compiled: the step, and the encoder with the encoder-decoder projections, run through
-    `torch.compile` (see `compiled_step`). Eager off the CPU, attention is SDPA's kernel, as the
-    model's own there (`sdpa`; bench/decode_launches.py: 41 % fewer kernels a base step)."""
+    `torch.compile` (see `compiled_step`); `options` (StepOptions) says how the step runs in full
+    (compiled, graphs, attention kernel), each choice left None made by the device."""
 
     def __init__(self, model, dtype: torch.dtype = torch.float32, capacity: int = 64, int8: bool = False,
-                 encoder=None, compiled: bool = False):
+                 encoder=None, compiled: bool = False, options: StepOptions | None = None):
         if model.decoder_inputs:
             raise ValueError("the fused decoder step has no decoder inputs beside the token (a parser's pointer "
                              "or depth input)")
@@ -131,31 +124,26 @@ class FusedDecoder:
         self.act, self.scale = ACTIVATIONS[cfg.activation], model.embed_scale
         self.encoder = encoder or model
         self.final = (model.dec_norm.weight.detach(), model.dec_norm.bias.detach()) if cfg.pre_norm else None
-        self.compiled = compiled
-        # Compiled on a GPU, the first position runs eagerly: PyTorch specializes a history of length 1,
-        # which cost two more step graphs, ~55 s each to compile on an H200 (bench/README.md, sixth
-        # visit). A CPU compiles them in seconds and its single sentences ran ~1 ms slower without them.
-        self.eager_first = compiled and self.embed.device.type != "cpu"
-        # Compiled on a GPU, the numbers of rows and sources are unbacked symbols, which PyTorch does not
-        # specialize at 1: one sentence and a batch share their graphs (2 instead of 4). A CPU keeps the
-        # specialized ones: there the merged graphs compiled 39 % faster but decoded 2-6 % slower.
-        self.unbacked = compiled and self.embed.device.type != "cpu"
-        # Eager off the CPU, attention is SDPA's one kernel, as the model's own there (models/attention.py):
-        # a GPU step is launch-bound, and the explicit products cost 8 kernels a self-attention, 7 a cross.
-        self.sdpa = not compiled and self.embed.device.type != "cpu"
-        # Eager, each batch's step may be replayed as one CUDA graph (graphed.py; emulated on a CPU). Off until a
-        # GPU has timed it against the eager step (bench/compile_probe.py); beam search's graph shrinks to its open
-        # sentences once at most `shrink` of the batch is (graphed.graphed_beam_search; 0: never).
-        self.graphs, self.shrink = False, SHRINK
+        options = options or StepOptions(compiled=compiled)
+        self.options = options.resolved(self.embed.device, getattr(cfg, "attention", "auto"))
         # (layer, head or None for the layer's mean): whose encoder-decoder attention each step's
         # argmax is taken from, for word alignments (decode/align.py); set by Translator, never compiled
         self.align_head: tuple[int, int | None] | None = None
-        cpu_onednn = onednn_available() and self.embed.device.type == "cpu" and not compiled
-        self.fp32_linear = _onednn if cpu_onednn else F.linear  # inductor picks its own kernel
+        cpu_onednn = onednn_available() and self.embed.device.type == "cpu" and not self.compiled
+        self.fp32_linear = onednn_linear if cpu_onednn else F.linear  # inductor picks its own kernel
         weights = self._weight_tensors()
-        self._step = compiled_step(self._tensor_step, weights, self._rows) if compiled else self._tensor_step
-        self._start = compiled_step(self._tensor_start, weights, self._rows) if compiled else self._tensor_start
-        self._hidden = compiled_step(self._tensor_hidden, weights, self._rows) if compiled else self._tensor_hidden
+        on = self.compiled
+        self._step = compiled_step(self._tensor_step, weights, self._rows) if on else self._tensor_step
+        self._start = compiled_step(self._tensor_start, weights, self._rows) if on else self._tensor_start
+        self._hidden = compiled_step(self._tensor_hidden, weights, self._rows) if on else self._tensor_hidden
+
+    # the options, read-only: a decoder is built with the ones it runs (StepOptions)
+    compiled = property(lambda self: self.options.compiled)
+    graphs = property(lambda self: self.options.graphs)
+    sdpa = property(lambda self: self.options.sdpa)
+    shrink = property(lambda self: self.options.shrink)
+    eager_first = property(lambda self: self.options.eager_first)
+    unbacked = property(lambda self: self.options.unbacked)
 
     def _rows(self, args: tuple) -> list[tuple[Tensor, int]]:
         """With `unbacked`, the compiled callables' (tensor, dimension) pairs that count rows or sources:
@@ -275,10 +263,10 @@ class FusedDecoder:
         # Where each row's positions 0..n lie in a buffer seen as (capacity · rows, h, d).
         where = (idx[:n + 1] + torch.arange(n + 1, device=tokens.device)[:, None] * cap_rows).view(-1)
         x = self.embed.index_select(0, tokens) * self.scale + self.pos[n]
-        return self._layers(x, lambda y, i, L: self._self_attention(y, L, ks[i], vs[i], n, where), cross, pad, group,
+        return self.run_layers(x, lambda y, i, L: self._self_attention(y, L, ks[i], vs[i], n, where), cross, pad, group,
                             probe)
 
-    def _layers(self, x: Tensor, attend, cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int,
+    def run_layers(self, x: Tensor, attend, cross: list[tuple[Tensor, Tensor]], pad: Tensor, group: int,
                 probe: list | None = None) -> Tensor:
         """The decoder's layers over the embedded tokens x (R, d_model); attend(y, i, L): layer i's self-attention."""
         for i, L in enumerate(self.layers):
@@ -341,39 +329,6 @@ class FusedDecoder:
             probe[1] = w.masked_fill(probe[0], -1.0).argmax(-1).view(-1)
         a = p.to(q.dtype) @ v  # (B, h, g, d_v)
         return self.linear(a.transpose(1, 2).reshape(B * g, h * dv), L.co)
-
-
-def compiled_step(step, weights: Sequence[Tensor] = (), unbacked=None):
-    """`step` under `torch.compile` (inductor) with dynamic shapes: rows, sources, source length,
-    cache capacity and position are symbols, so one graph serves every batch; PyTorch specializes
-    sizes 0 and 1, which adds single-sentence batches and the first position (a history of length
-    1; on a GPU that position runs eagerly: `eager_first`, and `unbacked(args)` names the (tensor,
-    dimension) pairs made unbacked symbols, never specialized, so one sentence shares a batch's graphs):
-    6 graphs on a CPU, 2 on a GPU (compiled on first use, cached on disk by inductor across processes;
-    equal sizes are not merged into one symbol); the `weights` it reads have fixed sizes (as symbols they made the
-    generated code generic: single-sentence int8 decoding took twice as long). Elementwise work
-    (norms, softmax, int8 row quantization) fuses into generated C++; the numbers agree with eager
-    to rounding, not bit for bit (fusions keep some intermediates in fp32)."""
-    from torch._dynamo.decorators import mark_unbacked  # here, not at the top: torch._dynamo costs ~0.9 s to import
-    from torch.fx.experimental import _config as fx_config
-
-    # Dynamo keeps its graphs per code object and guards them on the decoder's weights, so each
-    # FusedDecoder adds about 4: the default limit of 8 would leave a third one uncompiled.
-    if torch._dynamo.config.recompile_limit < 64:
-        torch._dynamo.config.recompile_limit = 64
-    for w in weights:  # the weights' sizes are constants of the graph, not symbols
-        torch._dynamo.mark_static(w)
-    inductor_cache()
-    compiled = torch.compile(step, dynamic=True)
-
-    def run(*args):
-        for t, dim in unbacked(args) if unbacked else ():
-            mark_unbacked(t, dim)
-        # No "duck" sizes: by default PyTorch gives sizes that happen to be equal one symbol (a
-        # cache of capacity 64 and d_k = 64), and the cache's growth to 128 then compiled again.
-        with fx_config.patch(use_duck_shape=False):
-            return compiled(*args)
-    return run
 
 
 def _int8(w: Tensor, b: Tensor | None) -> Int8Linear:

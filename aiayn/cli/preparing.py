@@ -22,7 +22,7 @@ log = logging.getLogger("aiayn")
 
 def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
     """§6.3: the treebank's splits as words -> linearized trees, prepared like a corpus."""
-    from ..parsing.prepare import prepare_treebank
+    from ..parsing.treebank_data import prepare_treebank
 
     if not args.treebank:
         raise UserError("prepare --task parse needs --treebank PATH (a folder of .mrg files or treebank.zip)")
