@@ -6,7 +6,7 @@ difference: §3.5 interleaves sin and cos (dims 2i, 2i+1), HF's Marian puts ever
 every cos second, with the same frequencies, and rebuilds that table on load. Permuting the
 model dimension (2i -> i, 2i+1 -> d/2 + i) in every tensor that touches the residual stream
 gives an exactly equivalent network whose positions are HF's table.
-Needs the optional `transformers` package (`pip install aiayn[bench]`).
+Needs the optional `transformers` package (`pip install aiayn[export]`).
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def _write_hf(checkpoint: Path, out: Path) -> None:
     try:
         from transformers import MarianMTModel
     except ImportError:
-        raise ExportError("export needs the `transformers` package: pip install 'aiayn[bench]'") from None
+        raise ExportError("export needs the `transformers` package: pip install 'aiayn[export]'") from None
     model, cfg, tokenizer, _ = load_checkpoint(checkpoint, build=_exportable)
     hf_cfg = marian_config(model, cfg.decode.beam, min(cfg.model.max_positions, 512), tokenizer)
     hf = MarianMTModel(hf_cfg)
@@ -198,7 +198,7 @@ def export_ct2(checkpoint: Path, out: Path, quantization: str | None = None) -> 
     try:
         from ctranslate2.converters import transformers as ct2t
     except ImportError:
-        raise ExportError("export ct2 needs the `ctranslate2` package: pip install 'aiayn[bench]'") from None
+        raise ExportError("export ct2 needs the `ctranslate2` package: pip install 'aiayn[export]'") from None
     with new_folder(out, EXPORT) as tmp, tempfile.TemporaryDirectory(prefix=".hf.", dir=tmp.parent) as hf_dir:
         _write_hf(checkpoint, Path(hf_dir))
         _convert(Path(hf_dir), tmp, quantization, ct2t)

@@ -14,31 +14,27 @@ import logging
 import random
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import sacrebleu  # noqa: E402
-import torch  # noqa: E402
-from scipy.stats import spearmanr  # noqa: E402
+import numpy as np
+import sacrebleu
+import torch
 
 from ..checkpoint import (
-    load_checkpoint,  # noqa: E402
+    load_checkpoint,
     model_tensors,
     read_weights,
     save_weights,
 )
-from ..data.batches import TokenData  # noqa: E402
-from ..data.prepare import check_vocabulary, load_manifest, read_text  # noqa: E402
-from ..data.tokenizer import EOS, Tokenizer  # noqa: E402
-from ..decode.maps import attention_data  # noqa: E402
-from ..decode.translator import Translator  # noqa: E402
-from ..device import TRAIN_PRECISIONS, resolve_precision  # noqa: E402
-from ..files import atomic_write, new_folder  # noqa: E402
-from ..parsing.model import build_any  # noqa: E402
+from ..data.batches import TokenData
+from ..data.prepare import check_vocabulary, load_manifest, read_text
+from ..data.tokenizer import EOS, Tokenizer
+from ..decode.maps import attention_data
+from ..decode.translator import Translator
+from ..device import TRAIN_PRECISIONS, resolve_precision
+from ..extras import figure, need
+from ..files import atomic_write, new_folder
+from ..parsing.model import build_any
 from ..parsing.trees import SPLITS, clean, read_treebank
-from .heads import (  # noqa: E402
+from .heads import (
     SUBLAYERS,
     ablation_importance,
     eval_batches,
@@ -51,7 +47,7 @@ from .heads import (  # noqa: E402
     role_table,
     syntactic_agreement,
 )
-from .plot import heatmap  # noqa: E402
+from .plot import heatmap
 
 log = logging.getLogger("aiayn")
 FILES = ("heads.json", "importance.png", "roles.png", "pruning.png", "examples.png", "pruned.safetensors")
@@ -179,7 +175,7 @@ def measure(checkpoint: Path, data_dir: Path, sentences: int = 200, bleu_sentenc
             "split": "heads ranked on the even-numbered validation sentences, curves measured on the odd-numbered",
             "bleu_sentences": len(src), "role_sentences": min(sentences, len(valid)), "seed": seed,
             "ablation": as_list(ablation), "gradient": as_list(grad),
-            "spearman_ablation_gradient": float(spearmanr(a, g).statistic),
+            "spearman_ablation_gradient": float(need("scipy.stats", "evidence").spearmanr(a, g).statistic),
             "roles": {n: as_list(r) for n, r in roles.items()}, "syntactic": syntactic, "pruning": curves,
             "removable_at_0.5_bleu": removable,
             "pruned_heads": [r["head"] for r in curves["importance"][1:removable["importance"] + 1]],
@@ -209,7 +205,8 @@ def _examples(model, tokenizer: Tokenizer, ablation: dict, src: list[str], ref: 
 
 
 def _importance_figure(result: dict, path: Path) -> None:
-    fig, axes = plt.subplots(2, 3, figsize=(11, 5.5), squeeze=False)
+    fig = figure(figsize=(11, 5.5))
+    axes = fig.subplots(2, 3, squeeze=False)
     for row, (key, label) in enumerate([("ablation", "ΔNLL with the head removed"),
                                         ("gradient", "E|∂L/∂gate| (Michel et al.)")]):
         for col, name in enumerate(SUBLAYERS):
@@ -224,12 +221,12 @@ def _importance_figure(result: dict, path: Path) -> None:
             fig.colorbar(im, ax=ax, fraction=0.05)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _roles_figure(result: dict, path: Path) -> None:
     panels = [(n, r) for n in SUBLAYERS for r in result["roles"].get(n, {})]
-    fig, axes = plt.subplots(1, len(panels), figsize=(1.6 * len(panels), 2.8), squeeze=False)
+    fig = figure(figsize=(1.6 * len(panels), 2.8))
+    axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (name, role) in zip(axes[0], panels):
         t = np.array(result["roles"][name][role])
         ax.imshow(t, cmap="viridis", aspect="auto")
@@ -240,11 +237,11 @@ def _roles_figure(result: dict, path: Path) -> None:
         ax.set_yticks(range(t.shape[0]), [f"L{i + 1}" for i in range(t.shape[0])], fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _pruning_figure(result: dict, path: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig = figure(figsize=(10, 3.6))
+    axes = fig.subplots(1, 2)
     c = result["pruning"]["importance"]
     x = [r["removed"] for r in c]
     axes[0].plot(x, [r["nll"] for r in c], "-o", ms=3, label="importance order")
@@ -264,7 +261,6 @@ def _pruning_figure(result: dict, path: Path) -> None:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _save_pruned(result: dict, path: Path) -> None:
@@ -295,10 +291,10 @@ def _examples_figure(result: dict, path: Path) -> None:
     ex = result["examples"]
     per_row = max(1, len(ex) // len(SUBLAYERS))
     size = 1.2 + 0.2 * max(max(len(e["rows"]), len(e["cols"])) for e in ex)
-    fig, axes = plt.subplots(len(SUBLAYERS), per_row, figsize=(per_row * size, len(SUBLAYERS) * size), squeeze=False)
+    fig = figure(figsize=(per_row * size, len(SUBLAYERS) * size))
+    axes = fig.subplots(len(SUBLAYERS), per_row, squeeze=False)
     for ax, e in zip(axes.flat, ex):
         heatmap(ax, np.array(e["weights"]), e["rows"], e["cols"],
                 f"{e['sublayer']} L{e['layer'] + 1} H{e['head'] + 1}, sentence {e['sentence'] + 1}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -5,15 +5,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from ..decode.maps import AttentionData  # noqa: E402
-from ..files import new_folder  # noqa: E402
-from ..training.runs import read_metrics  # noqa: E402
+from ..decode.maps import AttentionData
+from ..extras import figure
+from ..files import new_folder
+from ..training.runs import read_metrics
 
 
 def heatmap(ax, w: np.ndarray, rows: list[str], cols: list[str], title: str) -> None:
@@ -31,7 +28,8 @@ def _grid(maps: np.ndarray, rows: list[str], cols: list[str], title: str, path: 
     ncol = min(len(panels), 3)
     nrow = math.ceil(len(panels) / ncol)
     size = 1.0 + 0.22 * max(len(rows), len(cols))
-    fig, axes = plt.subplots(nrow, ncol, figsize=(ncol * size, nrow * size), squeeze=False)
+    fig = figure(figsize=(ncol * size, nrow * size))
+    axes = fig.subplots(nrow, ncol, squeeze=False)
     for ax, (w, name) in zip(axes.flat, panels):
         heatmap(ax, w, rows, cols, name)
     for ax in list(axes.flat)[len(panels):]:
@@ -41,7 +39,6 @@ def _grid(maps: np.ndarray, rows: list[str], cols: list[str], title: str, path: 
     out = [path.with_suffix(".png"), path.with_suffix(".svg")]
     for p in out:
         fig.savefig(p, dpi=110)
-    plt.close(fig)
     return out
 
 
@@ -70,7 +67,8 @@ def _plot_attention(data: AttentionData, out_dir: Path) -> list[Path]:
                              out_dir / f"{name}-layer{layer + 1}")
     mean = data.cross.mean((0, 1))
     size = 1.5 + 0.3 * max(mean.shape)
-    fig, ax = plt.subplots(figsize=(size, size))
+    fig = figure(figsize=(size, size))
+    ax = fig.subplots()
     heatmap(ax, mean, data.tgt_out_tokens, data.src_tokens, "cross attention, mean of layers and heads")
     ax.set_xlabel("source")
     ax.set_ylabel("output")
@@ -78,7 +76,6 @@ def _plot_attention(data: AttentionData, out_dir: Path) -> list[Path]:
     for p in (out_dir / "cross-mean.png", out_dir / "cross-mean.svg"):
         fig.savefig(p, dpi=130)
         written.append(p)
-    plt.close(fig)
     return written
 
 
@@ -91,7 +88,8 @@ def plot_curves(run_dir: Path, out: Path) -> Path:
     valid = [r for r in rows if "valid_loss" in r]
     if not train and not valid:
         raise ValueError(f"{run_dir}: metrics.jsonl has no training or validation records yet")
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    fig = figure(figsize=(11, 7))
+    axes = fig.subplots(2, 2)
     (a_loss, a_ppl), (a_bleu, a_lr) = axes
 
     def line(ax, recs, key, label):
@@ -119,5 +117,4 @@ def plot_curves(run_dir: Path, out: Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
-    plt.close(fig)
     return out

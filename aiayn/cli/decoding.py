@@ -51,7 +51,10 @@ def _interactive(translator, output: str | None) -> None:
 def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: beam search (beam 4, alpha 0.6, max length input + 50) over raw text."""
     from ..decode.translator import Translator
+    from ..extras import need
 
+    if args.document:
+        need("pysbd", "document")  # before the model is loaded
     overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
                                    "nbest": args.nbest, "max_tokens": args.max_tokens}.items() if v is not None}
     refuse_parser(args.checkpoint, "translate")

@@ -21,6 +21,10 @@ log = logging.getLogger("aiayn")
 
 def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     """HTTP API (FastAPI) and a page to try the model."""
+    from ..extras import need
+
+    need("fastapi", "serve")
+    need("uvicorn", "serve")
     from ..serve.app import Limits, serve, serving_hosts
 
     names = ("max_sentences", "max_chars", "max_subwords", "max_queue", "max_work", "max_attention_subwords",

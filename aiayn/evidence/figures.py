@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from ..training.optim import noam_lr  # noqa: E402
+from ..extras import figure
+from ..training.optim import noam_lr
 
 
 def row_valid_bleu(r: dict) -> float:
@@ -17,7 +13,8 @@ def row_valid_bleu(r: dict) -> float:
 
 
 def plot_suite_curves(rs: list[dict], path: Path, title: str, by_time: bool) -> None:
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig = figure(figsize=(8, 5))
+    ax = fig.subplots()
     for r in rs:
         c = r.get("curve") or []
         if not c:
@@ -35,7 +32,8 @@ def plot_suite_curves(rs: list[dict], path: Path, title: str, by_time: bool) -> 
 
 
 def plot_bleu_params(results: dict[str, list[dict]], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for suite, marker in (("table3", "o"), ("arch", "s")):
         for r in (r for r in results.get(suite, []) if r.get("family") != "stability"):
             ax.scatter(r["params"] / 1e6, row_valid_bleu(r), marker=marker)
@@ -50,7 +48,8 @@ def plot_bleu_params(results: dict[str, list[dict]], path: Path) -> None:
 
 def plot_schedule(path: Path, settings: list[tuple[str, dict]]) -> None:
     """Eq. 3 for the paper's base model and for each (label, recorded config) given."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = figure(figsize=(7, 4))
+    ax = fig.subplots()
     curves = [("paper base: d_model 512, warm-up 4000", 512, 4000, 1.0, 0.0)]
     curves += [(label, c["model"]["d_model"], c["train"]["warmup_steps"], c["train"]["lr_scale"],
                 c["train"].get("peak_lr", 0.0)) for label, c in settings]
@@ -67,7 +66,8 @@ def plot_schedule(path: Path, settings: list[tuple[str, dict]]) -> None:
 
 def plot_budget(curve: list[tuple[int, float]], at: int | None, path: Path) -> None:
     """The reference's validation NLL against updates, and where the budget rule stops."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = figure(figsize=(7, 4))
+    ax = fig.subplots()
     ax.plot([c[0] for c in curve], [c[1] for c in curve], marker=".")
     if at:
         ax.axvline(at, color="k", ls="--", label=f"budget: {at:,} updates")
@@ -83,12 +83,12 @@ def _save(fig, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def plot_table1(t1: dict, path: Path) -> None:
     """Table 1 measured: time and activation memory per layer against n, log-log."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig = figure(figsize=(11, 4))
+    axes = fig.subplots(1, 2)
     for name, L in t1["layers"].items():
         axes[0].loglog(t1["ns"], L["time_ms"], "o-", label=f"{name} (slope {L['slope_time']:.2f})")
         axes[1].loglog(t1["ns"], L["memory_bytes"], "o-", label=f"{name} (slope {L['slope_memory']:.2f})")

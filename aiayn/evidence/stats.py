@@ -16,6 +16,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..extras import need
+
 
 @dataclass(frozen=True)
 class SeedTest:
@@ -45,7 +47,7 @@ def p_text(p: float) -> str:
 
 def t_quantile(q: float, df: int) -> float:
     """The q-quantile of Student's t with df degrees of freedom."""
-    from scipy import stats  # here, not at the top: it costs every `aiayn` command 0.7 s to import
+    stats = need("scipy.stats", "evidence")  # here, not at the top: it costs every `aiayn` command 0.7 s
 
     return float(stats.t.ppf(q, df))
 
@@ -74,7 +76,7 @@ def seed_test(x: float | Sequence[float], reference: Sequence[float]) -> SeedTes
     if scale == 0:
         p = 1.0 if delta == 0 else 0.0
     else:
-        from scipy import stats
+        stats = need("scipy.stats", "evidence")
 
         p = float(2 * stats.t.sf(abs(delta) / scale, df))
     h90 = t_quantile(0.95, df) * scale
@@ -107,7 +109,7 @@ def min_detectable(test: SeedTest, alpha: float = 0.05, power: float = 0.8) -> f
 def margin_ps(test: SeedTest, margin: float) -> tuple[float, float]:
     """(p of equivalence within ±margin: TOST, the larger one-sided p; p of a difference beyond the
     margin: the minimum-effect test, two-sided, so below 0.05 when the 95 % interval excludes ±margin)."""
-    from scipy import stats
+    stats = need("scipy.stats", "evidence")
 
     d, s = test.delta, test.scale
     if s == 0:

@@ -26,6 +26,7 @@ from ..data.tokenizer import EOS
 from ..decode.maps import attention_data
 from ..decode.markup import MarkupError, parse, put_back
 from ..decode.translator import Translator
+from ..version import __version__
 from .batcher import Batcher, Overloaded, OverShare
 from .edge import BearerToken, BodyLimit, Concurrency, ConnectionCount, RateLimited, edge_protocol
 
@@ -152,7 +153,7 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
                ) -> FastAPI:
     limits = limits or Limits()
     app = FastAPI(title="aiayn", description="Transformer translation (Attention Is All You Need)",
-                  version="0.1.0")
+                  version=__version__)
     _guard(app, limits)
 
     batcher = Batcher(translator, limits.max_queue, max_work=limits.max_work, chunk_work=limits.chunk_work,

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from conftest import requires_int8
-from test_fusedstep import sources, toy
 
 from aiayn.decode.fast import FusedDecoder
 from aiayn.decode.search import beam_search, greedy_search
@@ -24,6 +23,7 @@ from aiayn.decode.shortlist import (
 )
 from aiayn.device import int8_kernel
 from aiayn.models.precision import cast_bf16, quantize_int8
+from tests.decode.fast.test_fused import sources, toy
 
 
 @pytest.mark.parametrize("max_pairs,stride", [(0, 1), (200, 2), (150, 3)])

@@ -5,13 +5,13 @@ can hold at all: no read back to the host, the same kernels on the same shapes a
 
 import pytest
 import torch
-from test_fusedstep import sources, steps_agree, toy
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from aiayn.decode.fast import FusedDecoder, StepOptions
 from aiayn.decode.fast.graphed import StepGraph, graphed_beam_search, search_beams, static_logits
 from aiayn.decode.search import beam_search, greedy_search
 from aiayn.models.precision import cast_bf16
+from tests.decode.fast.test_fused import sources, steps_agree, toy
 
 
 def graphed(model, bf16: bool, capacity: int = 2) -> FusedDecoder:
