@@ -114,8 +114,8 @@ def check_safetensors_output(path: str | Path, flag: str = "--output", inputs: t
                              ours: Callable[[dict], bool] = lambda meta: meta.get("format") == "aiayn-1",
                              what: str = "an aiayn checkpoint") -> Path:
     """check_output_file, and a file already there is replaced only if its header says aiayn wrote
-    it (`ours` of its metadata): never a user's notes, corpus or another tool's model (issue #59's rule
-    for folders, for single files that can carry the mark)."""
+    it (`ours` of its metadata): never a user's notes, corpus or another tool's model (the folders' rule,
+    for single files that can carry the mark)."""
     out = check_output_file(path, flag, inputs)
     if out.exists():
         try:

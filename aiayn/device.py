@@ -174,7 +174,7 @@ def pick_device(name: str | torch.device | None) -> torch.device:
 
 def decode_batch_tokens(device: torch.device, asked: int | None = None) -> tuple[int, str]:
     """Source tokens per translation batch, and why: decode.max_tokens where set; else 16,384 on a GPU
-    (on an H200 beam 4 ran 1.58x the sentences/s of 4,096, the same BLEU: bench/gpu_h200_visit4.json)
+    (on an H200 beam 4 ran 1.58x the sentences/s of 4,096, the same BLEU: bench/README.md, One GPU)
     and 4,096 on a CPU (the size its decoding benches were measured at)."""
     if asked:
         return asked, "decode.max_tokens"
@@ -208,7 +208,7 @@ def inductor_cache() -> None:
     """Under an ISA limit (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), unless the user chose a cache,
     give TorchInductor a disk cache of that limit's own: its cache key does not include the limit,
     and kernels compiled on one side crashed compiled decoding on the other (a segfault in a cached
-    kernel, seen with the AVX2 stand-in of issue #58). Call before torch.compile."""
+    kernel, seen with the AVX2 stand-in). Call before torch.compile."""
     limit = "-".join(os.environ[v].lower() for v in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
                      if os.environ.get(v))
     if limit and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:

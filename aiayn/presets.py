@@ -97,7 +97,7 @@ PAPER_PARAMS_M: dict[str, float] = {
 
 # Upper bounds on what a config may ask for (config.py checks them): far above any model in the paper
 # (big: d_ff 4096, N 6, vocabulary 37k) but small enough that a damaged or hostile checkpoint cannot make
-# aiayn allocate gigabytes before its weights are checked (#59). Decoding's keep §6.1's length penalty
+# aiayn allocate gigabytes before its weights are checked. Decoding's keep §6.1's length penalty
 # ((5 + |Y|) / 6)^alpha finite at any length a model allows (GNMT's alphas: 0-1; the paper's 0.6).
 MODEL_LIMITS = {"vocab_size": 1 << 21, "d_model": 1 << 14, "d_ff": 1 << 17, "h": 1 << 10, "N": 1 << 8,
                 "N_dec": 1 << 8, "d_k": 1 << 14, "d_v": 1 << 14, "max_positions": 1 << 16, "conv_kernel": 1 << 8,

@@ -309,3 +309,24 @@ def test_a_translation_model_is_built_and_decoded_without_the_parser():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "[]", res.stdout
+
+
+HISTORY = re.compile(r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|GPU) visit\b|\bvisit\d|"
+                     r"(?<![\w/-])(issue |task )?#\d{2,3}\b(?!\d)", re.IGNORECASE)
+OTHERS = re.compile(r"[\w-]+/[\w-]+ ?#\d+|[\w-]+ issues? (#\d+(, )?)+")  # another project's issues, cited
+
+
+def history_mentions(source: str) -> list[str]:
+    return [m.group(0) for m in HISTORY.finditer(OTHERS.sub("", source))]
+
+
+def test_the_history_check_sees_a_visit_and_an_issue_but_not_another_projects_issue():
+    assert history_mentions("as the sixth visit measured (issue #58)") == ["sixth visit", "issue #58"]
+    assert history_mentions("pytorch/pytorch#176653; uvicorn issues #160, #1192") == []
+
+
+def test_no_comment_or_docstring_names_a_visit_or_an_issue_number():
+    """History lives in commits and notes: a comment that cites "the fifth visit" or "#61" rots."""
+    found = [f"{p.relative_to(PACKAGE)}: {m}" for p in sorted(PACKAGE.rglob("*.py"))
+             for m in history_mentions(p.read_text())]
+    assert not found, found

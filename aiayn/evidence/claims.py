@@ -5,7 +5,7 @@ margins (plan.NLL_MARGIN nats, plan.BLEU_MARGIN BLEU), or a sentence of its text
 direction that sentence gives. Where the Δ is within the margins and the text is silent the row
 claims nothing: it is reported, not judged. Our own extensions (no Table 3 row) and observations
 (a row that cannot stand for the paper's step) are never counted. Written before the rows were
-re-judged (issue #61): the rule sits here, the numbers in the result files.
+re-judged at 5,000 updates: the rule sits here, the numbers in the result files.
 """
 
 from __future__ import annotations

@@ -43,8 +43,8 @@ def machine_words(m: dict[str, Any]) -> str:
 
 
 def compute_section(results: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """The hours and hardware each suite's runs spent, summed from their result files (#61: "the
-    hours and hardware spent", from records rather than memory)."""
+    """The hours and hardware each suite's runs spent, summed from their result files
+    (from records rather than memory)."""
     spent: dict[tuple[str, str], list] = {}
     for suite, rs in results.items():
         for r in rs:

@@ -31,7 +31,7 @@ def attention(
     training (21.6 vs 4.4 ms) and in inference at every precision the
     explicit path wins (decoding shapes: 1.2-2.5x), so it is the default there (bench/attention_cpu.py).
     On a GPU SDPA stays: compiled base training on an H200, explicit was 1.05x at 32 tokens and
-    0.92x at 128 (bench/gpu_h200_visit4.json, bench/gpu_h200_visit5_length128.json).
+    0.92x at 128 (bench/README.md, One GPU).
     """
     sdpa = KERNELS[kernel] if kernel != "auto" else (
         q.device.type != "cpu" or (q.dtype != torch.bfloat16 and torch.is_grad_enabled()))

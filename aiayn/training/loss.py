@@ -51,7 +51,7 @@ def _fused_here(x: Tensor, fused: bool) -> bool:
 def _fused(name: str):
     """The row function compiled for any number of rows (token-count batches) with the vocabulary a
     constant: a symbolic size keeps Triton from proving 16-byte alignment, so it loads scalars
-    (pytorch/pytorch#176653: 1.5-3.4x slower kernels; the fifth H200 profile had these two at ~1 TB/s of
+    (pytorch/pytorch#176653: 1.5-3.4x slower kernels; an H200 profile had these two at ~1 TB/s of
     4.8). Where TorchInductor cannot compile it (no Triton for this GPU, say), the same function
     uncompiled, with one warning."""
     fn = {"forward": rows_forward, "backward": rows_backward}[name]
