@@ -290,5 +290,5 @@ class Config:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        """The config as load_yaml reads it back (a run writes it atomically: training/runs.py)."""
+        """The config as load_yaml reads it back (a run writes it atomically: training/run_folder.py)."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)

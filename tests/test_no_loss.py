@@ -23,7 +23,7 @@ from aiayn.config import Config
 from aiayn.data import prepare as data_module
 from aiayn.data.prepare import prepare
 from aiayn.files import MARKER, FileError, atomic_write, check_output_file, lock_holders, new_folder, owned
-from aiayn.training.runs import Run
+from aiayn.training.run_folder import Run
 
 
 def wait_for(cond, what: str, proc: subprocess.Popen | None = None, limit: float = 120) -> None:

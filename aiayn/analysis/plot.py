@@ -10,7 +10,7 @@ import numpy as np
 from ..decode.maps import AttentionData
 from ..extras import figure
 from ..files import new_folder
-from ..training.runs import read_metrics
+from ..training.run_folder import read_metrics
 
 
 def heatmap(ax, w: np.ndarray, rows: list[str], cols: list[str], title: str) -> None:

@@ -8,7 +8,7 @@ import platform
 from typing import Any
 
 from ..device import cpu_class
-from ..training.runs import git_commit
+from ..training.run_folder import git_commit
 
 
 def machine() -> dict[str, Any]:

@@ -26,7 +26,7 @@ from ..files import FileError, atomic_write, read_json
 from ..models.build import shapes_only
 from ..overrides import apply_overrides, load_yaml, preset
 from ..parsing.model import build_any
-from ..training.runs import Run, read_metrics
+from ..training.run_folder import Run, read_metrics
 from ..training.session import train
 from ..training.step import validate
 from .machine import code_commit, machine

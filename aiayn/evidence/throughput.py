@@ -20,7 +20,7 @@ from ..data.prepare import load_manifest
 from ..device import TRAIN_PRECISIONS, resolve_precision
 from ..parsing.model import build_any
 from ..training.optim import make_optimizer
-from ..training.runs import setup
+from ..training.processes import setup
 from ..training.step import epoch_batches, train_step
 from .machine import machine
 

@@ -13,7 +13,8 @@ from ..data.prepare import check_vocabulary, vocabulary_size
 from ..device import TRAIN_PRECISIONS, cpu_label, inductor_cache, resolve_precision
 from ..files import hold_data, lock_run, read_json
 from ..overrides import apply_overrides, load_yaml
-from .runs import Dist, Run, cpu_paths, leave, progress_log, record_start, setup
+from .processes import Dist, cpu_paths, leave, setup
+from .run_folder import Run, progress_log, record_start
 from .trainer import Trainer
 
 log = logging.getLogger("aiayn")

@@ -21,7 +21,7 @@ from ..device import autocast
 from . import guided
 from .loss import label_smoothed_loss, smoothed_sums
 from .optim import set_lr
-from .runs import Dist
+from .processes import Dist
 from .scaling import LossScaler
 
 log = logging.getLogger("aiayn")

@@ -39,20 +39,10 @@ from ..parsing.model import attach_tagger, build_any
 from ..parsing.tagger import Tagger, tagger_text
 from . import guided
 from .optim import learning_rate, make_optimizer
-from .runs import (
-    Dist,
-    LossWindow,
-    Progress,
-    Run,
-    check_state,
-    main_thread,
-    progress_log,
-    rank_seed,
-    rng_state,
-    seed_rank,
-    set_rng_state,
-)
+from .processes import Dist, main_thread
+from .run_folder import Run, progress_log
 from .scaling import LossScaler
+from .state import LossWindow, Progress, check_state, rank_seed, rng_state, seed_rank, set_rng_state
 from .step import bucketed, compile_model, epoch_batches, shard, train_step, valid_bleu, validate
 
 log = logging.getLogger("aiayn")

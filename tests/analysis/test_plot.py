@@ -13,7 +13,7 @@ from aiayn.data.tokenizer import EOS, PAD, Tokenizer
 from aiayn.decode.maps import attention_data
 from aiayn.decode.translator import Translator
 from aiayn.models.transformer import Transformer
-from aiayn.training.runs import read_metrics
+from aiayn.training.run_folder import read_metrics
 
 
 @pytest.fixture

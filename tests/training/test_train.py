@@ -18,7 +18,7 @@ from aiayn.data.batches import TokenData, collate, make_batches
 from aiayn.files import FileError, atomic_write
 from aiayn.models.transformer import Transformer
 from aiayn.training.optim import make_optimizer
-from aiayn.training.runs import cpu_threads
+from aiayn.training.processes import cpu_threads
 from aiayn.training.session import train
 from aiayn.training.step import train_step
 
@@ -86,7 +86,7 @@ def test_tokens_per_second_counts_training_time_only(toy_prepared, tmp_path, mon
 
 
 def test_a_saved_loss_window_reopens_only_for_as_many_ranks_as_saved_it():
-    from aiayn.training.runs import LossWindow
+    from aiayn.training.state import LossWindow
 
     saved = {"step": 12, "ranks": [[4.0, 3.0, 300, 2.0], [5.0, 3.5, 300, 2.5]]}
     w = LossWindow()
@@ -370,7 +370,7 @@ def test_leave_closes_only_the_group_that_setup_joined():
     abort a rank), and leaves alone a group its caller made."""
     import torch.distributed as dist
 
-    from aiayn.training.runs import Dist, leave
+    from aiayn.training.processes import Dist, leave
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
         leave(Dist(owns_group=False))  # the caller's group
