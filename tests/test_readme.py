@@ -74,13 +74,14 @@ def test_readme_is_a_front_door():
             assert (page.parent / link).exists(), (page.name, link)
 
 
-def test_the_readmes_reproduction_numbers_are_the_reports():
-    """Issue #27: the README's reproduction summary types no number the generated report does not contain."""
-    text = README.read_text()
+def test_the_reproduction_summarys_numbers_are_the_reports():
+    """The reproduction summary (docs/reproduction.md) types no number the generated report does not contain."""
+    page = README.parent / "docs" / "reproduction.md"
+    text = page.read_text()
     marks = r"<!-- reproduction summary: its numbers are in (\S+) .*?-->(.*?)<!-- end reproduction summary -->"
     block = re.search(marks, text, re.S)
     assert block, "the README's reproduction summary lost its markers"
-    report = (README.parent / block.group(1)).read_text()
+    report = (page.parent / block.group(1)).read_text()
     numbers = re.findall(r"[+-]?\d+\.\d+", block.group(2))
     assert len(numbers) >= 8, numbers
     missing = [n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n.lstrip('+-'))}(?![\d])", report)]
@@ -111,3 +112,23 @@ def test_every_link_to_a_section_finds_its_heading():
     broken = [f"{page.name}: {target}#{anchor}" for page, target, anchor in links
               if anchor not in heading_anchors(page.parent / target if target else page)]
     assert broken == []
+
+
+def figures_per_paragraph(text: str) -> list[tuple[int, str]]:
+    """Each prose paragraph's count of figures (code, tables and comments left out)."""
+    text = re.sub(r"```.*?```|<!--.*?-->", "", text, flags=re.S)
+    paras = [p for p in re.split(r"\n\s*\n", text) if p.strip() and not p.lstrip().startswith("|")]
+    return [(len(re.findall(r"(?<![\w.#-])\d[\d,.]*", p)), p[:80]) for p in paras]
+
+
+def test_the_figure_count_sees_a_crowded_paragraph():
+    assert figures_per_paragraph("1, 2, 3, 4, 5 and 6.\n\n| 1 | 2 | 3 | 4 | 5 | 6 |\n") == [(6, "1, 2, 3, 4, 5 and 6.")]
+
+
+def test_the_readme_shows_a_picture_an_install_and_python_and_keeps_its_figures_in_tables():
+    text = README.read_text()
+    pictures = re.findall(r"!\[[^\]]+\]\(([^)]+\.png)\)", text)
+    assert pictures and all((README.parent / p).is_file() for p in pictures)
+    assert "pip install -e ." in text and "```python" in text
+    crowded = [(n, p) for n, p in figures_per_paragraph(text) if n > 5]
+    assert not crowded, crowded
