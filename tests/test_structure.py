@@ -85,7 +85,7 @@ def test_no_import_cycle_in_the_package():
 # only rooms of layers below its own. Rooms of one layer know nothing of each other.
 LAYERS = (
     ("errors", "presets", "version", "score", "doors"),  # what every layer may use
-    ("files", "config", "device"),  # atomic files and markers; typed settings; what the machine can do
+    ("files", "config", "device", "extras"),  # atomic files, markers; typed settings; the machine; optional packages
     ("data", "models", "overrides"),  # text -> subwords -> batches (§5.1); §3 and its rivals; dotted keys, YAML
     ("checkpoint", "pretrained"),  # a model's file, and the model back from it; a Marian folder read
     ("decode", "export"),  # §6.1's search; Marian / CTranslate2 files

@@ -199,7 +199,7 @@ def test_an_int8_layer_restricted_to_some_outputs_gives_those_outputs(kernel):
 
 
 def test_the_log_names_the_kernels_a_run_takes(monkeypatch):
-    from aiayn.training import runs
+    from aiayn.training import processes as runs
 
     monkeypatch.setattr(runs, "native_bf16", lambda: [])
     assert "native bf16 no" in runs.cpu_paths("bf16") and "bf16 through oneDNN" in runs.cpu_paths("bf16")

@@ -105,7 +105,7 @@ def _gpu_path(monkeypatch, compiled: bool) -> None:
     """The GPU's fused path, taken on the CPU: its row functions as they are (or compiled)."""
     from aiayn.training import loss as L
 
-    monkeypatch.setattr(L, "_fused_here", lambda x: True)
+    monkeypatch.setattr(L, "_fused_here", lambda x, fused: fused)
     if not compiled:
         monkeypatch.setattr(L, "_fused", lambda name: {"forward": L.rows_forward, "backward": L.rows_backward}[name])
 
@@ -173,7 +173,7 @@ def test_the_fused_loss_runs_uncompiled_where_the_compiler_fails(monkeypatch, ca
         return call
 
     monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.setattr(L, "_fused_here", lambda x: True)
+    monkeypatch.setattr(L, "_fused_here", lambda x, fused: fused)
     monkeypatch.setattr(L, "_fused", functools.cache(L._fused.__wrapped__))  # a fresh cache under the broken compiler
     logits = torch.randn(20, 13, requires_grad=True)
     target = torch.randint(1, 13, (20,))

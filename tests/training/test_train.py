@@ -329,7 +329,7 @@ def test_a_run_from_before_tokens_per_update_resumes_with_its_update_freq(toy_pr
 def _cpu(monkeypatch, flags: set[str]) -> None:
     """Make this process see a CPU with `flags` (device.cpu_flags, and the kernels line of the log)."""
     from aiayn import device
-    from aiayn.training import runs
+    from aiayn.training import processes as runs
 
     monkeypatch.setattr(device, "cpu_flags", lambda *a, **k: set(flags))
     monkeypatch.setattr(runs, "native_bf16", lambda: device.native_bf16(flags))
