@@ -5,7 +5,7 @@ One rule for every verb: bf16 only where the processor computes it natively (a C
 a CPU with AVX-512 BF16 or AMX), fp32 elsewhere; int8 (decoding, CPU, only when asked for) by the
 processor's int8 instructions (`int8_kernel`): with VNNI, 8-bit rows through `torch._int_mm`
 (32-bit sums); with AVX2 but no VNNI, whose instructions sum pairs in 16 bits (oneDNN's s8 x s8
-product saturates there: bench/int8_isa.json), 7-bit rows through fbgemm's reduce-range kernel,
+product saturates there: bench/int8/2026-11-26_int8_isa.json), 7-bit rows through fbgemm's reduce-range kernel,
 which cannot saturate; without AVX2, int8 is refused and decoding runs in fp32. The flags are the
 processor's, less what the user has barred oneDNN from with ONEDNN_MAX_CPU_ISA (so that variable
 reproduces a smaller CPU's choices here; FBGEMM_ENABLE_INSTRUCTIONS=AVX2 limits fbgemm's kernels).

@@ -47,7 +47,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "data.vocab_size": 8000, "data.max_len": 128, "data.max_tokens": 4096,
         "train.max_steps": 2750, "train.max_minutes": 0.0,
         "train.tokens_per_update": 0,  # one 4,096-token batch per update: many small updates on a CPU
-        "model.fp32_logits": False,  # bf16 logits when in bf16: fp32 ones cost 22 % of a step (bench/fp32_logits.json)
+        # bf16 logits when in bf16: fp32 ones cost 22 % of a step (bench/train/2026-11-22_fp32_logits.json)
+        "model.fp32_logits": False,
         "train.warmup_steps": 800, "train.lr_scale": 0.8,
         "train.valid_every": 500, "train.valid_bleu_sentences": 200,
         "train.save_every": 2750 // 20, "train.save_every_minutes": 0.0, "train.keep_last": 5, "train.log_every": 25,

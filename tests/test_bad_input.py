@@ -210,7 +210,7 @@ CLI_CASES = [
                                                             "--client-share", "1.5"], ["--client-share", "1.5"]),
     ("server allowing a malformed host pattern", ["serve", "--checkpoint", "{w}/model.safetensors", "--allow-host",
                                                   "ex*ample.com"], ["--allow-host", "ex*ample.com"]),
-    # a checkpoint's header is untrusted too: each field typed (bench/flag_sweep.py --verbs ckpt)
+    # a checkpoint's header is untrusted too: each field typed (tests/robustness/flag_sweep.py --verbs ckpt)
     ("checkpoint whose step is not a number", T[:2] + ["{w}/nan-step.safetensors"] + T[3:],
      ["nan-step.safetensors", "step is 'nan'", "not a count of updates"]),
     ("align a checkpoint whose extra is a list", ["align", "--checkpoint", "{w}/list-extra.safetensors", "--data",
@@ -457,9 +457,9 @@ def test_http_bad_input(client, name, body, status, fragment):
 
 @pytest.mark.slow
 def test_the_flag_sweep_builds_its_workspace_and_finds_no_traceback(tmp_path):
-    """bench/flag_sweep.py --short on two verbs, the config keys and the keys of an exported MarianMTModel
+    """tests/robustness/flag_sweep.py --short on two verbs, the config keys and the keys of an exported MarianMTModel
     folder's JSON files under `import hf`: every case ends in 0 or one line."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "flag_sweep.py"
+    script = Path(__file__).resolve().parent / "robustness" / "flag_sweep.py"
     res = subprocess.run([sys.executable, str(script), "--verbs", "score,params,config,marian", "--short", "--out",
                           str(tmp_path / "sweep.json")], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -476,10 +476,10 @@ def test_the_flag_sweep_builds_its_workspace_and_finds_no_traceback(tmp_path):
 
 @pytest.mark.slow
 def test_damaged_own_files_end_in_one_line_or_run(tmp_path):
-    """bench/damaged_files.py: each file aiayn writes for itself (metrics.jsonl, run.json, config.yaml, the
+    """tests/robustness/damaged_files.py: each file aiayn writes for itself (metrics.jsonl, run.json, config.yaml, the
     training state, manifest.json) damaged eight ways under every verb that reads it: no traceback, no hang
     (a FIFO), and a state whose records unpack past its bound refused before torch allocates them."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "damaged_files.py"
+    script = Path(__file__).resolve().parent / "robustness" / "damaged_files.py"
     res = subprocess.run([sys.executable, str(script), "--timeout", "60", "--out", str(tmp_path / "d.json")],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""bench/gpu.py's CPU dry run (`--device cpu --tiny`), through bench/gpu_run.sh as a GPU visit runs it:
+"""bench/gpu/gpu.py's CPU dry run (`--device cpu --tiny`), through bench/gpu/gpu_run.sh as a GPU visit runs it:
 every section of the GPU bench runs end to end in its own process — training throughput beside HF
 Marian, the paper-budget projection, bf16 and fp16 runs of the CLI, the torchrun SIGKILL-resume,
 decoding beside CTranslate2, the profile — so the GPU run is one command."""
@@ -18,7 +18,7 @@ from conftest import tiny_config
 import aiayn
 from aiayn.checkpoint import list_checkpoints
 
-RUN = Path(__file__).resolve().parents[1] / "bench" / "gpu_run.sh"
+RUN = Path(__file__).resolve().parents[1] / "bench" / "gpu" / "gpu_run.sh"
 
 
 @pytest.mark.slow
@@ -74,9 +74,11 @@ def test_a_folder_that_is_not_prepared_data_gets_one_line(tmp_path):
 
 
 def _gpu_bench(name: str = "gpu"):
-    """bench/NAME.py as a module (bench/ is not a package: its scripts import their siblings by name)."""
-    if str(RUN.parent) not in sys.path:
-        sys.path.append(str(RUN.parent))  # last: its script names never shadow another module
+    """bench/TOPIC/NAME.py as a module (bench/ is not a package: its scripts import their siblings by name)."""
+    folder = next(RUN.parent.parent.rglob(f"{name}.py")).parent
+    for path in (folder, RUN.parent.parent):  # its folder, and bench/ (benchdata)
+        if str(path) not in sys.path:
+            sys.path.append(str(path))  # last: its script names never shadow another module
     return importlib.import_module(name)
 
 
@@ -169,7 +171,7 @@ def test_training_only_times_the_training_rows_and_nothing_else(toy_prepared, tm
 
 @pytest.mark.slow
 def test_compile_probe_dry_run_on_the_cpu(toy_prepared, tmp_path):
-    """bench/compile_probe.py as the sixth visit ran it (BENCH=compile_probe), on a CPU and a toy model:
+    """bench/decode/compile_probe.py as the sixth visit ran it (BENCH=compile_probe), on a CPU and a toy model:
     compile_now compiles every graph the search needs (none is added by the timed batches), and each
     stage is in the JSON when it ends."""
     env = dict(os.environ, OUT=str(tmp_path), BENCH="compile_probe", LIMIT_S="300",
@@ -207,7 +209,7 @@ def test_the_probe_decodes_outputs_as_long_as_their_sources_unless_told():
                                         (["--set", "model.Q=1"], "unknown config key 'model.Q'"),
                                         ([], "spm.model")])
 def test_compile_probe_refuses_bad_input_in_one_line(tmp_path, args, says):
-    probe = RUN.parent / "compile_probe.py"
+    probe = RUN.parent.parent / "decode" / "compile_probe.py"
     res = subprocess.run([sys.executable, str(probe), "--data", str(tmp_path), "--device", "cpu",
                           "--out", str(tmp_path / "p.json"), *args], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and says in res.stderr.strip().splitlines()[-1] and "Traceback" not in res.stderr
@@ -215,11 +217,11 @@ def test_compile_probe_refuses_bad_input_in_one_line(tmp_path, args, says):
 
 
 def test_decode_launches_counts_fewer_kernels_through_sdpa_and_matches_the_committed_table(tmp_path):
-    """bench/decode_launches.py: a GPU's eager step (SDPA) launches far fewer kernels than the written-out
+    """bench/decode/decode_launches.py: a GPU's eager step (SDPA) launches far fewer kernels than the written-out
     route, the graphed step three (the replay and its two inputs), and the committed
-    bench/decode_launches.json (bench/README.md's table) is what the code counts today: a change to
+    bench/decode/decode_launches.json (bench/README.md's table) is what the code counts today: a change to
     the step's kernels must re-run the bench."""
-    script = RUN.parent / "decode_launches.py"
+    script = RUN.parent.parent / "decode" / "decode_launches.py"
     res = subprocess.run([sys.executable, str(script), "--presets", "multi30k", "--out", str(tmp_path / "l.json")],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -232,26 +234,27 @@ def test_decode_launches_counts_fewer_kernels_through_sdpa_and_matches_the_commi
         assert graphs["step kernels"] == 3 and graphs["step by op"]["graph replay"] == 1
         assert graphs["search kernels per step"] < 0.65 * sdpa["search kernels per step"]
         assert graphs["graphed search kernels per step"] < 0.4 * graphs["search kernels per step"]
-    committed = json.loads((RUN.parent / "decode_launches.json").read_text())["rows"]
+    committed = json.loads((RUN.parent.parent / "decode" / "decode_launches.json").read_text())["rows"]
     for r in committed:
         if r["preset"] == "multi30k":
             assert r == rows[r["precision"], r["attention"]], (r["precision"], r["attention"])
 
 
 def test_decode_launches_refuses_an_unknown_preset_in_one_line(tmp_path):
-    res = subprocess.run([sys.executable, str(RUN.parent / "decode_launches.py"), "--presets", "multi30k,nope",
+    script = RUN.parent.parent / "decode" / "decode_launches.py"
+    res = subprocess.run([sys.executable, str(script), "--presets", "multi30k,nope",
                           "--out", str(tmp_path / "l.json")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "unknown preset 'nope'" in res.stderr.strip().splitlines()[-1]
     assert "Traceback" not in res.stderr and not (tmp_path / "l.json").exists()
 
 
 def test_graphed_rows_counts_a_trained_models_search_three_ways(toy_prepared, tmp_path):
-    """bench/graphed_rows.py on a model trained here: each graphed search translates as eager beam search
+    """bench/decode/graphed_rows.py on a model trained here: each graphed search translates as eager beam search
     does, the graph kept whole computes the most decoder rows, shrinking no fewer than eager's, and a
     whole batch is recorded once."""
     aiayn.train(tiny_config(max_steps=30), str(toy_prepared), str(tmp_path / "run"))
     out = tmp_path / "rows.json"
-    res = subprocess.run([sys.executable, str(RUN.parent / "graphed_rows.py"), "--checkpoint",
+    res = subprocess.run([sys.executable, str(RUN.parent.parent / "decode" / "graphed_rows.py"), "--checkpoint",
                           str(list_checkpoints(tmp_path / "run")[-1]), "--source", str(toy_prepared / "test.en.txt"),
                           "--reference", str(toy_prepared / "test.de.txt"), "--max-tokens", "300", "--out", str(out)],
                          capture_output=True, text=True, timeout=300)
@@ -269,7 +272,7 @@ def test_graphed_rows_counts_a_trained_models_search_three_ways(toy_prepared, tm
 @pytest.mark.parametrize("args, says", [(["--checkpoint", "/nonexistent", "--source", "x"], "checkpoint not found"),
                                         (["--checkpoint", "x", "--source", "y", "--beam", "0"], "must be >= 1")])
 def test_graphed_rows_refuses_bad_input_in_one_line(tmp_path, args, says):
-    res = subprocess.run([sys.executable, str(RUN.parent / "graphed_rows.py"), *args, "--out",
+    res = subprocess.run([sys.executable, str(RUN.parent.parent / "decode" / "graphed_rows.py"), *args, "--out",
                           str(tmp_path / "o.json")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and says in res.stderr.strip().splitlines()[-1] and "Traceback" not in res.stderr
     assert not (tmp_path / "o.json").exists()

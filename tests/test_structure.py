@@ -170,7 +170,7 @@ def test_functions_and_modules_are_short(name):
     assert long_functions(source) == [], f"{path.name}: functions over {MAX_FUNCTION} lines"
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE.parent / "bench").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((PACKAGE.parent / "bench").rglob("*.py")), ids=lambda p: p.name)
 def test_the_benchmarks_are_kept_as_the_package_is(path):
     """bench/ is read as often as the package (its figures are the README's): the same lengths."""
     source = path.read_text()
@@ -248,7 +248,7 @@ def test_the_package_names_only_files_that_exist():
     assert named_files("the baseline (baselines/rnn.py) and batches.py; not x.pyc") == {"baselines/rnn.py",
                                                                                          "batches.py"}
     roots = [PACKAGE, PACKAGE.parent, PACKAGE.parent / "tests", PACKAGE.parent / "bench"]
-    roots += [d for d in PACKAGE.iterdir() if d.is_dir()]
+    roots += [d for d in [*PACKAGE.iterdir(), *(PACKAGE.parent / "bench").iterdir()] if d.is_dir()]
     gone = {f"{path.relative_to(PACKAGE)}: {ref}" for path in PACKAGE.rglob("*.py")
             for ref in named_files(path.read_text())
             if not any((root / ref).exists() for root in [path.parent, *roots])}

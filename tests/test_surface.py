@@ -54,7 +54,7 @@ def test_translator_load_rejects_unknown_keywords_and_values(ckpt):
 
 def test_translation_batches_are_the_decoding_machines(toy_prepared, tmp_path, monkeypatch):
     """decode.max_tokens unset: 16,384 source tokens a batch on a GPU (1.58x the sentences/s of 4,096 on
-    an H200, bench/gpu_h200_visit4.json), 4,096 on a CPU; a checkpoint's own size (every one trained
+    an H200, bench/gpu/2026-11-27_h200_gpu_full_rerun.json), 4,096 on a CPU; a checkpoint's own size (every one trained
     before this saved 4,096) is the training machine's and is not used; an explicit size always is."""
     assert decode_batch_tokens(torch.device("cuda")) == (16384, "unset: the size for a GPU")
     assert decode_batch_tokens(torch.device("cpu")) == (4096, "unset: the size for a CPU")

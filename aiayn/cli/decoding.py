@@ -273,7 +273,7 @@ def add_translate(sub) -> None:
                         "GPUs), else fp32; int8: quantized projections, CPU only")
     p.add_argument("--compile", action="store_true",
                    help="run the decoder step under torch.compile: faster on CPU once compiled, which takes "
-                        "1-2 minutes at start (bench/decode_speed.py measures both; default: off)")
+                        "1-2 minutes at start (bench/decode/decode_speed.py measures both; default: off)")
     p.add_argument("--shortlist", help="a file of `aiayn shortlist`: each sentence's output layer and softmax "
                                        "run over its own likely target subwords (faster; default: all of them)")
     p.set_defaults(func=cmd_translate)

@@ -29,7 +29,7 @@ def attention(
     sdpa, explicit, or auto, which picks by device and dtype. On the CPU, SDPA is
     only faster for fp32 training (fwd+bwd of (130, 4, 30, 64): 12.4 vs 15.9 ms); in bf16
     training (21.6 vs 4.4 ms) and in inference at every precision the
-    explicit path wins (decoding shapes: 1.2-2.5x), so it is the default there (bench/attention_cpu.py).
+    explicit path wins (decoding shapes: 1.2-2.5x), so it is the default there (bench/train/attention_cpu.py).
     On a GPU SDPA stays: compiled base training on an H200, explicit was 1.05x at 32 tokens and
     0.92x at 128 (bench/README.md, One GPU).
     """

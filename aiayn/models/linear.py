@@ -6,7 +6,7 @@ its bf16 matmuls) 270 GFLOP/s on the same fp32 product. `Linear` sends fp32 CPU 
 oneDNN, forward and backward (in training only where the CPU has AVX-512: `onednn_trains`); the
 arithmetic is still IEEE fp32, only the kernel differs (results agree with `F.linear` to rounding).
 Everything else — GPU, bf16 autocast, `torch.compile`, a PyTorch without the oneDNN op — uses
-`F.linear`. Set AIAYN_ONEDNN_LINEAR=0 to always use `F.linear` (bench/linear_cpu.py measures both).
+`F.linear`. Set AIAYN_ONEDNN_LINEAR=0 to always use `F.linear` (bench/train/linear_cpu.py measures both).
 
 oneDNN keeps a compiled kernel per product shape (1,024 by default). In training, token-count
 batches bring new shapes all the time and the cache grew bf16 training of the small model to

@@ -42,7 +42,7 @@ def rows_backward(x: Tensor, t: Tensor, lse: Tensor, w: Tensor, eps: float) -> T
 
 
 def _fused_here(x: Tensor, fused: bool) -> bool:
-    """train.fused_loss: the compiled kernels, on a GPU only; false: the chunks there too (bench/gpu.py
+    """train.fused_loss: the compiled kernels, on a GPU only; false: the chunks there too (bench/gpu/gpu.py
     compares them)."""
     return x.is_cuda and fused
 

@@ -82,7 +82,7 @@ def test_multi_head_equals_per_head_concat():
 
 
 def test_a_module_told_its_attention_path_takes_it_and_computes_the_same():
-    """`MultiHeadAttention`'s kernel (model.attention; bench/gpu.py times both on a GPU): SDPA and Eq. 1
+    """`MultiHeadAttention`'s kernel (model.attention; bench/gpu/gpu.py times both on a GPU): SDPA and Eq. 1
     written out give the same outputs and gradients; the module really calls the path it is told."""
     from unittest import mock
 

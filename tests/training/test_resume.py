@@ -266,9 +266,9 @@ def test_torchrun_ranks_have_their_own_dropout_and_resume_exactly(toy_prepared, 
 
 @pytest.mark.slow
 def test_soak_short_form(toy_prepared, tmp_path):
-    """bench/soak_resume.py --short: 3 SIGKILLs (one mid-write), 0 corrupt checkpoints, same final tensors
+    """tests/robustness/soak_resume.py --short: 3 SIGKILLs (one mid-write), 0 corrupt checkpoints, same final tensors
     and the same training log."""
-    script = Path(__file__).resolve().parents[2] / "bench" / "soak_resume.py"
+    script = Path(__file__).resolve().parents[1] / "robustness" / "soak_resume.py"
     res = subprocess.run([sys.executable, str(script), "--short", "--data", str(toy_prepared), "--work",
                           str(tmp_path / "soak")], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

@@ -1,7 +1,7 @@
 """The Transformer's decoder step for search, written as one function (§3.2.3, §6.1).
 
 `Transformer.decode_step` runs the decoder's modules one token at a time: for a few rows most of
-its time is per-call overhead, not arithmetic (bench/decode_step.py). `FusedDecoder` computes the
+its time is per-call overhead, not arithmetic (bench/decode/decode_step.py). `FusedDecoder` computes the
 same step from the model's weights directly: one Q|K|V product per layer, the encoder-decoder
 keys and values projected once per sentence, self-attention caches written once and never moved (a
 table of rows follows the beams; compiled, the gather fuses into attention), no module calls and no

@@ -1,7 +1,7 @@
 """The fused decoder step (§3.2.3, §6.1) replayed as one CUDA graph: one launch a step instead of ~140.
 
 On a GPU the eager step is bound by the host, not by arithmetic (bench/README.md, profiled on an H200: 911 ms
-of host time to 64 ms of GPU time over a search on an H200; `bench/decode_launches.py` counts 141 kernels a base
+of host time to 64 ms of GPU time over a search on an H200; `bench/decode/decode_launches.py` counts 141 kernels a base
 bf16 step). A CUDA graph records a step's kernels once and launches them all with one call, but only
 a step whose every tensor keeps its size and place: so a graphed batch's step attends over the whole
 self-attention cache, the positions after the current one masked (Eq. 1 with -inf added to their

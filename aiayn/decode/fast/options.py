@@ -18,7 +18,7 @@ class StepOptions:
     torch.compile (`compiled_step`); graphs: eager, each batch's step replayed as one CUDA graph
     (graphed.py; emulated on a CPU); sdpa: attention through SDPA's kernel (model.attention
     sdpa | explicit; auto: eager off the CPU, as the model's own there: a GPU step is launch-bound,
-    and the explicit products cost 8 kernels a self-attention, 7 a cross, bench/decode_launches.py);
+    and the explicit products cost 8 kernels a self-attention, 7 a cross, bench/decode/decode_launches.py);
     shrink: the graphed beam search goes on with its open sentences alone once at most this
     fraction of the batch is open (0: never); eager_first: compiled, the first position runs
     eagerly (auto: on a GPU, where PyTorch's specialized history of length 1 cost two more graphs of

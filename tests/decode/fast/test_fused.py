@@ -273,7 +273,7 @@ def _routed(eager_first: bool) -> list[tuple[str, int]]:
 def test_a_gpus_eager_step_attends_through_sdpa_as_the_model_does_there():
     """Off the CPU the eager step's attention is SDPA, as the model's own there (models/attention.py):
     one kernel where the written-out products took 8 a self-attention and 7 a cross (a GPU step is
-    launch-bound; bench/decode_launches.py counts them). A meta device stands in for the GPU in the
+    launch-bound; bench/decode/decode_launches.py counts them). A meta device stands in for the GPU in the
     rule; on the CPU, with the rule set, the step equals the model's modules switched to SDPA, through
     reorders, dropped sentences and cache growth, and search finds what the explicit step finds."""
     assert FusedDecoder(toy(N=1).to("meta"), capacity=4).sdpa
@@ -339,7 +339,7 @@ def test_the_compiled_step_has_the_batch_sizes_as_symbols_and_the_weights_sizes_
 
 def test_the_search_state_lives_on_the_sources_device():
     """Its key/value buffers and index table sit where the model runs: on a GPU, CPU buffers broke
-    every decode (found by bench/gpu.py's first run). A meta device stands in for the GPU here."""
+    every decode (found by bench/gpu/gpu.py's first run). A meta device stands in for the GPU here."""
     from types import SimpleNamespace
 
     from aiayn.decode.fast import FusedState
