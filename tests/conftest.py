@@ -122,7 +122,7 @@ def check_baseline_toolkit(ckpt, toy_prepared, tmp_path, capsys, maps: tuple[str
     ref = (toy_prepared / "valid.de.txt").read_text().splitlines()
     out = tmp_path / "hyp.txt"
     # fp32: the recurrent model's bf16 batches are not yet equal to one by one (rounding in the
-    # padded, packed encoder); the Transformer's are (tests/decode/test_inference.py)
+    # padded, packed encoder); the Transformer's are (tests/decode/test_translator.py)
     assert main(["translate", "--checkpoint", str(ckpt), "--input", str(toy_prepared / "valid.en.txt"),
                  "--output", str(out), "--ref", str(toy_prepared / "valid.de.txt"), "--precision", "fp32"]) == 0
     hyps = out.read_text().splitlines()

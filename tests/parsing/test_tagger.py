@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import tiny_treebank
 from safetensors.torch import save_file
-from test_parse import aiayn
+from test_treesearch import aiayn
 
 from aiayn.checkpoint import CheckpointError, load_checkpoint, read_weights
 from aiayn.config import ConfigError, ModelConfig
