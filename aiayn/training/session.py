@@ -14,6 +14,7 @@ from ..device import TRAIN_PRECISIONS, cpu_label, inductor_cache, resolve_precis
 from ..files import hold_data, lock_run, read_json
 from ..overrides import apply_overrides, load_yaml
 from .processes import Dist, cpu_paths, leave, setup
+from .resume import restore
 from .run_folder import Run, progress_log, record_start
 from .trainer import Trainer
 
@@ -145,7 +146,7 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
                 log.setLevel(logging.INFO)
         if resume_from is not None:
             try:
-                trainer.restore(resume_from, force_batching)
+                restore(trainer, resume_from, force_batching)
             except DamagedState as e:  # what to do: the checkpoint before it has a state of its own
                 weights = resume_from.name.replace(".state.pt", ".safetensors")
                 raise DamagedState(f"{e}; to resume from the checkpoint before it, move {resume_from.name} and "

@@ -70,7 +70,7 @@ class Progress:
     @classmethod
     def from_dict(cls, saved: dict, batching: dict) -> Progress:
         """A saved mapping (any aiayn's: older ones counted `cursor` updates, not batches), with this
-        run's `batching`; the saved batching is Trainer._check_batching's to compare."""
+        run's `batching`; the saved batching is resume.check_batching's to compare."""
         d = dict(saved)
         was = d.get("batching", {})
         if "batch" not in d:  # written before the position counted batches

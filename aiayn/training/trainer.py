@@ -21,19 +21,14 @@ from torch import nn
 from tqdm import tqdm
 
 from ..checkpoint import (
-    CheckpointError,
     list_checkpoints,
-    load_into,
-    load_state,
     model_tensors,
-    read_meta,
-    read_weights,
     save_state,
     save_weights,
 )
 from ..config import Config, ConfigError
 from ..data.batches import TokenData, collate
-from ..data.prepare import check_vocabulary, load_manifest, read_text
+from ..data.prepare import load_manifest, read_text
 from ..data.tokenizer import load_tokenizer
 from ..parsing.model import attach_tagger, build_any
 from ..parsing.tagger import Tagger, tagger_text
@@ -42,18 +37,14 @@ from .optim import learning_rate, make_optimizer
 from .processes import Dist, main_thread
 from .run_folder import Run, progress_log
 from .scaling import LossScaler
-from .state import LossWindow, Progress, check_state, rank_seed, rng_state, seed_rank, set_rng_state
+from .state import LossWindow, Progress, rng_state, seed_rank
 from .step import bucketed, compile_model, epoch_batches, shard, train_step, valid_bleu, validate
 
 log = logging.getLogger("aiayn")
 
-# What fixes the order of the training data: a saved position is exact only while these hold.
-_DATA_ORDER = {"max_tokens": "data.max_tokens", "seed": "train.seed", "pairs": "the prepared training pairs"}
-
-
 # -- the training loop -----------------------------------------------------------------------
 class Trainer:
-    """§5's loop for one run, in parts that read on their own: set-up (`__init__`, `restore`), one
+    """§5's loop for one run, in parts that read on their own: set-up (`__init__`; resume.py's `restore`), one
     update (`update`), validation (`validate`), saving (`save`) and the stop decision (`agree`).
 
     Progress (`progress`, runs.Progress) is the data position — epoch and batches consumed in it, so a different
@@ -65,18 +56,42 @@ class Trainer:
     def __init__(self, cfg: Config, data_dir: Path, run: Run, env: Dist):
         self.cfg, self.run, self.env = cfg, run, env
         self.data_dir = Path(data_dir)
-        self.manifest = load_manifest(data_dir)
+        self._read_vocabulary()
+        self._build_model()
+        self._open_data()
+        self._set_up_updates()
+        self._read_task()
+        self.tb = None  # opened when the loop starts: a refused start leaves the run folder alone
+        self.signal: int | None = None  # set by the SIGTERM/SIGINT handler
+        self.bar: tqdm | None = None
+        self.window = LossWindow()
+
+    def _read_vocabulary(self) -> None:
+        """The prepared folder's manifest and SentencePiece model; the config checked against them."""
+        self.manifest = load_manifest(self.data_dir)
         self.tokenizer = load_tokenizer(str(self.data_dir / "spm.model"))
-        if cfg.model.vocab_size != len(self.tokenizer):  # set from the data before (training.train)
-            raise ConfigError(f"model.vocab_size {cfg.model.vocab_size}, {data_dir}'s {len(self.tokenizer)} pieces")
-        cfg.validate()
-        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
-        self.model = build_any(cfg.model, self.tokenizer.pieces_list()).to(env.device)
-        tags = cfg.model.tag_input  # §6.3 option: part-of-speech tags beside the words (tagger.py)
-        self.train_data, self.valid_data = TokenData(data_dir, "train", tags), TokenData(data_dir, "valid", tags)
+        if self.cfg.model.vocab_size != len(self.tokenizer):  # set from the data before (training.train)
+            raise ConfigError(f"model.vocab_size {self.cfg.model.vocab_size}, {self.data_dir}'s "
+                              f"{len(self.tokenizer)} pieces")
+        self.cfg.validate()
+
+    def _build_model(self) -> None:
+        torch.manual_seed(self.cfg.train.seed)  # the same initial weights on every rank
+        self.model = build_any(self.cfg.model, self.tokenizer.pieces_list()).to(self.env.device)
+
+    def _open_data(self) -> None:
+        """The token arrays (§5.1), the batches of an update and where the run stands."""
+        tags = self.cfg.model.tag_input  # §6.3 option: part-of-speech tags beside the words (tagger.py)
+        self.train_data = TokenData(self.data_dir, "train", tags)
+        self.valid_data = TokenData(self.data_dir, "valid", tags)
         self._batches: tuple[int, list[np.ndarray]] | None = None
         self.per_update = self._batches_per_update()
         self.progress = Progress(batching=self.batching())
+
+    def _set_up_updates(self) -> None:
+        """What an update needs (§5.3): guided alignment, each rank's dropout stream, Adam, the loss
+        scaler, and the forward model (compiled, wrapped for DDP)."""
+        cfg, env = self.cfg, self.env
         guided.setup(cfg, self.model, self.train_data, self.tokenizer)  # train.guided_alignment (off: nothing)
         seed_rank(cfg.train.seed, env.rank)  # a dropout stream per rank
         self.optimizer = make_optimizer(self.model, cfg.train)
@@ -85,18 +100,18 @@ class Trainer:
         if env.world > 1:
             self.fwd_model = nn.parallel.DistributedDataParallel(
                 self.fwd_model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+
+    def _read_task(self) -> None:
+        """What the checkpoints say of the task (§6.3 models), the tagger a parser carries, and the
+        validation sentences BLEU is measured on."""
         settings = self.manifest["settings"]
         self.task = {k: settings[k] for k in ("task", "linearization") if k in settings}  # §6.3 models say so
-        if tags:  # checkpoints carry the tagger, so a parser tags its own input
+        if self.cfg.model.tag_input:  # checkpoints carry the tagger, so a parser tags its own input
             self.task["tagger"] = tagger_text(self.data_dir)
             attach_tagger(self.model, Tagger.from_json(self.task["tagger"]), self.tokenizer)
-        k = cfg.train.valid_bleu_sentences
+        k = self.cfg.train.valid_bleu_sentences
         self.v_src = read_text(self.data_dir, "valid", "src", self.manifest)[:k]
         self.v_ref = read_text(self.data_dir, "valid", "tgt", self.manifest)[:k]
-        self.tb = None  # opened when the loop starts: a refused start leaves the run folder alone
-        self.signal: int | None = None  # set by the SIGTERM/SIGINT handler
-        self.bar: tqdm | None = None
-        self.window = LossWindow()
 
     def batching(self) -> dict:
         return {"max_tokens": self.cfg.data.max_tokens, "seed": self.cfg.train.seed,
@@ -120,55 +135,6 @@ class Trainer:
             log.warning("an update of %d batches is more than an epoch (%d batches): each update is one epoch",
                         n, len(self._batches[1]))
         return n
-
-    # -- set-up ------------------------------------------------------------------------------
-    def restore(self, state_path: Path, force_batching: bool = False) -> None:
-        """Continue from a checkpoint: weights, optimizer, progress, and every rank's RNG."""
-        weights_path = state_path.with_name(state_path.name.replace(".state.pt", ".safetensors"))
-        tensors, meta = read_weights(weights_path)
-        check_vocabulary(read_meta(meta, weights_path)[1].proto, self.data_dir)  # --resume RUN --data OTHER
-        saved = load_state(state_path)
-        check_state(saved, state_path)
-        try:
-            self.optimizer.load_state_dict(saved["optimizer"])
-        except (ValueError, KeyError, TypeError, RuntimeError) as e:
-            raise CheckpointError(f"{state_path}: the optimizer state does not fit this model ({e})") from None
-        self.progress = Progress.from_dict(saved["progress"], self.batching())
-        was = saved["progress"].get("batching", {})
-        self._check_batching(was, state_path, force_batching)
-        rngs = saved["rng"] if isinstance(saved["rng"], list) else [saved["rng"]]
-        if self.env.rank < len(rngs):
-            set_rng_state(rngs[self.env.rank], self.env.device)
-        else:  # more ranks than when the checkpoint was written: a fresh stream for this rank
-            torch.manual_seed(rank_seed(self.cfg.train.seed + self.progress.step, self.env.rank))
-        if len(rngs) != self.env.world:
-            log.warning("the checkpoint holds the random streams of %d rank(s), this run has %d: "
-                        "dropout masks will differ from an uninterrupted run", len(rngs), self.env.world)
-        self.window.restore(saved.get("window"), self.env.rank, self.env.world, self.progress.step)
-        self.scaler.load_state_dict(saved.get("scaler"))
-        load_into(self.model, tensors, weights_path)  # in place: the optimizer keeps these parameters
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", weights_path.name, self.progress.step,
-                 self.progress.epoch, self.progress.batch)
-
-    def _check_batching(self, was: dict, state_path: Path, force: bool) -> None:
-        now = self.batching()
-        changed = [f"{what} was {was[k]} and is now {now[k]}" for k, what in _DATA_ORDER.items()
-                   if k in was and was[k] != now[k]]
-        if changed and self.progress.batch > 0:
-            if not force:
-                raise CheckpointError(
-                    f"cannot resume from {state_path}: {'; '.join(changed)}. The saved position (batch "
-                    f"{self.progress.batch} of epoch {self.progress.epoch}) has no exact place in the new "
-                    "batches. Resume with the old value, or pass --force-batching to continue from the start "
-                    "of the next epoch with the new batching")
-            log.warning("%s; --force-batching: continuing from the start of epoch %d",
-                        "; ".join(changed), self.progress.epoch + 1)
-            self.progress.epoch += 1
-            self.progress.batch = 0
-        g_was = was.get("per_update", was.get("world", 1) * was.get("update_freq", 1))
-        if was and g_was != now["per_update"]:
-            log.warning("batches per update were %d and are now %d: the data position is the same, each update "
-                        "is a different size", g_was, now["per_update"])
 
     # -- one update --------------------------------------------------------------------------
     def epoch_batches(self) -> list[np.ndarray]:
