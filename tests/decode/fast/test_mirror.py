@@ -8,17 +8,7 @@ from aiayn.decode.fast import FusedDecoder, agrees, fast_decoder, fusable
 from aiayn.decode.search import beam_search
 from aiayn.decode.translator import Translator
 from aiayn.models.transformer import DecoderLayer
-from aiayn.overrides import preset
-from aiayn.parsing.model import build_any
-
-
-def toy(**over):
-    cfg = preset("multi30k").model
-    cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.N = 97, 32, 64, 2
-    for k, v in over.items():
-        setattr(cfg, k, v)
-    torch.manual_seed(0)
-    return build_any(cfg).eval()
+from tests.decode.fast.test_fused import toy
 
 
 class ScaledLayer(DecoderLayer):
