@@ -56,7 +56,8 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     if args.document:
         need("pysbd", "document")  # before the model is loaded
     overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
-                                   "nbest": args.nbest, "max_tokens": args.max_tokens}.items() if v is not None}
+                                   "nbest": args.nbest, "max_tokens": args.max_tokens, "step": args.step}.items()
+                 if v is not None}
     refuse_parser(args.checkpoint, "translate")
     try:
         translator = Translator.load(args.checkpoint, device=args.device, precision=args.precision,
@@ -276,6 +277,9 @@ def add_translate(sub) -> None:
                         "1-2 minutes at start (bench/decode/decode_speed.py measures both; default: off)")
     p.add_argument("--shortlist", help="a file of `aiayn shortlist`: each sentence's output layer and softmax "
                                        "run over its own likely target subwords (faster; default: all of them)")
+    p.add_argument("--step", choices=["auto", "modules", "fused", "compiled", "graphed"],
+                   help="decode.step: the decoder step (default: the checkpoint's, auto: fused, compiled with "
+                        "--compile); modules: the model's own modules; graphed: one CUDA graph a step")
     p.set_defaults(func=cmd_translate)
 
 

@@ -47,7 +47,8 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
                     token=args.token or os.environ.get("AIAYN_SERVE_TOKEN") or None)
     refuse_parser(args.checkpoint, "serve")
     check_listen(args.host, args.port)
-    serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision, args.compile, args.shortlist)
+    serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision, args.compile, args.shortlist,
+          args.step)
 
 
 def check_listen(host: str, port: int) -> None:
@@ -125,6 +126,8 @@ def add_serve(sub) -> None:
     p.add_argument("--compile", action="store_true",
                    help="as for translate: the decoder step is compiled before the server listens (default: off)")
     p.add_argument("--shortlist", help="as for translate: a file of `aiayn shortlist` (default: the whole vocabulary)")
+    p.add_argument("--step", choices=["auto", "modules", "fused", "compiled", "graphed"],
+                   help="as for translate: decode.step, the decoder step (default: the checkpoint's)")
     p.set_defaults(func=cmd_serve)
 
 

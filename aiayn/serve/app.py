@@ -264,7 +264,7 @@ def serving_hosts(host: str, extra: tuple[str, ...] | list[str]) -> tuple[str, .
 
 def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
           limits: Limits | None = None, precision: str = "auto", compiled: bool = False,
-          shortlist: str | None = None) -> None:
+          shortlist: str | None = None, step: str | None = None) -> None:
     """Run the app under uvicorn with connection limits and timeouts; the open-file limit is raised
     to its hard maximum so that many connections cannot make the server unreachable."""
     import resource
@@ -275,7 +275,7 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: st
     if "*" in limits.allowed_hosts:  # the default of create_app; a server names the hosts it answers to
         limits.allowed_hosts = serving_hosts(host, ())
     translator = Translator.load(checkpoint, device=device, precision=precision, compiled=compiled,
-                                 shortlist=shortlist)
+                                 shortlist=shortlist, **({"step": step} if step else {}))
     translator.compile_now()  # before the first request, not during it
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):

@@ -249,3 +249,18 @@ def test_a_missing_checkpoint_is_named_before_torch_is_imported(argv, tmp_path):
     assert res.returncode == 2 and res.stdout.strip() == "False", res.stdout + res.stderr
     assert res.stderr.strip().splitlines() == [f"aiayn {argv[0]}: error: --checkpoint a.safetensors: no such file "
                                                "(checkpoint not found)"]
+
+
+def test_the_decoder_step_is_the_users_choice_and_the_same_translations(trained, tmp_path, caplog):
+    """translate --step: the modules' step and the fused one (fp32: identical logits) translate alike,
+    and the log says which step ran and why."""
+    work, prep = trained
+    outs = {}
+    for step in ("modules", "fused"):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="aiayn"):
+            assert main(["translate", "--checkpoint", str(work / "avg.safetensors"), "-i", str(prep / "test.en.txt"),
+                         "-o", str(tmp_path / f"{step}.de"), "--precision", "fp32", "--step", step]) == 0
+        assert f"decoder step: {step} (decode.step {step})" in caplog.text
+        outs[step] = (tmp_path / f"{step}.de").read_text()
+    assert outs["modules"] == outs["fused"] and outs["fused"].strip()
