@@ -122,3 +122,17 @@ def test_decoding_limits_keep_the_length_penalty_finite():
     for key, value in (("alpha", 10.5), ("max_len_b", 1 << 17), ("max_len_a", 2048.0), ("beam", 1025)):
         with pytest.raises(ConfigError, match=f"decode.{key} must be at most"):
             DecodeConfig(**{key: value, "nbest": 1}).validate()
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("decode.step", "turbo", "decode.step must be auto, modules, fused, compiled or graphed, got 'turbo'"),
+    ("model.attention", "flash", "model.attention must be one of auto, sdpa, explicit, got 'flash'"),
+    ("train.fused_loss", "maybe", "train.fused_loss: expected true/false, got 'maybe'"),
+])
+def test_the_step_and_kernel_switches_refuse_what_they_do_not_know_naming_the_key(key, value, says):
+    from aiayn.config import Config
+    from aiayn.overrides import apply_overrides
+
+    with pytest.raises(ConfigError) as e:
+        apply_overrides(Config(), {key: value}).validate()
+    assert says in str(e.value)
