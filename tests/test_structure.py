@@ -330,3 +330,12 @@ def test_no_comment_or_docstring_names_a_visit_or_an_issue_number():
     found = [f"{p.relative_to(PACKAGE)}: {m}" for p in sorted(PACKAGE.rglob("*.py"))
              for m in history_mentions(p.read_text())]
     assert not found, found
+
+
+def test_docs_hold_prose_and_pictures_and_results_hold_the_data():
+    """Result data (JSON, hypotheses, metrics) lives under results/; docs/ holds prose and pictures."""
+    root = PACKAGE.parent
+    docs = root / "docs"
+    data = [p.relative_to(root) for p in docs.rglob("*") if p.is_file() and p.suffix not in (".md", ".png", ".svg")]
+    assert not data, data
+    assert any((root / "results" / "reproduction" / "table3").glob("*.json"))

@@ -20,12 +20,14 @@ MAX_SEEDS = 100  # runs per row, each ~40 CPU-minutes at the suite's budget: 10^
 
 def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     """Run a suite of the paper's experiments at small scale and render the report."""
-    from ..evidence.report import is_report, render
+    from ..evidence.report import is_report, is_results, render
     from ..evidence.suites import reproduce
 
     work = Path(args.work)
     report = Path(args.report) if args.report else (work / "quick-report" if args.suite == "quick"
                                                     else Path("docs/reproduction"))
+    results = (Path(args.results) if args.results else
+               Path("results/reproduction") if not args.report and args.suite != "quick" else report / "results")
     command = "aiayn " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("aiayn") else ""
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
@@ -38,6 +40,8 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(f"--seeds must be >= 2 (an interval needs two reference runs), got {args.seeds}"
                         if args.seeds < 2 else f"--seeds must be at most {MAX_SEEDS}, got {args.seeds}")
     check_output_folder(report, is_report, "--report")
+    check_output_folder(results, is_results, "--results")
+    locations = (f" --report {args.report}" if args.report else "") + (f" --results {args.results}" if args.results else "")
     rows = [r for r in args.rows.split(",") if r] if args.rows else None
     if args.render_only:
         from ..evidence.suites import check_rows, planned
@@ -45,11 +49,12 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
         if rows and args.suite != "table3":
             raise UserError("--rows with --render-only names the rows of a table3 run; give --suite table3")
         check_rows(args.suite, rows, args.seeds)
-        out = render(report, command, planned(report, args.seeds, rows=rows), args.seeds, rows)
+        out = render(report, command, planned(report, args.seeds, rows=rows, results_dir=results), args.seeds, rows,
+                     results_dir=results, locations=locations)
     else:
         out = reproduce(args.suite, Path(args.data) if args.data else None, work, report, rows, args.steps,
                         args.seeds, args.device, command, args.allow_mixed_commits, args.extra_seeds,
-                        args.valid_every)
+                        args.valid_every, results, locations)
     print(f"wrote {out}")
 
 
@@ -66,8 +71,10 @@ def add_reproduce(sub) -> None:
                    "quick: all at toy sizes")
     p.add_argument("--data", help="prepared data folder (from `aiayn prepare`); every suite but table1 trains on it")
     p.add_argument("--work", default="runs/reproduce", help="folder for the run directories (default runs/reproduce)")
-    p.add_argument("--report", help="folder for REPORT.md, its plots and results/ (default docs/reproduction; "
+    p.add_argument("--report", help="folder for REPORT.md and its plots (default docs/reproduction; "
                    "quick: WORK/quick-report)")
+    p.add_argument("--results", help="folder of the result files, one per run, the hypotheses beside them "
+                   "(default results/reproduction; with --report or --suite quick: REPORT/results)")
     p.add_argument("--rows", help="comma-separated row names to run (default: all of the suite); table3's "
                    "`second-seeds` and arch's `seeds` name the runs added from the results; with --render-only, "
                    "the rows a table3 run was given (its report counts and names those)")
@@ -84,5 +91,5 @@ def add_reproduce(sub) -> None:
     p.add_argument("--allow-mixed-commits", action="store_true",
                    help="train a row although the suite's results come from another commit")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
-    p.add_argument("--render-only", action="store_true", help="only re-render the report from results/")
+    p.add_argument("--render-only", action="store_true", help="only re-render the report from its result files")
     p.set_defaults(func=cmd_reproduce)

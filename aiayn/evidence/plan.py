@@ -18,7 +18,7 @@ from .stats import seed_test
 # The update budget of every suite: from where the multi30k reference's validation NLL improves by
 # less than 2 % over every further 10 % of updates (`converged_at`), measured on its own curve by
 # `aiayn reproduce --suite budget --steps 6000` (commit e489e51, 2026-11-23, validation every 250
-# updates, docs/reproduction/results/budget/): NLL 2.43 / 1.84 / 1.77 / 1.72 / 1.71 / 1.69 / 1.73 at
+# updates, results/reproduction/budget/): NLL 2.43 / 1.84 / 1.77 / 1.72 / 1.71 / 1.69 / 1.73 at
 # 1,000 / 2,000 / 2,500 / 2,750 / 3,500 / 5,000 (its best) / 6,000 updates: 2,750.
 BUDGET_UPDATES = 2750
 SUITES = ("budget", "table3", "arch", "tune", "table1", "quick")  # what `aiayn reproduce --suite` runs
@@ -130,7 +130,7 @@ def second_seed_distance(row: float | list[float], reference: list[float], low: 
 
 _P = PaperRow
 DEPTH = ("C-N1", "C-N2", "C-N4", "C-N6")  # with N=3 (the reference's depth): the rows the stability check guards
-# The longer rerun (5,000 updates, 2 reference seeds: docs/reproduction-5000), its `--rows`: the references,
+# The longer rerun (5,000 updates, 2 reference seeds: docs/reproduction-5000, its results in results/reproduction-5000), its `--rows`: the references,
 # the rows whose verdict changes along the 2,750-update curve (curves.py) and those the issue named (A-h16,
 # the depth rows, C-dmodel512, D-ls0.0, E)
 LONGER = ("ref", "A-h16", *DEPTH, "C-dmodel512", "D-pdrop0.0", "D-ls0.0", "E")

@@ -53,14 +53,17 @@ from .throughput import measure_throughput
 log = logging.getLogger("aiayn")
 
 
-def planned(report_dir: Path, seeds: int = 5, arch_seeds: int = 3, rows: list[str] | None = None) -> dict[str, int]:
+def planned(report_dir: Path, seeds: int = 5, arch_seeds: int = 3, rows: list[str] | None = None,
+            results_dir: Path | None = None) -> dict[str, int]:
     """Rows each suite has, for the report's progress line (second seeds of Table 3 apart): Table 3's
     `seeds` references and its rows, the stability runs made so far and the depth group's own
     references when N=6 diverged; arch's its later seeds of the Transformer and of each other
     family's best; `rows`: the --rows a table3 report's run was given (those it names, as it runs
-    them). A quick report's rows (toy-sized, TINY) are the quick suite's."""
+    them). A quick report's rows (toy-sized, TINY) are the quick suite's. The results are read from
+    `results_dir` (default REPORT_DIR/results)."""
 
-    results = load_results(Path(report_dir) / "results")
+    results_dir = Path(results_dir) if results_dir is not None else Path(report_dir) / "results"
+    results = load_results(results_dir)
     quick = any(TINY.items() <= r.get("overrides", {}).items() for rs in results.values() for r in rs)
     stab = [r for r in results.get("table3", []) if r.get("family") == "stability"]
     full = {"table3": table3_rows(seeds), "arch": arch_rows(), "tune": tune_rows()}
@@ -69,7 +72,7 @@ def planned(report_dir: Path, seeds: int = 5, arch_seeds: int = 3, rows: list[st
     families = len({r.group for r in q["arch"]})
     return {"table3": _table3_planned(q["table3"], stab, seeds, rows),
             "arch": len(q["arch"]) + families * (arch_seeds - 1),
-            "tune": _tune_planned(q["tune"], Path(report_dir) / "results", results, arch_seeds)}
+            "tune": _tune_planned(q["tune"], results_dir, results, arch_seeds)}
 
 
 def _tune_planned(grid: list[Row], results_dir: Path, results: dict[str, list[dict]], seeds: int) -> int:
@@ -147,17 +150,19 @@ def _run_rows(suite: str, rows: list[Row], common: dict[str, Any], ctx: dict[str
 
 def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, rows: list[str] | None = None,
               steps: int | None = None, seeds: int = 5, device: str | None = None, command: str = "",
-              allow_mixed: bool = False, extra_seeds: int = 12, valid_every: int | None = None) -> Path:
+              allow_mixed: bool = False, extra_seeds: int = 12, valid_every: int | None = None,
+              results_dir: Path | None = None, locations: str = "") -> Path:
     """Run a suite (skipping finished rows, resuming interrupted ones) and render the report;
     extra_seeds: at most this many second-seed runs of Table 3's rows near the line; valid_every:
-    validation spacing in updates (default: a tenth of the run)."""
+    validation spacing in updates (default: a tenth of the run); results_dir: where the result files
+    go (default REPORT_DIR/results); locations: as render's."""
 
     if suite not in SUITES:
         raise ConfigError(f"unknown suite {suite!r}; choose from: {', '.join(SUITES)}")
     code_commit()
     steps = steps or (2 * BUDGET_UPDATES if suite == "budget" else BUDGET_UPDATES)
     report_dir = Path(report_dir)
-    results = report_dir / "results"
+    results = Path(results_dir) if results_dir is not None else report_dir / "results"
     if suite != "table1":
         _check_data(data_dir)
         check_rows(suite, rows, seeds)
@@ -166,7 +171,8 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
 
     # while rows run; the report is rendered once more after the last
     render_report = at_most_every(RENDER_EVERY_S,
-                                  lambda: render(report_dir, command, planned(report_dir, seeds), seeds))
+                                  lambda: render(report_dir, command, planned(report_dir, seeds, results_dir=results), seeds,
+                                                 results_dir=results, locations=locations))
 
     if suite == "quick":
         _quick(ctx, rows, render_report)
@@ -182,7 +188,8 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
         _tune(tune_rows(), protocol(steps, valid_every), ctx, rows, render_report)
     if suite in ("table1", "quick"):
         _table1(results, suite == "quick", device)
-    return render(report_dir, command, planned(report_dir, seeds), seeds)
+    return render(report_dir, command, planned(report_dir, seeds, results_dir=results), seeds, results_dir=results,
+                  locations=locations)
 
 
 def _table3(rows: list[Row], stab: list[Row], seeds: int, common: dict[str, Any], ctx: dict[str, Any],

@@ -206,28 +206,32 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
 
 @pytest.mark.slow
 def test_the_committed_report_renders_byte_for_byte(tmp_path):
-    """docs/reproduction/REPORT.md is what --render-only makes of the committed results (issue #27)."""
-    docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction"
-    shutil.copytree(docs / "results", tmp_path / "results")
-    p = reproduce("--suite", "table3", "--render-only", "--report", tmp_path)
+    """docs/reproduction/REPORT.md is what --render-only makes of the committed results in
+    results/reproduction, copied to the same places in a copy of the tree."""
+    repo = Path(__file__).resolve().parents[2]
+    docs = repo / "docs" / "reproduction"
+    shutil.copytree(repo / "results" / "reproduction", tmp_path / "results" / "reproduction")
+    p = reproduce("--suite", "table3", "--render-only", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert (tmp_path / "REPORT.md").read_text() == (docs / "REPORT.md").read_text()
+    assert (tmp_path / "docs" / "reproduction" / "REPORT.md").read_text() == (docs / "REPORT.md").read_text()
 
 
 def test_the_5000_update_report_renders_with_its_runs_seeds_and_rows(tmp_path):
     """docs/reproduction-5000 runs with `--seeds 2 --rows` LONGER and the seed rule's second seeds (a
     --rows run makes none unless it names them): rendered with them, its progress counts those rows
     with 2 reference seeds and its commands name both flags, byte for byte."""
-    docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction-5000"
+    repo = Path(__file__).resolve().parents[2]
+    docs, committed = repo / "docs" / "reproduction-5000", repo / "results" / "reproduction-5000"
     assert suites.planned(tmp_path, seeds=2)["table3"] == suites.planned(tmp_path)["table3"] - 3
     assert suites.planned(tmp_path, seeds=2, rows=list(LONGER))["table3"] == 2 + 9  # 2 references, 9 rows
-    shutil.copytree(docs / "results", tmp_path / "results")
+    shutil.copytree(committed, tmp_path / "results" / "reproduction-5000")
     rows = ",".join((*LONGER, suites.SECOND_SEEDS))
-    p = reproduce("--suite", "table3", "--render-only", "--seeds", "2", "--rows", rows, "--report", tmp_path)
+    p = reproduce("--suite", "table3", "--render-only", "--seeds", "2", "--rows", rows, "--report",
+                  "docs/reproduction-5000", "--results", "results/reproduction-5000", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
-    text = (tmp_path / "REPORT.md").read_text()
+    text = (tmp_path / "docs" / "reproduction-5000" / "REPORT.md").read_text()
     assert text == (docs / "REPORT.md").read_text()
-    made = [json.loads(f.read_text()) for f in (docs / "results" / "table3").glob("*.json")]
+    made = [json.loads(f.read_text()) for f in (committed / "table3").glob("*.json")]
     stab = [r for r in made if r.get("family") == "stability"]
     # N=6 did not train at the suite's rate: its last NLL more than 2 % above its best (the curve holds PPL)
     diverged = any(r["row"] == "stability-N6-x1" and r["valid_nll"] > 1.02 * math.log(min(c[1] for c in r["curve"]))
@@ -236,15 +240,16 @@ def test_the_5000_update_report_renders_with_its_runs_seeds_and_rows(tmp_path):
     second = [r for r in made if r["of"] != r["row"]]  # the seed rule's second seeds (D-ls0.0-s2), counted apart
     assert f"table3 {len(made) - len(second)} of {planned} rows" + (f" (+{len(second)} second seed" if second else "") \
         in text
-    assert f"--render-only --seeds 2 --rows {rows}`" in text
+    assert f"--render-only --seeds 2 --rows {rows} --report docs/reproduction-5000 --results results/reproduction-5000`" \
+        in text
     assert f"--steps 5000 --valid-every 250 --seeds 2 --rows {rows}`" in text
 
 
 def test_a_row_selection_counts_what_the_suite_would_run_of_it(tmp_path):
     """On the committed 2,750-update results (N=6 diverged: the depth group has 5 references of its
     own; 2 stability runs): `ref` is both groups' references, a depth row brings the stability runs."""
-    docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction"
-    shutil.copytree(docs / "results" / "table3", tmp_path / "results" / "table3")
+    committed = Path(__file__).resolve().parents[2] / "results" / "reproduction"
+    shutil.copytree(committed / "table3", tmp_path / "results" / "table3")
     count = lambda rows: suites.planned(tmp_path, rows=rows)["table3"]  # noqa: E731
     assert count(["ref"]) == 5 + 5
     assert count(["C-N2"]) == 1 + 2 and count(["A-h16"]) == 1
@@ -795,7 +800,7 @@ def test_the_progress_line_counts_the_arch_seeds_and_names_suites_not_run(tmp_pa
     assert planned(tmp_path)["arch"] == 5 + 3 * 2
     results = tmp_path / "results" / "arch"
     results.mkdir(parents=True)
-    src = Path(__file__).resolve().parents[2] / "docs" / "reproduction" / "results" / "arch"
+    src = Path(__file__).resolve().parents[2] / "results" / "reproduction" / "arch"
     files = sorted(src.glob("*.json"))[:2]
     for f in files:
         shutil.copy(f, results / f.name)
@@ -871,7 +876,7 @@ def test_the_arch_section_names_a_reused_run(tmp_path):
     """A row counted from another suite's identical run says so under the table."""
     from aiayn.evidence.report import arch_section
 
-    src = Path(__file__).resolve().parents[2] / "docs" / "reproduction" / "results" / "arch"
+    src = Path(__file__).resolve().parents[2] / "results" / "reproduction" / "arch"
     rs = [json.loads((src / f"{n}.json").read_text()) for n in ("transformer", "transformer-s2")]
     plain = "\n".join(arch_section(rs, None, tmp_path))
     rs[1]["reused"] = "table3/ref-s2"

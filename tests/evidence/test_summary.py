@@ -201,7 +201,7 @@ def test_every_committed_result_config_rebuilds_its_parameter_count():
     from aiayn.parsing.model import build_any
 
     checked = 0
-    for f in sorted((Path(__file__).parents[2] / "docs" / "reproduction" / "results").glob("*/*.json")):
+    for f in sorted((Path(__file__).parents[2] / "results" / "reproduction").glob("*/*.json")):
         r = json.loads(f.read_text())
         if not isinstance(r, dict) or "config" not in r or "params" not in r:
             continue
@@ -277,8 +277,9 @@ def test_a_suite_split_across_machines_names_each_rows_machine():
 def test_the_committed_reports_hours_add_up_to_its_result_files():
     """docs/reproduction/REPORT.md's total training hours are the sum of every committed result's
     train_minutes (read here from the files, not through the report's loader)."""
-    docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction"
-    minutes = [json.loads(f.read_text()).get("train_minutes") for f in (docs / "results").glob("*/*.json")]
+    repo = Path(__file__).resolve().parents[2]
+    docs = repo / "docs" / "reproduction"
+    minutes = [json.loads(f.read_text()).get("train_minutes") for f in (repo / "results" / "reproduction").glob("*/*.json")]
     minutes = [m for m in minutes if m is not None]
     line = next(x for x in (docs / "REPORT.md").read_text().splitlines() if x.startswith("| all | |"))
     assert line == f"| all | | {len(minutes)} | {sum(minutes) / 60:.1f} | |"
@@ -289,8 +290,9 @@ def test_the_tune_section_names_every_run_that_diverged():
     tune table, as a run that cannot be a choice, and none that trained is."""
     from aiayn.evidence.plan import diverged
 
-    docs = Path(__file__).resolve().parents[2] / "docs" / "reproduction"
-    rs = [json.loads(f.read_text()) for f in sorted((docs / "results" / "tune").glob("*.json"))]
+    repo = Path(__file__).resolve().parents[2]
+    docs = repo / "docs" / "reproduction"
+    rs = [json.loads(f.read_text()) for f in sorted((repo / "results" / "reproduction" / "tune").glob("*.json"))]
     line = next(x for x in (docs / "REPORT.md").read_text().splitlines() if x.startswith("Diverged, so never"))
     assert any(diverged(r) for r in rs)
     for r in rs:
