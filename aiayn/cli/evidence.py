@@ -41,7 +41,7 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
                         if args.seeds < 2 else f"--seeds must be at most {MAX_SEEDS}, got {args.seeds}")
     check_output_folder(report, is_report, "--report")
     check_output_folder(results, is_results, "--results")
-    locations = (f" --report {args.report}" if args.report else "") + (f" --results {args.results}" if args.results else "")
+    locations = "".join(f" --{k} {v}" for k, v in (("report", args.report), ("results", args.results)) if v)
     rows = [r for r in args.rows.split(",") if r] if args.rows else None
     if args.render_only:
         from ..evidence.suites import check_rows, planned

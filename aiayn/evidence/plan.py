@@ -130,9 +130,9 @@ def second_seed_distance(row: float | list[float], reference: list[float], low: 
 
 _P = PaperRow
 DEPTH = ("C-N1", "C-N2", "C-N4", "C-N6")  # with N=3 (the reference's depth): the rows the stability check guards
-# The longer rerun (5,000 updates, 2 reference seeds: docs/reproduction-5000, its results in results/reproduction-5000), its `--rows`: the references,
-# the rows whose verdict changes along the 2,750-update curve (curves.py) and those the issue named (A-h16,
-# the depth rows, C-dmodel512, D-ls0.0, E)
+# The longer rerun (5,000 updates, 2 reference seeds: docs/reproduction-5000, its results in
+# results/reproduction-5000), its `--rows`: the references, the rows whose verdict changes along the
+# 2,750-update curve (curves.py) and those asked for by name (A-h16, the depth rows, C-dmodel512, D-ls0.0, E)
 LONGER = ("ref", "A-h16", *DEPTH, "C-dmodel512", "D-pdrop0.0", "D-ls0.0", "E")
 
 

@@ -170,9 +170,11 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
            "allow_mixed": allow_mixed, "sentences": 20 if suite == "quick" else 0}
 
     # while rows run; the report is rendered once more after the last
-    render_report = at_most_every(RENDER_EVERY_S,
-                                  lambda: render(report_dir, command, planned(report_dir, seeds, results_dir=results), seeds,
-                                                 results_dir=results, locations=locations))
+    def render_now() -> Path:
+        return render(report_dir, command, planned(report_dir, seeds, results_dir=results), seeds,
+                      results_dir=results, locations=locations)
+
+    render_report = at_most_every(RENDER_EVERY_S, render_now)
 
     if suite == "quick":
         _quick(ctx, rows, render_report)
@@ -188,8 +190,7 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
         _tune(tune_rows(), protocol(steps, valid_every), ctx, rows, render_report)
     if suite in ("table1", "quick"):
         _table1(results, suite == "quick", device)
-    return render(report_dir, command, planned(report_dir, seeds, results_dir=results), seeds, results_dir=results,
-                  locations=locations)
+    return render_now()
 
 
 def _table3(rows: list[Row], stab: list[Row], seeds: int, common: dict[str, Any], ctx: dict[str, Any],

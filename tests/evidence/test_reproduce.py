@@ -240,8 +240,8 @@ def test_the_5000_update_report_renders_with_its_runs_seeds_and_rows(tmp_path):
     second = [r for r in made if r["of"] != r["row"]]  # the seed rule's second seeds (D-ls0.0-s2), counted apart
     assert f"table3 {len(made) - len(second)} of {planned} rows" + (f" (+{len(second)} second seed" if second else "") \
         in text
-    assert f"--render-only --seeds 2 --rows {rows} --report docs/reproduction-5000 --results results/reproduction-5000`" \
-        in text
+    where = "--report docs/reproduction-5000 --results results/reproduction-5000"
+    assert f"--render-only --seeds 2 --rows {rows} {where}`" in text
     assert f"--steps 5000 --valid-every 250 --seeds 2 --rows {rows}`" in text
 
 

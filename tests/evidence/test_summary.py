@@ -279,7 +279,8 @@ def test_the_committed_reports_hours_add_up_to_its_result_files():
     train_minutes (read here from the files, not through the report's loader)."""
     repo = Path(__file__).resolve().parents[2]
     docs = repo / "docs" / "reproduction"
-    minutes = [json.loads(f.read_text()).get("train_minutes") for f in (repo / "results" / "reproduction").glob("*/*.json")]
+    files = (repo / "results" / "reproduction").glob("*/*.json")
+    minutes = [json.loads(f.read_text()).get("train_minutes") for f in files]
     minutes = [m for m in minutes if m is not None]
     line = next(x for x in (docs / "REPORT.md").read_text().splitlines() if x.startswith("| all | |"))
     assert line == f"| all | | {len(minutes)} | {sum(minutes) / 60:.1f} | |"
