@@ -51,6 +51,24 @@ def cpu_meta() -> dict:
     return {**info, "label": cpu_label(info)}
 
 
+def switches(translator=None, cfg=None) -> dict:
+    """The config switches a figure ran with, as a run records them: decode.step (what a Translator
+    runs, with its StepOptions when a measurement set them), model.attention, train.fused_loss."""
+    import dataclasses
+
+    out: dict = {}
+    if cfg is not None:
+        out |= {"model.attention": cfg.model.attention, "train.fused_loss": cfg.train.fused_loss}
+    if translator is not None:
+        out["decode.step"] = translator.step
+        if translator.step_options is not None:
+            out["decode.step_options"] = dataclasses.asdict(translator.step_options)
+        model_cfg = getattr(translator.model, "cfg", None)
+        if model_cfg is not None and hasattr(model_cfg, "attention"):
+            out["model.attention"] = model_cfg.attention
+    return out
+
+
 def meaningful(systems: list[str]) -> list[str]:
     """The default systems less those that would not run natively here: bf16 rows without native
     bf16 (emulated, slower than fp32), int8 rows without VNNI (aiayn refuses int8 there). Asked for

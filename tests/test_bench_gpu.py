@@ -55,6 +55,9 @@ def test_gpu_bench_dry_run_on_the_cpu(toy_prepared, tmp_path):
                                            "multi30k-fp16-s2"}
     dec = r["decoding"]
     assert dec["sentences"] == 20 and dec["aiayn fp32"]["sent_s"] > 0 and "bleu" in dec["aiayn fp32"]
+    assert dec["aiayn fp32"]["switches"]["decode.step"] == "fused"  # each figure names the switches it ran with
+    warmed = r["training_warmup"]
+    assert all(v["switches"]["train.fused_loss"] == ("chunked" not in k) for k, v in warmed.items() if "aiayn" in k)
     assert dec["model_choice"].split()[0] in ("base-multi30k", "multi30k-bf16-s1") and "cut" not in dec
     assert "partial" not in dec and "Name" in dec["profile"]["table"]  # it finished: the rounds, then the profile
     assert dec["profile"]["gpu_ms"] is None and dec["profile"]["kernel_launches"] == 0  # a CPU run: no GPU

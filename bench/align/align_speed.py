@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: benchdata, the shared data
-from benchdata import CHECKPOINT, ROOT, cpu_meta, trained_checkpoint  # noqa: E402
+from benchdata import CHECKPOINT, ROOT, cpu_meta, switches, trained_checkpoint  # noqa: E402
 
 
 def main() -> None:
@@ -72,7 +72,7 @@ def main() -> None:
         runs = ", ".join(f"{x:.2f}" for x in r["runs"])
         print(f"  {k:<10}{r['seconds']:>7.2f} s  {100 * r['overhead']:>+6.1f} %  ({runs})")
     meta = {"checkpoint": str(args.checkpoint), "sentences": len(ids), "precision": t.precision,
-            "threads": args.threads, "cpu": cpu_meta(), "date": time.strftime("%Y-%m-%d")}
+            "threads": args.threads, "cpu": cpu_meta(), "switches": switches(t), "date": time.strftime("%Y-%m-%d")}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 

@@ -36,7 +36,7 @@ import sacrebleu
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: benchdata, the shared data
-from benchdata import CHECKPOINT, DATA, cpu_meta, meaningful, prepared_data, trained_checkpoint  # noqa: E402
+from benchdata import CHECKPOINT, DATA, cpu_meta, meaningful, prepared_data, switches, trained_checkpoint  # noqa: E402
 
 from aiayn.decode.shortlist import build  # noqa: E402
 from aiayn.decode.translator import Translator  # noqa: E402
@@ -82,11 +82,9 @@ def load_system(name: str, checkpoint: Path, export_dir: Path, threads: int):
     torch.set_num_threads(threads)
     if name.startswith("aiayn-"):
         shortlist = export_dir / "shortlist.safetensors" if name.endswith("-shortlist") else None
-        t = Translator.load(checkpoint, precision=name.split("-")[1], compiled="-compiled" in name, shortlist=shortlist)
+        step = "modules" if name.endswith("-modules") else "compiled" if "-compiled" in name else "auto"
+        t = Translator.load(checkpoint, precision=name.split("-")[1], step=step, shortlist=shortlist)
         t.compile_seconds = t.compile_now()  # the start-up cost of -compiled (0 otherwise)
-        if name.endswith("-modules"):
-            t.fused = False
-            t.model = t.model  # rebuilds the search model: Transformer.decode_step, not fusedstep
         def run(src: list[str]) -> tuple[list[str], int]:
             hyps = t.translate_ids(t.encode_sources(src), beam=4, alpha=0.6, nbest=1)
             return t.tokenizer.decode([h[0].tokens if h else [] for h in hyps]), sum(len(h[0].tokens) + 1 for h in hyps)
@@ -130,6 +128,7 @@ def worker(args: argparse.Namespace) -> None:
     if translator is not None:
         out["compile_s"] = round(translator.compile_seconds, 1)
         out["precision"] = translator.precision  # what ran: int8 asked for without VNNI runs fp32
+        out["switches"] = switches(translator)
     print("RESULT " + json.dumps(out))
 
 
@@ -202,7 +201,8 @@ def throughput(args: argparse.Namespace, systems: list[str], src: list[str], ref
         rows.append({"system": name, "sent_per_s": len(src) / sec, "tgt_tok_per_s": outputs[name]["tokens"] / sec,
                      "vs_hf": len(src) / sec / ref_speed, "per_rep_sent_per_s": [len(src) / t for t in times[name]],
                      "bleu": sacrebleu.corpus_bleu(outputs[name]["text"], [ref]).score,
-                     "compile_s": outputs[name].get("compile_s", 0.0), "ran": outputs[name].get("precision")})
+                     "compile_s": outputs[name].get("compile_s", 0.0), "ran": outputs[name].get("precision"),
+                     "switches": outputs[name].get("switches", {})})
     return rows, outputs
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: benchdata, the shared data
-from benchdata import CHECKPOINT, DATA, prepared_data, trained_checkpoint  # noqa: E402
+from benchdata import CHECKPOINT, DATA, prepared_data, switches, trained_checkpoint  # noqa: E402
 
 import aiayn.decode.search as search  # noqa: E402
 from aiayn.decode.fast import FusedDecoder  # noqa: E402
@@ -124,7 +124,7 @@ def measure(ckpt: Path, system: str, lines: list[str]) -> dict:
     compile_s = tr.compile_now()
     result = split_sentences(tr, lines)
     products = step_products(tr.search_model)
-    result |= {"compile_s": round(compile_s, 1), "products": products,
+    result |= {"compile_s": round(compile_s, 1), "products": products, "switches": switches(tr),
                "products_ms_per_sentence": round(products["sum_us"] * result["steps_per_sentence"] / 1e3, 2)}
     parts = ", ".join(f"{k} {v:.2f}" for k, v in result["parts_ms"].items())
     print(f"{system:14s} {result['ms_per_sentence']:6.2f} ms/sentence ({result['steps_per_sentence']:.1f} steps): "

@@ -36,8 +36,9 @@ from pathlib import Path
 
 import torch
 
-if str(Path(__file__).resolve().parent) not in sys.path:  # its sibling modules, also when loaded from elsewhere
-    sys.path.append(str(Path(__file__).resolve().parent))
+for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1]):  # siblings, benchdata
+    if str(_folder) not in sys.path:  # also when loaded from elsewhere
+        sys.path.append(str(_folder))
 from gpu_decoding import decode_bench  # noqa: E402
 from gpu_learning import (  # noqa: E402
     compare_precisions,

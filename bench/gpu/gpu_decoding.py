@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from benchdata import switches
 from gpu_training import sync
 
 
@@ -70,6 +71,7 @@ def decode_systems(args, checkpoint: Path, out: dict, deadline: float) -> dict:
             systems[f"CTranslate2 {compute}"] = ct2_system(args, checkpoint, compute)
         except Exception as e:  # absent, or no CUDA libraries it can load: say so, go on
             out[f"CTranslate2 {compute}"] = {"skipped": f"{type(e).__name__}: {e}"[:500]}
+    record_switches(out, {"aiayn " + t.precision: t})
     if not cuda:
         return systems
     try:  # the peer at aiayn's GPU batch size too (the row above: CTranslate2's 4,096 of earlier visits)
@@ -80,18 +82,25 @@ def decode_systems(args, checkpoint: Path, out: dict, deadline: float) -> dict:
     systems["aiayn bf16, 4k-token batches"] = lambda s: tb.translate(s, beam=4, alpha=0.6)  # the CPU's size
     tg = Translator.load(checkpoint, device=args.device, precision="bf16", step="graphed")  # one graph a step
     systems["aiayn bf16 graphs"] = lambda s: tg.translate(s, beam=4, alpha=0.6)
+    record_switches(out, {"aiayn bf16, 4k-token batches": tb, "aiayn bf16 graphs": tg})
     if deadline - time.time() < COMPILE_DECODING_S:
         out["aiayn bf16 compiled"] = {"skipped": f"{deadline - time.time():.0f} s left, "
                                                  f"{COMPILE_DECODING_S} s kept for compiling"}
         return systems
     try:  # the fused step through torch.compile (Translator's `compiled`)
         tc = Translator.load(checkpoint, device=args.device, precision="bf16", compiled=True)
-        out["aiayn bf16 compiled"] = {"compile_s": round(tc.compile_now(), 1)}
+        out["aiayn bf16 compiled"] = {"compile_s": round(tc.compile_now(), 1), "switches": switches(tc)}
         systems["aiayn bf16 compiled"] = lambda s: tc.translate(s, beam=4, alpha=0.6)
     except Exception as e:
         traceback.print_exc()
         out["aiayn bf16 compiled"] = {"error": f"{type(e).__name__}: {e}"[:500]}
     return systems
+
+
+def record_switches(out: dict, translators: dict) -> None:
+    """Each aiayn system's decode.step and model.attention beside its figures."""
+    for name, t in translators.items():
+        out.setdefault(name, {})["switches"] = switches(t)
 
 
 def timed_decoding(args, systems: dict, src: list[str], ref: list[str], out: dict, save) -> None:

@@ -15,6 +15,9 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # benchdata
+from benchdata import switches  # noqa: E402
+
 from aiayn.config import Config  # noqa: E402
 from aiayn.data.batches import Batch  # noqa: E402
 from aiayn.evidence.mfu import model_flops, peak_flops, step_flops  # noqa: E402
@@ -131,7 +134,8 @@ def build_runners(args, device: torch.device, precision: str) -> dict:
                 print(f"{name} {label}: skipped ({e})", flush=True)
                 continue
             try:
-                runners[(name, label)] = {"step": step, "cfg": cfg, **warm(step, args.batches, device)}
+                runners[(name, label)] = {"step": step, "cfg": cfg, **warm(step, args.batches, device),
+                                          **({"switches": switches(cfg=cfg)} if who != "hf" else {})}
             except Exception as e:  # this variant's row says why; the others go on
                 traceback.print_exc()
                 runners[(name, label)] = {"error": f"{type(e).__name__}: {e}"[:500]}

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: benchdata, the shared data
-from benchdata import DATA, ROOT, cpu_meta, meaningful, prepared_data  # noqa: E402
+from benchdata import DATA, ROOT, cpu_meta, meaningful, prepared_data, switches  # noqa: E402
 
 SIZES = {"small": dict(d_model=256, d_ff=1024, h=4, N=3), "base": dict(d_model=512, d_ff=2048, h=8, N=6)}
 STEPS = {"small": (5, 25), "base": (3, 8)}  # (warm-up, measured) updates
@@ -128,6 +128,7 @@ def worker(system: str, size: str, data_dir: str, threads: int) -> dict:
     seconds = time.perf_counter() - start
     tokens = sum(b.n_tokens for b in batches[warm:])
     return {"system": system, "size": size, "tgt_tok_s": tokens / seconds, "steps": steps,
+            "switches": switches(cfg=cfg) if system.startswith("aiayn") else {},
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
