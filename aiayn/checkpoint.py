@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import shutil
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -26,6 +28,7 @@ from .errors import AiaynError
 from .files import FileError, atomic_write, check_output_file
 from .models.build import build_model, shapes_only
 from .overrides import from_dict
+from .progress import bar
 
 Builder = Callable[[ModelConfig, "list[str] | None"], torch.nn.Module]
 
@@ -52,6 +55,18 @@ def save_weights(path: Path, tensors: dict[str, torch.Tensor], cfg: Config, toke
         "extra": json.dumps(extra or {}),
     }
     atomic_write(path, st_save(tensors, metadata=meta))
+
+
+def link_last(newest: Path) -> None:
+    """last.safetensors beside best: the newest checkpoint under a name that does not change (a hard
+    link to it, or a copy where links fail), replaced in one step."""
+    tmp = newest.with_name(".last.safetensors.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(newest, tmp)
+    except OSError:
+        shutil.copyfile(newest, tmp)
+    os.replace(tmp, newest.with_name("last.safetensors"))
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
@@ -277,25 +292,30 @@ def load_state(path: Path) -> dict[str, Any]:
                               f"(not unpickled: {type(e).__name__})") from None
 
 
-def average_checkpoints(paths: list[Path]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """§6.1: the element-wise mean of the parameters of several checkpoints of one run."""
+def average_checkpoints(paths: list[Path], progress: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """§6.1: the element-wise mean of the parameters of several checkpoints of one run (a bar with
+    `progress`)."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
     total: dict[str, torch.Tensor] = {}
     meta: dict[str, str] = {}
+    shown = bar(len(paths), "checkpoint", "averaging", progress)
     for path in paths:
+        shown.update(0 if path is paths[0] else 1)
         tensors, meta_i = read_weights(path)
         if total and (set(tensors) != set(total) or any(tensors[k].shape != total[k].shape for k in total)):
             raise CheckpointError(f"{path}: parameters differ from {paths[0]}; cannot average")
         for k, v in tensors.items():
             total[k] = total[k] + v.double() if k in total else v.double()
         meta = meta_i  # config/vocabulary of the last checkpoint
+    shown.update(1)
+    shown.close()
     read_meta(meta, paths[-1]), meta_step(meta, paths[-1]), meta_extra(meta, paths[-1])  # whole, as it is copied
     return {k: (v / len(paths)).float() for k, v in total.items()}, meta
 
 
-def write_averaged(paths: list[Path], out: Path) -> None:
-    tensors, meta = average_checkpoints(paths)
+def write_averaged(paths: list[Path], out: Path, progress: bool = False) -> None:
+    tensors, meta = average_checkpoints(paths, progress)
     extra = meta_extra(meta, paths[-1])
     extra["averaged"] = [str(p) for p in paths]
     meta = {**meta, "extra": json.dumps(extra)}

@@ -58,15 +58,15 @@ class ModelConfig:
     its encoder and decoder layers, and the conv_* fields.
     """
 
-    arch: str = "transformer"  # transformer | rnn | conv
-    vocab_size: int = 37000  # §5.1 shared BPE vocabulary (set by `aiayn prepare`)
-    d_model: int = 512
-    d_ff: int = 2048  # §3.3
-    h: int = 8  # §3.2.2
-    d_k: int | None = None  # None -> d_model / h
-    d_v: int | None = None  # None -> d_model / h
+    arch: str = "transformer"  # transformer (§3) | rnn (the recurrent baseline) | conv (ConvS2S)
+    vocab_size: int = 37000  # §5.1 shared vocabulary: set from the prepared data (a value here is replaced)
+    d_model: int = 512  # §3: the width of every sublayer's output and of the embeddings
+    d_ff: int = 2048  # §3.3 inner width of each position-wise feed-forward network
+    h: int = 8  # §3.2.2 attention heads
+    d_k: int | None = None  # §3.2.2 width of a head's queries and keys; None -> d_model / h
+    d_v: int | None = None  # §3.2.2 width of a head's values; None -> d_model / h
     N: int = 6  # layers in each stack (§3.1)
-    N_dec: int | None = None  # None -> N
+    N_dec: int | None = None  # decoder layers when not N; None -> N
     p_drop: float = 0.1  # §5.4 residual dropout
     attn_drop: float = 0.0  # dropout on attention weights (not in the paper)
     pre_norm: bool = False  # §3.1 uses post-norm LayerNorm(x + Sublayer(x))
@@ -76,8 +76,8 @@ class ModelConfig:
     tag_input: bool = False  # §6.3 option (ours): source subwords carry their word's part-of-speech tag (tagger.py)
     share_embeddings: bool = True  # §3.4 one matrix for both embeddings and the softmax
     fp32_logits: bool = True  # under bf16 autocast, the output projection and softmax stay fp32
-    max_positions: int = 1024
-    pad_id: int = 0
+    max_positions: int = 1024  # the longest sequence the positional encodings cover (§3.5)
+    pad_id: int = 0  # the padding token's id in the vocabulary
     rnn_cell: str = "lstm"  # lstm | gru (arch: rnn)
     rnn_variant: str = "luong"  # luong (attends from h_t, input feeding) | bahdanau (from s_{t-1}, context in cell)
     conv_kernel: int = 3  # arch conv: kernel width k (odd)
@@ -150,7 +150,7 @@ class ModelConfig:
 class DataConfig:
     """§5.1: a joint subword vocabulary and length-bucketed token-count batches."""
 
-    vocab_size: int = 37000
+    vocab_size: int = 37000  # §5.1 the joint vocabulary `aiayn prepare` learns (not given there: sized to the data)
     max_len: int = 256  # subwords per side; longer training pairs are dropped and counted
     max_tokens: int = 4096  # padded tokens per batch (per side)
     strict: bool = False  # fail on an empty line instead of dropping the pair
@@ -170,9 +170,9 @@ class DataConfig:
 class TrainConfig:
     """§5.2-5.4: Adam with the Eq. 3 warm-up schedule, label smoothing, checkpoints."""
 
-    seed: int = 1
-    max_steps: int = 100_000  # base: 100k updates (§5.2)
-    max_epochs: int = 0  # 0 = no limit
+    seed: int = 1  # initial weights, dropout masks and batch order: the same seed, the same run
+    max_steps: int = 100_000  # updates to train (§5.2: base 100k, big 300k)
+    max_epochs: int = 0  # passes over the training data at most; 0 = no limit
     max_minutes: float = 0.0  # 0 = no limit; wall-clock budget of the training loop
     tokens_per_update: int = 25_000  # §5.1 target tokens per update (batches follow); 0 = use update_freq
     update_freq: int = 1  # gradient accumulation: batches per update (when tokens_per_update is 0)
@@ -182,19 +182,19 @@ class TrainConfig:
     init_from: str = ""  # a checkpoint whose model and weights the run starts from (fine-tuning; train --init-from)
     warmup_steps: int = 4000  # Eq. 3
     adam_betas: tuple[float, float] = (0.9, 0.98)  # §5.3
-    adam_eps: float = 1e-9
+    adam_eps: float = 1e-9  # §5.3 Adam's epsilon
     label_smoothing: float = 0.1  # §5.4
     clip_norm: float = 0.0  # 0 = no clipping (the paper does not clip)
     # Guided alignment (Garg et al., 2019; the paper has none): weight of a loss pulling one
     # encoder-decoder head toward reference alignments (data/alignments.py); 0 = off
     guided_alignment: float = 0.0
     guided_layer: int = -2  # decoder layer (negative: from the top; Garg et al.: the penultimate)
-    guided_head: int = 0
+    guided_head: int = 0  # the head of that layer that guided alignment trains
     precision: str = "auto"  # auto (bf16 where native, fp16 on older GPUs, else fp32: device.py) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the model (PyTorch's automatic dynamic shapes)
     compile_buckets: bool = False  # with compile: lengths padded to a ladder, one graph per length (batches.py)
     threads: int = 0  # CPU threads; 0 = OMP_NUM_THREADS if set (one process), else all cores
-    log_every: int = 50
+    log_every: int = 50  # updates between log lines and metrics records (the progress bar moves by time)
     valid_every: int = 1000  # steps; 0 = only at the end
     valid_bleu_sentences: int = 500  # greedy BLEU on the first K validation pairs; 0 = off
     patience: int = 0  # stop after this many validations without a better score; 0 = off (the paper)
@@ -244,11 +244,11 @@ class TrainConfig:
 class DecodeConfig:
     """§6.1: beam 4, length penalty alpha 0.6, max output length = input length + 50."""
 
-    beam: int = 4
-    alpha: float = 0.6
-    max_len_a: float = 1.0
-    max_len_b: int = 50
-    nbest: int = 1
+    beam: int = 4  # §6.1 beam size
+    alpha: float = 0.6  # §6.1 length penalty alpha (Wu et al., 2016)
+    max_len_a: float = 1.0  # §6.1 longest output: max_len_a x input length + max_len_b
+    max_len_b: int = 50  # §6.1 the +50 of the longest output
+    nbest: int = 1  # translations given per input, best first
     max_tokens: int | None = None  # source tokens per translation batch; None: by the decoding device
     step: str = "auto"  # the decoder step: auto (fused; compiled with --compile) | modules | fused | compiled | graphed
 

@@ -178,7 +178,8 @@ def decode_batch_tokens(device: torch.device, asked: int | None = None) -> tuple
     and 4,096 on a CPU (the size its decoding benches were measured at)."""
     if asked:
         return asked, "decode.max_tokens"
-    return (16384, "unset: the size for a GPU") if device.type == "cuda" else (4096, "unset: the size for a CPU")
+    return (16384, "the default for a GPU; decode.max_tokens sets it") if device.type == "cuda" else (
+        4096, "the default for a CPU; decode.max_tokens sets it")
 
 
 def autocast(device: torch.device, precision: str):

@@ -6,8 +6,13 @@ Presets are plain data: a dict of dotted overrides applied on top of the default
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import functools
+import inspect
+import io
+import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +63,43 @@ def config_keys(cfg: Config | None = None) -> dict[str, Any]:
     return _flatten((cfg or Config()).to_dict())
 
 
+@functools.cache
+def descriptions() -> dict[str, str]:
+    """Every dotted key's one line: the comment beside its field in config.py (or the comment lines
+    just above it), so the help, `aiayn config` and the code read one source."""
+    source = inspect.getsource(inspect.getmodule(Config))
+    lines = source.split("\n")
+    comments = {t.start[0]: t.string.lstrip("#").strip()
+                for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT}
+    sections = {f.type if isinstance(f.type, str) else f.type.__name__: f.name for f in dataclasses.fields(Config)}
+    out: dict[str, str] = {}
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.ClassDef) and node.name in sections):
+            continue
+        for stmt in node.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                above, line = [], stmt.lineno - 1
+                while line in comments and lines[line - 1].lstrip().startswith("#"):  # comment-only lines
+                    above.insert(0, comments[line])
+                    line -= 1
+                text = comments.get(stmt.end_lineno) or " ".join(above)
+                out[f"{sections[node.name]}.{stmt.target.id}"] = text
+    return out
+
+
+def commented_yaml(cfg: Config, title: str = "") -> str:
+    """The config as YAML that load_yaml reads back, each key with its description as a comment."""
+    about = descriptions()
+    lines = [f"# {title}"] if title else []
+    for section, values in cfg.to_dict().items():
+        lines.append(f"{section}:")
+        for key, value in values.items():
+            text = yaml.safe_dump({key: list(value) if isinstance(value, tuple) else value},
+                                  default_flow_style=True, width=1 << 20).strip()[1:-1]
+            lines.append(f"  {text}" + (f"  # {about[f'{section}.{key}']}" if about.get(f"{section}.{key}") else ""))
+    return "\n".join(lines) + "\n"
+
+
 def _unknown_key(key: str) -> ConfigError:
     """An error that names the key and, when some are close, the keys the user probably meant
     (those it begins first, then the most similar: at most two)."""
@@ -85,7 +127,9 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
 def preset(name: str) -> Config:
     """A fresh Config for a named preset (see PRESETS)."""
     if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose from: {', '.join(PRESETS)}")
+        close = [p for p in PRESETS if p.lower() == name.lower()] or difflib.get_close_matches(name, PRESETS, n=2)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise ConfigError(f"unknown preset {name!r}; {hint}presets: {', '.join(PRESETS)}")
     return apply_overrides(Config(), PRESETS[name])
 
 

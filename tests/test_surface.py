@@ -56,8 +56,8 @@ def test_translation_batches_are_the_decoding_machines(toy_prepared, tmp_path, m
     """decode.max_tokens unset: 16,384 source tokens a batch on a GPU (1.58x the sentences/s of 4,096 on
     an H200, bench/gpu/2026-11-27_h200_gpu_full_rerun.json), 4,096 on a CPU; a checkpoint's own size (every one trained
     before this saved 4,096) is the training machine's and is not used; an explicit size always is."""
-    assert decode_batch_tokens(torch.device("cuda")) == (16384, "unset: the size for a GPU")
-    assert decode_batch_tokens(torch.device("cpu")) == (4096, "unset: the size for a CPU")
+    assert decode_batch_tokens(torch.device("cuda")) == (16384, "the default for a GPU; decode.max_tokens sets it")
+    assert decode_batch_tokens(torch.device("cpu")) == (4096, "the default for a CPU; decode.max_tokens sets it")
     assert decode_batch_tokens(torch.device("cuda"), 1000) == (1000, "decode.max_tokens")
     cfg = tiny_config(max_steps=2)
     cfg.decode.max_tokens = 50  # as an older checkpoint carries its 4,096

@@ -47,7 +47,7 @@ from .heads import (
     role_table,
     syntactic_agreement,
 )
-from .plot import heatmap
+from .plot import colour_bar, heatmap
 
 log = logging.getLogger("aiayn")
 FILES = ("heads.json", "importance.png", "roles.png", "pruning.png", "examples.png", "pruned.safetensors")
@@ -291,10 +291,10 @@ def _examples_figure(result: dict, path: Path) -> None:
     ex = result["examples"]
     per_row = max(1, len(ex) // len(SUBLAYERS))
     size = 1.2 + 0.2 * max(max(len(e["rows"]), len(e["cols"])) for e in ex)
-    fig = figure(figsize=(per_row * size, len(SUBLAYERS) * size))
+    fig = figure(figsize=(per_row * size + 1.0, len(SUBLAYERS) * size), layout="constrained")
     axes = fig.subplots(len(SUBLAYERS), per_row, squeeze=False)
     for ax, e in zip(axes.flat, ex):
-        heatmap(ax, np.array(e["weights"]), e["rows"], e["cols"],
-                f"{e['sublayer']} L{e['layer'] + 1} H{e['head'] + 1}, sentence {e['sentence'] + 1}")
-    fig.tight_layout()
+        image = heatmap(ax, np.array(e["weights"]), e["rows"], e["cols"],
+                        f"{e['sublayer']} L{e['layer'] + 1} H{e['head'] + 1}, sentence {e['sentence'] + 1}")
+    colour_bar(fig, image, axes)
     fig.savefig(path, dpi=110)

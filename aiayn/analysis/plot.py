@@ -12,13 +12,32 @@ from ..extras import figure
 from ..files import new_folder
 from ..training.run_folder import read_metrics
 
+JOINS = "·"  # before a subword that continues the word before it
 
-def heatmap(ax, w: np.ndarray, rows: list[str], cols: list[str], title: str) -> None:
-    """One attention map (queries × keys) on `ax`, its tokens as tick labels."""
-    ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(float(w.max()), 1e-6), aspect="auto")
-    ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+
+def words(pieces: list[str]) -> list[str]:
+    """SentencePiece pieces as a reader sees them: "▁dog" -> "dog", a piece that continues the
+    word before -> "·s" (JOINS), special tokens as they are."""
+    return [p[1:] or "▁" if p.startswith("▁") else p if p.startswith("<") and p.endswith(">") else JOINS + p
+            for p in pieces]
+
+
+def heatmap(ax, w: np.ndarray, rows: list[str], cols: list[str], title: str):
+    """One attention map (queries × keys) on `ax` on the fixed scale 0-1 (white to black: near-uniform
+    attention is pale, not saturated), its tokens as words (`words`) for tick labels; the image, for
+    a colour bar."""
+    image = ax.imshow(w, cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(len(cols)), words(cols), rotation=90, fontsize=7)
+    ax.set_yticks(range(len(rows)), words(rows), fontsize=7)
     ax.set_title(title, fontsize=9)
+    return image
+
+
+def colour_bar(fig, image, axes) -> None:
+    """The scale of every map on a figure, stated once beside them."""
+    bar = fig.colorbar(image, ax=axes, shrink=0.8, pad=0.02)
+    bar.set_label("attention weight (rows sum to 1)", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
 
 
 def _grid(maps: np.ndarray, rows: list[str], cols: list[str], title: str, path: Path) -> list[Path]:
@@ -27,15 +46,15 @@ def _grid(maps: np.ndarray, rows: list[str], cols: list[str], title: str, path: 
     panels = [(maps[i], f"head {i + 1}") for i in range(h)] + [(maps.mean(0), "mean of heads")]
     ncol = min(len(panels), 3)
     nrow = math.ceil(len(panels) / ncol)
-    size = 1.0 + 0.22 * max(len(rows), len(cols))
-    fig = figure(figsize=(ncol * size, nrow * size))
+    size = 1.4 + 0.22 * max(len(rows), len(cols))
+    fig = figure(figsize=(ncol * size + 1.0, nrow * size + 0.6), layout="constrained")
     axes = fig.subplots(nrow, ncol, squeeze=False)
     for ax, (w, name) in zip(axes.flat, panels):
-        heatmap(ax, w, rows, cols, name)
+        image = heatmap(ax, w, rows, cols, name)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(title)
-    fig.tight_layout()
+    colour_bar(fig, image, axes)
+    fig.suptitle(f"{title} (rows: queries, columns: keys; {JOINS} joins a subword to the one before)", fontsize=10)
     out = [path.with_suffix(".png"), path.with_suffix(".svg")]
     for p in out:
         fig.savefig(p, dpi=110)
@@ -66,13 +85,14 @@ def _plot_attention(data: AttentionData, out_dir: Path) -> list[Path]:
             written += _grid(maps[layer], rows, cols, f"{name} attention, layer {layer + 1}",
                              out_dir / f"{name}-layer{layer + 1}")
     mean = data.cross.mean((0, 1))
-    size = 1.5 + 0.3 * max(mean.shape)
-    fig = figure(figsize=(size, size))
+    size = 2.0 + 0.3 * max(mean.shape)
+    fig = figure(figsize=(size + 1.2, size), layout="constrained")
     ax = fig.subplots()
-    heatmap(ax, mean, data.tgt_out_tokens, data.src_tokens, "cross attention, mean of layers and heads")
-    ax.set_xlabel("source")
-    ax.set_ylabel("output")
-    fig.tight_layout()
+    image = heatmap(ax, mean, data.tgt_out_tokens, data.src_tokens, "encoder-decoder attention, mean of layers "
+                    "and heads")
+    ax.set_xlabel(f"source ({JOINS} joins a subword to the one before)")
+    ax.set_ylabel("output, in the order it is written")
+    colour_bar(fig, image, ax)
     for p in (out_dir / "cross-mean.png", out_dir / "cross-mean.svg"):
         fig.savefig(p, dpi=130)
         written.append(p)
@@ -94,8 +114,9 @@ def plot_curves(run_dir: Path, out: Path) -> Path:
 
     def line(ax, recs, key, label):
         recs = [r for r in recs if key in r]
-        if recs:
-            ax.plot([r["step"] for r in recs], [r[key] for r in recs], label=label)
+        if recs:  # validation points marked: a run validates a few times only
+            ax.plot([r["step"] for r in recs], [r[key] for r in recs], label=label,
+                    marker="o" if key.startswith("valid") else None, markersize=4)
 
     line(a_loss, train, "loss", "train (label-smoothed)")
     line(a_loss, valid, "valid_loss", "valid (label-smoothed)")
@@ -109,10 +130,13 @@ def plot_curves(run_dir: Path, out: Path) -> Path:
     line(a_lr, train, "lr", "Eq. 3")
     a_lr.set_title("learning rate")
     for ax in axes.flat:
-        ax.set_xlabel("step")
+        ax.set_xlabel("update")
         if ax.lines:
             ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
+    last = max(r["step"] for r in rows)
+    fig.suptitle(f"{Path(run_dir).resolve().name}: {len(train)} training records, {len(valid)} validations, "
+                 f"update {last:,}")
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -8,10 +8,10 @@ import logging
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 from ..errors import AiaynError
 from . import analysis, decoding, evidence, preparing, serving, training
+from .common import checkpoint_problem, config_epilog, input_problem
 
 log = logging.getLogger("aiayn")
 __all__ = ["VERBS", "main"]
@@ -45,7 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for add in VERBS.values():
         add(sub)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    verb = next((x for x in argv if not x.startswith("-")), None)
+    if verb is not None and verb not in VERBS:  # a mistyped verb: one line with the closest
+        import difflib
 
+        close = difflib.get_close_matches(verb, VERBS, n=1)
+        print(f"aiayn: error: no verb {verb!r}" + (f"; did you mean {close[0]}?" if close else "")
+              + f" (verbs: {', '.join(VERBS)})", file=sys.stderr)
+        return 2
+    chosen = _preset_on(argv)
+    for verb in ("train", "config"):  # their --help shows the values of the preset on the line
+        sub.choices[verb].epilog = config_epilog(chosen)
     args, extra = parser.parse_known_args(argv)
     if getattr(args, "run_dir_flag", None):  # positional and --run-dir spell the same thing
         if args.run_dir and args.run_dir != args.run_dir_flag:
@@ -53,13 +64,17 @@ def main(argv: list[str] | None = None) -> int:
         args.run_dir = args.run_dir_flag
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    if extra and not getattr(args, "overrides", False):  # only prepare, train and config take --section.key
-        print(f"aiayn {args.command}: error: unrecognized arguments: {' '.join(extra)}", file=sys.stderr)
-        return 2
-    missing = [p for p in _listed(getattr(args, "checkpoint", None)) if not Path(p).exists()]
-    if missing:  # before the verb imports torch (1-4 s): a mistyped name is answered at once
-        print(f"aiayn {args.command}: error: --checkpoint {missing[0]}: no such file (checkpoint not found)",
+    unknown = [x for x in extra if not (getattr(args, "overrides", False) and x.startswith("--") and "." in x)]
+    flags = [x for x in unknown if x.startswith("-")]
+    if flags or (unknown and not getattr(args, "overrides", False)):  # only prepare, train, config: --section.key
+        print(f"aiayn {args.command}: error: unrecognized argument{'s' * (len(unknown) > 1)}: {' '.join(unknown)}"
+              + suggestion(flags[0] if flags else "", sub.choices[args.command], getattr(args, "overrides", False)),
               file=sys.stderr)
+        return 2
+    problem = next(filter(None, map(checkpoint_problem, _listed(getattr(args, "checkpoint", None)))), None)
+    problem = problem or input_problem(getattr(args, "input", None))
+    if problem:  # before the verb imports torch (1-4 s) and loads a model: a mistyped name is answered at once
+        print(f"aiayn {args.command}: error: {problem}", file=sys.stderr)
         return 2
     try:
         args.func(args, extra)
@@ -75,6 +90,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _preset_on(argv: list[str]) -> str | None:
+    """The value of --preset NAME / --preset=NAME on a command line, before it is parsed."""
+    for i, x in enumerate(argv):
+        if x.startswith("--preset="):
+            return x.split("=", 1)[1]
+        if x == "--preset" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def suggestion(flag: str, verb: argparse.ArgumentParser, overrides: bool) -> str:
+    """"; did you mean --beam?" for a flag the verb does not take: the closest of its own flags, and
+    for verbs that take config overrides, of the dotted keys (--vocab-size: --data.vocab_size)."""
+    import difflib
+
+    from ..overrides import config_keys
+
+    name = flag.split("=", 1)[0]
+    if not name.startswith("--"):
+        return ""
+    options = [o for o in verb._option_string_actions if o.startswith("--")]
+    keys = [f"--{k}" for k in config_keys()] if overrides else []
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    if not close and keys:  # --vocab-size: the key whose last part matches, spelled with _ or -
+        bare = name[2:].replace("-", "_")
+        order = ("--data.", "--train.", "--decode.", "--model.")  # model.vocab_size follows the data's
+        same = [k for k in keys if k.rsplit(".", 1)[1] == bare]
+        close = sorted(same, key=lambda k: order.index(k[:k.index(".") + 1]))
+        close = close[:1] or difflib.get_close_matches(name, keys, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else f" (aiayn {verb.prog.split()[-1]} --help lists its flags)"
 
 
 def _listed(value: str | list[str] | None) -> list[str]:

@@ -35,6 +35,38 @@ def refuse_parser(paths: str | Path | list, verb: str) -> None:
                             f"translation models: parse with `aiayn parse --checkpoint {p}`")
 
 
+def checkpoint_problem(path: str) -> str | None:
+    """What is wrong with a --checkpoint argument, read before any model loads: a name that does not
+    exist, a run folder or a folder of checkpoints (which file to give instead). A folder with a
+    config.json is a pretrained Marian model (pretrained.py reads it)."""
+    p = Path(path)
+    if not p.exists():
+        return f"--checkpoint {path}: no such file (checkpoint not found)"
+    if not p.is_dir() or (p / "config.json").is_file():
+        return None
+    ckpts = p / "checkpoints" if (p / "run.json").is_file() else p
+    if (p / "run.json").is_file() or any(ckpts.glob("*.safetensors")):
+        names = [n for n in ("best.safetensors", "last.safetensors") if (ckpts / n).is_file()] or \
+            sorted(x.name for x in ckpts.glob("*.safetensors"))[-1:]
+        which = " or ".join(str(ckpts / n) for n in names) or str(ckpts / "best.safetensors")
+        whose, run = ("a folder of checkpoints", p.parent) if ckpts == p else ("a training run", p)
+        return (f"--checkpoint {path}: a folder, not a checkpoint file ({whose}'s: give {which} (best: the best "
+                f"on validation; last: the newest), or average the last ones, §6.1: aiayn average {run} -o "
+                "avg.safetensors)")
+    return (f"--checkpoint {path}: a folder without checkpoints (*.safetensors) or a pretrained model's "
+            "config.json: give a checkpoint file")
+
+
+def input_problem(path: str | None) -> str | None:
+    """What is wrong with an --input file, read before any model loads (`-` or none: stdin)."""
+    if path in (None, "-"):
+        return None
+    p = Path(path)
+    if p.is_dir():
+        return f"--input {path}: a folder, not a text file (one sentence per line)"
+    return None if p.exists() else f"--input {path}: no such file"
+
+
 def parse_overrides(extra: list[str]) -> dict[str, str]:
     """`--train.lr_scale 2 --model.N=4` -> {"train.lr_scale": "2", "model.N": "4"}."""
     out: dict[str, str] = {}
@@ -118,15 +150,33 @@ def parse_numbers(text: str, kind: type, flag: str) -> tuple:
     return values
 
 
-def config_epilog() -> str:
-    """Every config key with its default, by section, for `--help`."""
-    from ..overrides import config_keys
+def config_epilog(name: str | None = None) -> str:
+    """Every config key with its value and one line on what it does, by section, for `--help`: the
+    defaults (the paper's base model), or a preset's values when `--preset NAME` is on the line."""
+    import textwrap
 
-    lines, section = ["config keys (override with --KEY VALUE, e.g. --train.lr_scale 2; `aiayn config` "
-                      "prints a resolved config):"], ""
-    for key, value in config_keys().items():
+    from ..overrides import config_keys, descriptions
+    from ..presets import PRESETS
+
+    cfg = preset(name) if name in PRESETS else Config()
+    whose = f"--preset {name}'s values" if name in PRESETS else "the defaults (the base model; add --preset NAME " \
+        "to see a preset's)"
+    lines, section, about = [f"config keys, {whose}; override one with --KEY VALUE (e.g. --train.lr_scale 2), "
+                             "`aiayn config` prints them as YAML:"], "", descriptions()
+    for key, value in config_keys(cfg).items():
         if key.split(".")[0] != section:
             section = key.split(".")[0]
             lines.append(f"  {section}:")
-        lines.append(f"    {key} = {value!r}")
+        head = f"    {key} = {value!r}"
+        text = textwrap.wrap(about.get(key, ""), 110 - 40) or [""]
+        lines.append(f"{head:<40}{text[0]}" if len(head) < 40 else f"{head}\n{'':<40}{text[0]}")
+        lines += [f"{'':<40}{x}" for x in text[1:]]
     return "\n".join(lines)
+
+
+def preset_flag(p: argparse.ArgumentParser) -> None:
+    """--preset NAME, its names listed once (a wrong name is one line with the closest: overrides.preset)."""
+    from ..presets import PRESETS
+
+    p.add_argument("--preset", metavar="NAME", help=f"a named config: {', '.join(PRESETS)} (presets.py); "
+                   "quick: a small model that translates after a few minutes on a laptop")

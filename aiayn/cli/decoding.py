@@ -97,7 +97,7 @@ def _translate_chunks(translator, chunks, args: argparse.Namespace, refs: list[s
     for chunk in chunks:
         ids = translator.encode_sources(chunk, first_line=n_lines + 1)
         hyps = translator.translate_ids(ids, alignments=bool(args.alignments),
-                                        progress=args.input not in (None, "-") and sys.stderr.isatty())
+                                        progress=args.input not in (None, "-"))  # a file: its length is known
         n_lines, n_tok = n_lines + len(chunk), n_tok + sum(len(h[0].tokens) + 1 for h in hyps if h)
         text = _output_lines(translator, hyps)
         if args.output or refs is not None:

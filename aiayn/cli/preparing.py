@@ -11,10 +11,11 @@ from pathlib import Path
 
 from ..config import Config
 from ..data.text import DataError
-from ..presets import PRESETS
 from .common import (
     UserError,
     build_config,
+    parse_overrides,
+    preset_flag,
 )
 
 log = logging.getLogger("aiayn")
@@ -74,7 +75,8 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
         return find_file(prefix, args.src), find_file(prefix, args.tgt)
 
     for key, value in names.items():
-        splits[key] = resolve(value)
+        given = args.train if key == "train" else args.valid
+        splits[key] = _first_split(resolve, [value] if given or args.corpus else SPLIT_NAMES[key], data_dir)
     for value in tests:
         try:
             pair = resolve(value)
@@ -84,10 +86,46 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
                 continue
             raise
         splits[_test_name(value, args.src, splits)] = pair
-    manifest = prepare(splits, Path(args.out), args.src, args.tgt, cfg.data.vocab_size, cfg.data.max_len,
+    manifest = prepare(splits, Path(args.out), args.src, args.tgt, _vocabulary_size(args, extra, cfg),
+                       cfg.data.max_len,
                        cfg.data.strict or args.strict, cfg.train.seed, dedup=cfg.data.dedup,
                        max_ratio=cfg.data.max_ratio, vocabulary=_vocabulary_of(args.tokenizer_from))
-    print(json.dumps(manifest["splits"], indent=1))
+    print(_summary(manifest, Path(args.out)))
+
+
+def _summary(manifest: dict, out: Path) -> str:
+    """One line on what `prepare` made (the log and manifest.json hold every count)."""
+    pairs = ", ".join(f"{name} {s.get('pairs', 0):,}" for name, s in manifest["splits"].items())
+    return (f"prepared {out}: {pairs} pairs; a joint vocabulary of {manifest['vocab_size']:,} subwords "
+            f"(every count: {out / 'manifest.json'})")
+
+
+def _vocabulary_size(args: argparse.Namespace, extra: list[str], cfg: Config) -> int:
+    """data.vocab_size where a preset, a config, --data.vocab_size or WMT14 (the paper's 37k) gives
+    it; else 0: sized to the training text (data/prepare.vocabulary_size_for)."""
+    given = args.preset or args.config or "data.vocab_size" in parse_overrides(extra) or args.corpus == "wmt14-en-de"
+    return cfg.data.vocab_size if given else 0
+
+
+SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "val", "dev")}  # tried in order when not given
+
+
+def _first_split(resolve, names: list[str] | tuple[str, ...], data_dir: str | Path | None) -> tuple[Path, Path]:
+    """The first of `names` whose two files exist (Multi30k's `val`, WMT's `dev`: accepted as they
+    are); else one line naming the split prefixes the folder holds."""
+    for name in names[:-1]:
+        try:
+            return resolve(name)
+        except DataError:
+            continue
+    try:
+        return resolve(names[-1])
+    except DataError as e:
+        folder = Path(data_dir or ".")
+        seen = sorted({f.name.split(".")[0] for f in folder.glob("*.*") if _suffix(str(f))}) if folder.is_dir() else []
+        tried = f" (tried {', '.join(names)})" if len(names) > 1 else ""
+        raise DataError(f"{e}{tried}" + (f"; {folder} holds the splits {', '.join(seen[:12])}: name them with "
+                                         "--train/--valid/--test" if seen else "")) from None
 
 
 _LANG = re.compile(r"[A-Za-z]{2,3}(?:[_-][A-Za-z0-9]{2,4})?")  # en, deu, pt_BR, zh-Hans: a language suffix
@@ -180,7 +218,7 @@ def add_prepare(sub) -> None:
     p.add_argument("--strict", action="store_true",
                    help="fail on an empty line (instead of dropping the pair) and on a vocabulary smaller than "
                         "asked (instead of a warning)")
-    p.add_argument("--preset", choices=list(PRESETS))
+    preset_flag(p)
     p.add_argument("--config", help="YAML config")
     p.set_defaults(func=cmd_prepare, overrides=True)  # --section.key VALUE
 

@@ -13,9 +13,9 @@ from ..presets import PAPER_PARAMS_M, PRESETS
 from .common import (
     UserError,
     build_config,
-    config_epilog,
     name_the_flag,
     parse_overrides,
+    preset_flag,
 )
 
 log = logging.getLogger("aiayn")
@@ -67,9 +67,9 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> None:
         train(None, Path(args.data) if args.data else None, Path(args.resume), resume=True, device=args.device,
               overrides=overrides, force_batching=args.force_batching)
         return
+    cfg = build_config(args, extra)  # a mistyped preset or key first: it is the first thing on the line
     if not args.data or not args.run:
         raise UserError("train needs --data PREPARED_DIR and --run-dir RUN_DIR (or --resume RUN_DIR)")
-    cfg = build_config(args, extra)
     if args.init_from:
         from ..checkpoint import refuse_folder
 
@@ -103,23 +103,26 @@ def cmd_average(args: argparse.Namespace, extra: list[str]) -> None:
                     args.run_dir)
     chosen = paths[-args.last:]
     check_safetensors_output(args.output, inputs=tuple(chosen))
-    write_averaged(chosen, Path(args.output))
+    write_averaged(chosen, Path(args.output), progress=True)
     print(f"averaged {len(chosen)} checkpoint{'s' * (len(chosen) > 1)} ({chosen[0].name} .. {chosen[-1].name}) "
           f"-> {args.output}")
 
 
 def cmd_config(args: argparse.Namespace, extra: list[str]) -> None:
-    """Print the resolved config (preset, YAML, overrides) as YAML, usable as --config."""
-    import yaml
+    """Print the resolved config (preset, YAML, overrides) as YAML, usable as --config, each key explained."""
+    from ..overrides import commented_yaml
 
     cfg = build_config(args, extra)
-    sys.stdout.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    what = f"--preset {args.preset}" if args.preset else "the defaults (the paper's base model)"
+    sys.stdout.write(commented_yaml(cfg, f"aiayn config: {what}{', --config ' + args.config if args.config else ''}"
+                                    f"{' and overrides' if extra else ''}; edit it and give it to train --config"))
 
 
 def add_params(sub) -> None:
     """`aiayn params` and its flags."""
     p = sub.add_parser("params", help="parameter counts of base, big and every Table 3 row")
-    p.add_argument("--preset", choices=list(PRESETS), help="one preset; prints the exact count last")
+    p.add_argument("--preset", metavar="NAME", help="one preset (aiayn train --help lists them); prints the exact "
+                   "count last")
     p.add_argument("--vocab-size", type=int, default=37000)
     p.set_defaults(func=cmd_params)
 
@@ -127,7 +130,7 @@ def add_params(sub) -> None:
 def add_train(sub) -> None:
     """`aiayn train` and its flags."""
     p = sub.add_parser("train", help="train a model (config overrides: --train.lr_scale 2 ...)",
-                       epilog=config_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # epilog: cli.main, by --preset
     p.add_argument("--data", help="prepared data folder (from `aiayn prepare`)")
     p.add_argument("--run-dir", "--run", dest="run",
                    help="run folder for config, logs, metrics and checkpoints (under torchrun, spell it --run-dir)")
@@ -136,7 +139,7 @@ def add_train(sub) -> None:
                    help="fine-tune: start from this checkpoint's model and weights (trained, averaged or imported; "
                         "prepare the data with --tokenizer-from CKPT); e.g. --train.schedule constant "
                         "--train.peak_lr 5e-5 --train.warmup_steps 50")
-    p.add_argument("--preset", choices=list(PRESETS))
+    preset_flag(p)
     p.add_argument("--config", help="YAML config")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
     p.add_argument("--force-batching", action="store_true",
@@ -159,7 +162,7 @@ def add_average(sub) -> None:
 def add_config(sub) -> None:
     """`aiayn config` and its flags."""
     p = sub.add_parser("config", help="print a resolved config as YAML (usable as --config)",
-                       epilog=config_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=list(PRESETS))
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # epilog: cli.main, by --preset
+    preset_flag(p)
     p.add_argument("--config", help="YAML config to start from")
     p.set_defaults(func=cmd_config, overrides=True)  # --section.key VALUE

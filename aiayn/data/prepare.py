@@ -194,7 +194,7 @@ class Task:
 
 def prepare(
     splits: dict[str, tuple[str | Path, str | Path]], out: str | Path, src_lang: str, tgt_lang: str,
-    vocab_size: int = 37000, max_len: int = 256, strict: bool = False, seed: int = 1,
+    vocab_size: int = 0, max_len: int = 256, strict: bool = False, seed: int = 1,
     dedup: bool = True, max_ratio: float = 3.0, task: Task | None = None, vocabulary: bytes | None = None,
 ) -> dict:
     """Validate, learn the joint vocabulary on train, and cache every split, in bounded memory.
@@ -205,11 +205,11 @@ def prepare(
     most 2M sentences, and pass 2 encodes in chunks on every core, dropping over-long pairs and,
     for training, pairs with a length ratio above `max_ratio` (0: off). Every drop is counted.
     The cache is built in a hidden sibling of `out` and swapped in whole at the end: a failure
-    leaves the old cache as it was, a trainer that memory-maps it keeps reading the old files, and
-    a folder in use by a trainer or holding files prepare did not write is refused. `task`: what
-    the folder is for beyond translation (§6.3's parsing gives one: parsing/treebank_data.py).
-    `vocabulary`: a checkpoint's tokenizer (`prepare --tokenizer-from`: to fine-tune it) instead of a learned one.
-    Returns the manifest; if one with the same inputs and settings exists in `out`, it is reused.
+    leaves the old cache as it was, a trainer that memory-maps it keeps reading the old files, and a folder
+    in use by a trainer or holding files prepare did not write is refused. `task`: beyond translation
+    (§6.3's parsing: parsing/treebank_data.py). `vocabulary`: a checkpoint's tokenizer (--tokenizer-from)
+    instead of a learned one; `vocab_size` 0: sized to the training text (vocabulary_size_for). Returns the
+    manifest (one of the same inputs and settings in `out`: reused).
     """
     splits = {name: (Path(s), Path(t)) for name, (s, t) in splits.items()}
     task = task or Task()
@@ -254,6 +254,27 @@ def prepare(
     return manifest
 
 
+VOCAB_PER_WORDS, VOCAB_RANGE = 100, (1000, 37000)
+
+
+def vocabulary_size_for(words: int) -> int:
+    """§5.1's joint vocabulary sized to the data: one subword per VOCAB_PER_WORDS running words of the
+    training text (both sides), in thousands, within VOCAB_RANGE (Multi30k's 0.73M words: 7,000; a
+    WMT-sized corpus: the paper's 37,000)."""
+    low, high = VOCAB_RANGE
+    return min(high, max(low, round(words / VOCAB_PER_WORDS / 1000) * 1000))
+
+
+def _sized_vocabulary(folder: Path, keep: np.ndarray | None) -> int:
+    """The vocabulary size for the kept training pairs in `folder`, logged with its rule."""
+    words = sum(len(line.split()) for side in ("src", "tgt") for line in _kept(folder / f"train.{side}", keep))
+    size = vocabulary_size_for(words)
+    log.info("vocabulary size %d, sized to the data: %s running words in training / %d, in thousands, within "
+             "%s-%s (data.vocab_size chooses one; the paper's 37,000 is for WMT-sized data: --preset base)",
+             size, f"{words:,}", VOCAB_PER_WORDS, *(f"{x:,}" for x in VOCAB_RANGE))
+    return size
+
+
 def _build(splits: dict[str, tuple[Path, Path]], folder: Path, new: Path, src_lang: str, tgt_lang: str,
            vocab_size: int, max_len: int, strict: bool, seed: int, symbols: tuple[str, ...], dedup: bool,
            max_ratio: float, vocabulary: bytes | None = None) -> tuple[dict[str, dict], Tokenizer | SplitTokenizer]:
@@ -272,6 +293,8 @@ def _build(splits: dict[str, tuple[Path, Path]], folder: Path, new: Path, src_la
         tok = read_tokenizer(vocabulary)
         log.info("encoding in the given vocabulary of %d subwords (not learning one)", len(tok))
     else:
+        if not vocab_size:
+            vocab_size = _sized_vocabulary(folder, keeps["train"])
         log.info("learning a joint BPE vocabulary of %d on %d + %d sentences (a sample of at most 2M)",
                  vocab_size, kept, kept)
         text = itertools.chain(_kept(folder / "train.src", keeps["train"]),

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from ..checkpoint import Builder, CheckpointError, read_extra
 from ..config import ConfigError, DecodeConfig
@@ -20,6 +19,7 @@ from ..models.build import build_model
 from ..models.linear import kernel_cache
 from ..models.precision import cast_bf16, quantize_int8
 from ..presets import DECODE_LIMITS
+from ..progress import bar as progress_bar
 from ..score import Links
 from .align import hypothesis_links
 from .ensemble import Ensemble, load_models
@@ -65,7 +65,7 @@ class Translator:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, decode: DecodeConfig | None = None,
                  device: str | torch.device | None = None, precision: str = "auto", fused: bool = True,
-                 compiled: bool = False, options: StepOptions | None = None):
+                 compiled: bool = False, options: StepOptions | None = None, quiet: bool = False):
         """`device` moves the model there; None (the default) uses it where it is, so a model shared
         with other users (the server's, the trainer's) is never moved behind their back.
         `precision`: auto (bf16 where the processor has it natively, else fp32), fp32, bf16 or
@@ -76,7 +76,8 @@ class Translator:
         form with `compiled` (torch.compile; the first translations of each batch shape compile
         it; logits agree with eager to rounding), or the modules with `fused` False; modules,
         fused, compiled and graphed (one CUDA graph a step) name one. `options` (decode/fast's
-        StepOptions): the fused step's settings in full, over decode.step's (for measurements)."""
+        StepOptions): the fused step's settings in full, over decode.step's (for measurements).
+        `quiet`: what runs is logged at DEBUG, not INFO (the trainer's validation builds one each time)."""
         kernel_cache(1024)  # decoding reuses its shapes: a larger oneDNN cache pays (linear.py)
         huge_pages()
         self.decode_cfg = decode = decode or DecodeConfig()
@@ -88,11 +89,12 @@ class Translator:
         here = next(model.parameters()).device
         self.device = here if device is None else torch.device(device)
         self.precision, why = resolve_precision(precision, self.device)
-        (log.warning if why.startswith("int8 refused") else log.info)("decoding in %s (%s)", self.precision, why)
+        info = log.debug if quiet else log.info
+        (log.warning if why.startswith("int8 refused") else info)("decoding in %s (%s)", self.precision, why)
         self.model = model.eval() if self.device == here else model.eval().to(self.device)
         self.tokenizer = tokenizer
-        log.info("decoder step: %s (decode.step %s)", step, self.decode_cfg.step)
-        log.info("translation batches of %d source tokens (%s)", *decode_batch_tokens(self.device, decode.max_tokens))
+        info("decoder step: %s (decode.step %s)", step, self.decode_cfg.step)
+        info("translation batches of %d source tokens (%s)", *decode_batch_tokens(self.device, decode.max_tokens))
         self.data_max_len = 0  # subwords per side in training (data.max_len), when loaded from a checkpoint
         self.alignment_head: tuple[int, int | None] | None = None  # `aiayn align`'s choice, when loaded
         self.shortlist: Shortlist | None = None  # see use_shortlist
@@ -233,7 +235,7 @@ class Translator:
         autocast = self.precision == "bf16" and not _casts_itself(self.search_model)
         ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if autocast
                else torch.autocast(self.device.type, enabled=False))  # int8: fp32 around the int8 products
-        bar = tqdm(total=sum(1 for x in ids if x), unit="sent", disable=not progress, leave=False)
+        bar = progress_bar(sum(1 for x in ids if x), "sentence", "translating", progress)
         for batch in self._batches(ids, decode_batch_tokens(self.device, d.max_tokens)[0]):
             S = max(len(ids[i]) for i in batch)
             src = torch.full((len(batch), S), PAD, dtype=torch.long)

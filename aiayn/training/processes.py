@@ -88,7 +88,6 @@ def cpu_paths(precision: str) -> str:
     else:
         kernel = "oneDNN" if onednn_available() and onednn_trains() else "MKL (F.linear)"
         words.append(f"fp32 products through {kernel}, attention through SDPA")
-    words.append("dropout masks from 16-bit uniforms, four per 64-bit draw")
     return "; ".join(words)
 
 

@@ -128,7 +128,7 @@ def valid_bleu(model: nn.Module, tokenizer: Tokenizer, src: list[str], ref: list
     under DDP each rank translates every world-th sentence and all gather the translations."""
     env = env or Dist(device=device)
     precision = "auto" if cfg.train.precision == "fp16" else cfg.train.precision  # decoding has no fp16
-    mine = Translator(model, tokenizer, cfg.decode, device, precision).translate(
+    mine = Translator(model, tokenizer, cfg.decode, device, precision, quiet=True).translate(
         src[env.rank::env.world], beam=1)
     shares: list = [mine]
     if env.world > 1:

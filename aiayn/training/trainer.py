@@ -21,6 +21,7 @@ from torch import nn
 from tqdm import tqdm
 
 from ..checkpoint import (
+    link_last,
     list_checkpoints,
     model_tensors,
     save_state,
@@ -32,6 +33,7 @@ from ..data.prepare import load_manifest, read_text
 from ..data.tokenizer import load_tokenizer
 from ..parsing.model import attach_tagger, build_any
 from ..parsing.tagger import Tagger, tagger_text
+from ..progress import bar
 from . import guided
 from .optim import learning_rate, make_optimizer
 from .processes import Dist, main_thread
@@ -181,15 +183,14 @@ class Trainer:
                "tgt_tokens_per_update": tokens / max(1, self.progress.step - last_step)}
         self.run.metrics(rec)
         progress_log.info("step %d epoch %d loss %.4f ppl %.2f lr %.3g %.0f target tok/s %.0f target tokens/update",
-                          rec["step"], rec["epoch"], rec["loss"], rec["ppl"], lr, rec["tgt_tok_s"],
+                          rec["step"], rec["epoch"] + 1, rec["loss"], rec["ppl"], lr, rec["tgt_tok_s"],
                           rec["tgt_tokens_per_update"])
         if self.tb:
             for key in ("lr", "loss", "ppl", "tgt_tok_s"):
                 self.tb.add_scalar(f"train/{key}", rec[key], rec["step"])
         if self.bar is not None:
-            self.bar.set_postfix(step=rec["step"], loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}",
-                                 tok_s=f"{rec['tgt_tok_s']:.0f}", refresh=False)
-            self.bar.refresh()
+            self.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tgt_tok_s']:.0f}",
+                                 refresh=False)  # shown at the bar's next redraw, by time
 
     # -- validation --------------------------------------------------------------------------
     def validate(self) -> bool:
@@ -242,6 +243,7 @@ class Trainer:
         if best:
             save_weights(run.ckpt_dir / "best.safetensors", tensors, self.cfg, self.tokenizer, state.step,
                          self.task)
+        link_last(run.ckpt_dir / f"{name}.safetensors")
         for old in list_checkpoints(run.path)[:-self.cfg.train.keep_last]:
             old.unlink(missing_ok=True)
             old.with_name(old.name.replace(".safetensors", ".state.pt")).unlink(missing_ok=True)
@@ -302,8 +304,8 @@ class Trainer:
         (a state that resumes exactly) and raise KeyboardInterrupt."""
         t_cfg, state, env = self.cfg.train, self.progress, self.env
         limit_s = t_cfg.max_minutes * 60
-        self.bar = tqdm(total=int(limit_s) if limit_s else t_cfg.max_steps, unit="s" if limit_s else "step",
-                        disable=not env.is_main, dynamic_ncols=True)
+        self.bar = bar(int(limit_s) if limit_s else t_cfg.max_steps, "s" if limit_s else "update", "training",
+                       env.is_main, int(state.elapsed) if limit_s else state.step)
         self.start = time.perf_counter() - state.elapsed
         self.tb = self.run.tensorboard() if env.is_main else None
         last_save = time.perf_counter()
@@ -335,7 +337,7 @@ class Trainer:
                     log.info("early stopping at step %d: %d validations without improvement (train.patience)",
                              state.step, state.stale)
                     break
-                self.bar.n = int(state.elapsed) if limit_s else state.step
+                self.bar.update((int(state.elapsed) if limit_s else state.step) - self.bar.n)  # redrawn by time
             # the last step's validation and checkpoint, unless made already: by this process, or by the one
             # that wrote the checkpoint a finished run resumes from (such a resume then changes nothing)
             better = self.validate() if not self.made("validated_at") and not self.stopped_early() else False
@@ -343,8 +345,8 @@ class Trainer:
                 self.save(best=better)
             elif better:
                 self.save_best()
-            log.info("finished at step %d, epoch %d, %.1f minutes", state.step, state.epoch,
-                     state.elapsed / 60)
+            log.info("finished at step %d (%d full pass%s over the training data), %.1f minutes", state.step,
+                     state.epoch, "es" * (state.epoch != 1), state.elapsed / 60)
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)

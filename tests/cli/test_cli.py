@@ -264,3 +264,73 @@ def test_the_decoder_step_is_the_users_choice_and_the_same_translations(trained,
         assert f"decoder step: {step} (decode.step {step})" in caplog.text
         outs[step] = (tmp_path / f"{step}.de").read_text()
     assert outs["modules"] == outs["fused"] and outs["fused"].strip()
+
+
+def test_train_help_explains_every_key_with_the_chosen_presets_values(capsys):
+    """train --help --preset NAME: every config key, its value in that preset and one line from
+    config.py's comment beside the field; the preset names listed once."""
+    from aiayn.overrides import config_keys, descriptions, preset
+
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "quick", "--help"])
+    text = capsys.readouterr().out
+    keys = config_keys(preset("quick"))
+    assert all(descriptions()[k] for k in keys)  # no key without a description
+    for key, value in keys.items():
+        line = next(x for x in text.splitlines() if x.strip().startswith(f"{key} = "))
+        assert line.strip().startswith(f"{key} = {value!r}") and descriptions()[key].split()[0] in line, line
+    assert text.count("table3-A-h16") == 1  # the preset list once
+
+
+def test_config_prints_yaml_with_a_comment_per_key_that_reads_back(capsys):
+    import yaml
+
+    from aiayn.overrides import from_dict, preset
+
+    assert main(["config", "--preset", "multi30k", "--train.max_steps", "7"]) == 0
+    text = capsys.readouterr().out
+    cfg = from_dict(yaml.safe_load(text))
+    want = preset("multi30k")
+    want.train.max_steps = 7
+    assert cfg.to_dict() == want.to_dict()
+    assert "  d_model: 256  # §3" in text and text.startswith("# aiayn config: --preset multi30k")
+
+
+@pytest.mark.parametrize(("argv", "hint"), [
+    (["train", "--presets", "multi30k"], "did you mean --preset?"),
+    (["prepare", "--vocab-size", "8000", "-o", "x"], "did you mean --data.vocab_size?"),
+    (["translate", "--beam-size", "4", "--checkpoint", "x"], "did you mean --beam?"),
+    (["train", "--preset", "multi30K"], "unknown preset 'multi30K'; did you mean multi30k?"),
+    (["trian"], "no verb 'trian'; did you mean train?"),
+])
+def test_a_mistyped_flag_preset_or_verb_gets_one_line_with_the_closest(argv, hint, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and hint in err[0], err
+
+
+def test_folders_given_as_a_checkpoint_or_an_input_are_named_before_a_model_loads(trained, tmp_path):
+    """A run's checkpoints folder and a folder given as --input: one line each, naming the file to give,
+    before torch is imported."""
+    work, _ = trained
+    code = ("import sys; from aiayn.cli import main; rc = main(sys.argv[1:]); "
+            "print('torch' in sys.modules); sys.exit(rc)")
+    for argv, said in (
+            (["translate", "--checkpoint", str(work / "run" / "checkpoints")],
+             [f"{work / 'run' / 'checkpoints' / 'best.safetensors'} or", "last.safetensors", "aiayn average"]),
+            (["translate", "--checkpoint", str(work / "avg.safetensors"), "-i", str(tmp_path)],
+             [f"--input {tmp_path}: a folder, not a text file"])):
+        res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and res.stdout.strip() == "False", res.stderr
+        line = res.stderr.strip().splitlines()
+        assert len(line) == 1 and all(s in line[0] for s in said), line
+
+
+def test_last_is_the_newest_checkpoint_and_translates(trained, capsys):
+    work, prep = trained
+    ckpts = work / "run" / "checkpoints"
+    newest = sorted(ckpts.glob("step-*.safetensors"))[-1]
+    assert (ckpts / "last.safetensors").read_bytes() == newest.read_bytes()
+    assert main(["translate", "--checkpoint", str(ckpts / "last.safetensors"), "-i", str(prep / "test.en.txt")]) == 0
+    assert capsys.readouterr().out.count("\n") == len((prep / "test.en.txt").read_text().splitlines())

@@ -318,3 +318,33 @@ def test_a_vocabulary_file_is_read_bounded(tmp_path):
     nested = b'{"format": "' + tk.SPLIT_FORMAT.encode() + b'", "pieces": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     with pytest.raises(tk.TokenizerError, match="damaged split vocabulary"):
         tk.read_tokenizer(nested)
+
+
+def test_the_vocabulary_is_sized_to_the_data_by_its_stated_rule():
+    """One subword per 100 running words, in thousands, within 1,000-37,000: Multi30k's ~0.73M
+    words give 7,000 (its preset's 8,000 is the same order), 3,000 pairs 1,000, WMT14 the paper's 37,000."""
+    from aiayn.data.prepare import vocabulary_size_for
+
+    assert vocabulary_size_for(730_000) == 7000
+    assert vocabulary_size_for(72_000) == 1000 and vocabulary_size_for(0) == 1000
+    assert vocabulary_size_for(250_000_000) == 37000
+    assert vocabulary_size_for(1_260_000) == 13000
+
+
+def test_prepare_without_a_size_sizes_the_vocabulary_and_takes_multi30ks_val(toy_corpus, tmp_path, caplog):
+    """No preset and no --data.vocab_size: the size comes from the training text and the log says how;
+    the validation split found under Multi30k's own name, `val`."""
+    import logging
+    import shutil
+
+    data = tmp_path / "m30k"
+    data.mkdir()
+    for lang in ("en", "de"):
+        shutil.copy(toy_corpus / f"train.{lang}", data / f"train.{lang}")
+        shutil.copy(toy_corpus / f"valid.{lang}", data / f"val.{lang}")
+    with caplog.at_level(logging.INFO, logger="aiayn"):
+        assert main(["prepare", "--data-dir", str(data), "--src", "en", "--tgt", "de", "-o", str(tmp_path / "p")]) == 0
+    words = sum(len(x.split()) for lang in ("en", "de") for x in (data / f"train.{lang}").read_text().splitlines())
+    assert f"vocabulary size 1000, sized to the data: {words:,} running words" in caplog.text
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    assert manifest["inputs"]["valid"]["src"].endswith("val.en") and manifest["settings"]["vocab_size"] == 0

@@ -84,6 +84,8 @@ def test_sigkill_then_resume_in_a_new_process_is_bit_identical(toy_prepared, tmp
     res = resume(run)
     assert "resumed from step-000000" in res.stderr
     assert final_bytes(run) == straight
+    newest = sorted((run / "checkpoints").glob("step-*.safetensors"))[-1]  # `last`: the newest, after the resume too
+    assert (run / "checkpoints" / "last.safetensors").read_bytes() == newest.read_bytes()
     # Killed-and-replayed rows appear once, and the log at step 16 averages updates 13-16 as the
     # uninterrupted run's does, though 13-15 ran in the killed process.
     assert training_log(run) == training_log(straight_run)
