@@ -1,6 +1,7 @@
 """The README's "Train on your own data" block and docs/python.md's example, run as written on the
 toy corpus; only sizes are shrunk (vocabulary, model, steps) so they finish in seconds."""
 
+import os
 import re
 import shlex
 import shutil
@@ -133,3 +134,31 @@ def test_the_readme_shows_a_picture_an_install_and_python_and_keeps_its_figures_
     assert "pip install -e ." in text and "```python" in text
     crowded = [(n, p) for n, p in figures_per_paragraph(text) if n > 5]
     assert not crowded, crowded
+
+
+@pytest.mark.slow
+def test_the_quick_start_script_prepares_trains_averages_and_translates(tmp_path):
+    """scripts/quick.sh, as the README gives it, on a budget of 60 updates: a translation of its
+    sentence, sacreBLEU on test2016, and the run's best and last checkpoints beside the average."""
+    env = {**os.environ, "RUN": str(tmp_path / "run"), "DATA": str(tmp_path / "data")}
+    p = subprocess.run(["bash", str(README.parent / "scripts" / "quick.sh"), "--train.max_steps", "60",
+                        "--train.valid_every", "60", "--train.threads", "2"], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout.splitlines()
+    said = out[out.index("== A dog runs through the snow. ==") + 1]
+    assert said.strip() and "==" not in said
+    assert "BLEU = " in p.stderr and "bash scripts/setup.sh && bash scripts/quick.sh" in README.read_text()
+    assert {"best.safetensors", "last.safetensors"} <= {f.name for f in (tmp_path / "run" / "checkpoints").iterdir()}
+    assert (tmp_path / "run" / "averaged.safetensors").is_file()
+
+
+def test_the_quick_preset_scales_its_schedule_with_its_budget():
+    """Warm-up a third of the run, checkpoints every 1/20 (the last 5 averaged), validation that
+    lands on the last update; and it is the preset the README's Python trains."""
+    from aiayn.overrides import preset
+
+    t = preset("quick").train
+    assert t.warmup_steps * 3 == t.max_steps and t.save_every * 20 == t.max_steps and t.keep_last == 5
+    assert t.max_steps % t.valid_every == 0 and t.max_minutes == 0 and t.save_every_minutes == 0
+    assert 'aiayn.preset("quick")' in README.read_text()

@@ -98,6 +98,7 @@ class Translator:
         self.data_max_len = 0  # subwords per side in training (data.max_len), when loaded from a checkpoint
         self.alignment_head: tuple[int, int | None] | None = None  # `aiayn align`'s choice, when loaded
         self.shortlist: Shortlist | None = None  # see use_shortlist
+        self.languages: tuple[str, str] | None = None  # (source, target) codes, when the checkpoint names them
 
     def use_shortlist(self, shortlist: Shortlist | str | Path | None) -> None:
         """Decode over each sentence's shortlist of target subwords (shortlist.py; None: the whole
@@ -169,7 +170,11 @@ class Translator:
         translator.data_max_len = cfg.data.max_len  # the training length: a server's default sentence limit
         translator.use_shortlist(shortlist)
         first = Path(path if isinstance(path, (str, Path)) else list(path)[0])
-        chosen = read_extra(first).get("alignment") if first.is_file() else None
+        extra = read_extra(first) if first.is_file() else {}
+        chosen = extra.get("alignment")
+        pair = extra.get("languages")
+        if isinstance(pair, dict) and all(isinstance(pair.get(k), str) and len(pair[k]) <= 16 for k in ("src", "tgt")):
+            translator.languages = (pair["src"], pair["tgt"])
         translator.alignment_head = None if chosen is None else _checked_head(chosen, model.cfg, first)
         return translator
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .edge import BearerToken, BodyLimit, Concurrency, ConnectionCount, RateLimi
 
 PAGE = Path(__file__).with_name("page.html")
 log = logging.getLogger("aiayn")
+requests_log = logging.getLogger("aiayn.requests")  # one line a request, rate-limited (edge.RateLimited)
 
 
 @dataclass
@@ -182,8 +184,12 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
         plain = [p for p, _ in trees] if trees else req.sentences
         ids, _ = check_sentences(batcher, limits, plain, max_subwords, beam)
         alpha = d.alpha if req.alpha is None else req.alpha
+        began = time.perf_counter()
         texts, scores, links = await run(lambda: batcher.submit(ids, beam, alpha, _client(request),
                                                                 req.alignments or req.markup))
+        ms = 1000 * (time.perf_counter() - began)
+        requests_log.info("translate from %s: %d sentence%s, %d subwords, beam %d, %.0f ms", _client(request),
+                          len(ids), "s" * (len(ids) != 1), sum(map(len, ids)), beam, ms)
         if trees:
             texts = [put_back(root, text, x) for (_, root), text, x in zip(trees, texts, links)]
         return TranslateResponse(translations=texts, scores=scores, alignments=links if req.alignments else None)
@@ -240,7 +246,10 @@ def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_
             "limits": {"max_sentences": limits.max_sentences, "max_chars": limits.max_chars,
                        "max_subwords": max_subwords, "max_beam": limits.max_beam,
                        "max_attention_subwords": attention_subwords},
-            "model": {"d_model": cfg.d_model, "N": cfg.N, "h": cfg.h, "vocab_size": cfg.vocab_size},
+            "model": {"d_model": cfg.d_model, "N": cfg.N, "h": cfg.h, "vocab_size": cfg.vocab_size,
+                      "parameters": sum(p.numel() for p in translator.model.parameters()),
+                      "languages": None if translator.languages is None else
+                      {"src": translator.languages[0], "tgt": translator.languages[1]}},
             "decode": {"beam": d.beam, "alpha": d.alpha, "max_len_b": d.max_len_b,
                        "shortlist": translator.shortlist is not None}}
 
@@ -289,7 +298,7 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: st
     # open-file limit; above it uvicorn answers 503 and closes, so a flood cannot exhaust the files.
     connections = max(8, min(limits.limit_concurrency + 64, files - 64))
     limits.limit_concurrency = min(limits.limit_concurrency, max(1, connections - 32))
-    for name in ("uvicorn.error", "uvicorn.access", "asyncio"):
+    for name in ("uvicorn.error", "uvicorn.access", "asyncio", requests_log.name):
         logging.getLogger(name).addFilter(RateLimited())
     log.info("serving on http://%s:%d: %d requests at once, %d connections (open-file limit %d)", host, port,
              limits.limit_concurrency, connections, files)

@@ -332,5 +332,8 @@ def test_last_is_the_newest_checkpoint_and_translates(trained, capsys):
     ckpts = work / "run" / "checkpoints"
     newest = sorted(ckpts.glob("step-*.safetensors"))[-1]
     assert (ckpts / "last.safetensors").read_bytes() == newest.read_bytes()
+    from aiayn.decode.translator import Translator
+
+    assert Translator.load(ckpts / "last.safetensors").languages == ("en", "de")  # for the server and its page
     assert main(["translate", "--checkpoint", str(ckpts / "last.safetensors"), "-i", str(prep / "test.en.txt")]) == 0
     assert capsys.readouterr().out.count("\n") == len((prep / "test.en.txt").read_text().splitlines())

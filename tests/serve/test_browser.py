@@ -49,6 +49,9 @@ def server(toy_prepared):
 
 
 def test_page_translates_and_draws_heatmap(server, tmp_path):
+    """The page opens translated (the example's two sentences), names the model, and takes several
+    sentences, beam, alpha and alignments; a click on a translation draws its attention; an input
+    over the server's limits shows an error, no crash."""
     url, translator = server
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     if not os.path.exists(CHROMIUM):
@@ -58,13 +61,23 @@ def test_page_translates_and_draws_heatmap(server, tmp_path):
         try:
             page = browser.new_page()
             page.goto(url)
-            page.fill("#source", "the big dog runs")
-            page.click("#go")
+            page.wait_for_function("document.querySelectorAll('.result').length == 2", timeout=20_000)
             page.wait_for_function("document.getElementById('heatmap').dataset.rows > 0", timeout=20_000)
-            text = page.inner_text("#translation")
-            rows = int(page.get_attribute("#heatmap", "data-rows"))
-            cols = int(page.get_attribute("#heatmap", "data-cols"))
+            model = page.inner_text("#model")
+            page.fill("#source", "the big dog runs\nthe cat")
+            page.fill("#beam", "2")
+            page.check("#alignments")
+            page.click("#go")
+            page.wait_for_function("document.querySelector('.result .meta') && "
+                                   "document.querySelector('.result .meta').textContent.includes('links')",
+                                   timeout=20_000)
+            texts = [page.inner_text(f".result:nth-child({i}) .text") for i in (1, 2)]
+            page.click(".result:nth-child(2)")
+            page.wait_for_function(f"document.getElementById('heatmap').dataset.cols == "
+                                   f"{len(translator.tokenizer.pieces('the cat')) + 1}", timeout=20_000)
+            shown = page.get_attribute(".result:nth-child(2)", "class")
             width = page.evaluate("document.getElementById('heatmap').width")
+            page.screenshot(path=str(tmp_path / "page.png"))
             assert page.inner_text("#error") == ""
             page.fill("#source", "x" * 2000)  # over the server's limit: an error shows, no crash
             page.click("#go")
@@ -72,6 +85,5 @@ def test_page_translates_and_draws_heatmap(server, tmp_path):
             assert "characters" in page.inner_text("#error")
         finally:
             browser.close()
-    assert text == translator.translate(["the big dog runs"])[0]
-    n_src = len(translator.tokenizer.pieces("the big dog runs")) + 1  # + </s>
-    assert cols == n_src and rows >= 1 and width > 100
+    assert texts == translator.translate(["the big dog runs", "the cat"], beam=2)
+    assert "parameters" in model and "d_model 16" in model and "shown" in shown and width > 100
