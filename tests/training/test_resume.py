@@ -7,6 +7,7 @@ reference is an uninterrupted run in its own process; "identical" means the same
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -84,6 +85,8 @@ def test_sigkill_then_resume_in_a_new_process_is_bit_identical(toy_prepared, tmp
     res = resume(run)
     assert "resumed from step-000000" in res.stderr
     assert final_bytes(run) == straight
+    start = int(re.search(r"resumed from step-(\d+)", res.stderr).group(1))  # the bar counts on from there
+    assert f"| {start}/{STEPS} [" in res.stderr.split("resumed from")[1], res.stderr[-1500:]
     newest = sorted((run / "checkpoints").glob("step-*.safetensors"))[-1]  # `last`: the newest, after the resume too
     assert (run / "checkpoints" / "last.safetensors").read_bytes() == newest.read_bytes()
     # Killed-and-replayed rows appear once, and the log at step 16 averages updates 13-16 as the
