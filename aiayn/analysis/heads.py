@@ -27,6 +27,7 @@ from ..data.tokenizer import BOS, EOS, UNK
 from ..device import autocast
 from ..models.attention import MultiHeadAttention
 from ..parsing.deps import PUNCT_TAGS, dependencies
+from ..progress import bar
 from ..training.loss import label_smoothed_loss
 
 SUBLAYERS = ("encoder_self", "decoder_self", "cross")
@@ -97,6 +98,7 @@ def ablation_importance(model: nn.Module, data: TokenData, cfg: Config, device: 
     with gates.applied():
         base = float(nll_per_token(model, bs, cfg, device))
         out = {}
+        shown = bar(sum(g.numel() for g in gates.gates.values()), "head", "removing each head in turn")
         for name, g in gates.gates.items():
             delta = torch.zeros_like(g)
             for i in range(g.size(0)):
@@ -104,7 +106,9 @@ def ablation_importance(model: nn.Module, data: TokenData, cfg: Config, device: 
                     g[i, j] = 0.0
                     delta[i, j] = float(nll_per_token(model, bs, cfg, device)) - base
                     g[i, j] = 1.0
+                    shown.update(1)
             out[name] = delta
+        shown.close()
     return base, out
 
 

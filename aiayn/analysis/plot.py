@@ -10,6 +10,7 @@ import numpy as np
 from ..decode.maps import AttentionData
 from ..extras import figure
 from ..files import new_folder
+from ..progress import bar
 from ..training.run_folder import read_metrics
 
 JOINS = "·"  # before a subword that continues the word before it
@@ -80,10 +81,12 @@ def _plot_attention(data: AttentionData, out_dir: Path) -> list[Path]:
         ("cross", data.cross, data.tgt_out_tokens, data.src_tokens),
     ]
     written: list[Path] = []
+    shown = bar(sum(maps.shape[0] for _, maps, _, _ in kinds) + 1, "figure", "drawing attention maps")
     for name, maps, rows, cols in kinds:
         for layer in range(maps.shape[0]):
             written += _grid(maps[layer], rows, cols, f"{name} attention, layer {layer + 1}",
                              out_dir / f"{name}-layer{layer + 1}")
+            shown.update(1)
     mean = data.cross.mean((0, 1))
     size = 2.0 + 0.3 * max(mean.shape)
     fig = figure(figsize=(size + 1.2, size), layout="constrained")
@@ -96,6 +99,8 @@ def _plot_attention(data: AttentionData, out_dir: Path) -> list[Path]:
     for p in (out_dir / "cross-mean.png", out_dir / "cross-mean.svg"):
         fig.savefig(p, dpi=130)
         written.append(p)
+    shown.update(1)
+    shown.close()
     return written
 
 

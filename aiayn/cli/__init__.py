@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         args.run_dir = args.run_dir_flag
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    unknown = [x for x in extra if not (getattr(args, "overrides", False) and x.startswith("--") and "." in x)]
+    unknown = _not_overrides(extra) if getattr(args, "overrides", False) else extra
     flags = [x for x in unknown if x.startswith("-")]
     if flags or (unknown and not getattr(args, "overrides", False)):  # only prepare, train, config: --section.key
         print(f"aiayn {args.command}: error: unrecognized argument{'s' * (len(unknown) > 1)}: {' '.join(unknown)}"
@@ -90,6 +90,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aiayn {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _not_overrides(extra: list[str]) -> list[str]:
+    """What is left of a verb's extra arguments once its --section.key VALUE pairs are taken out."""
+    out, i = [], 0
+    while i < len(extra):
+        if extra[i].startswith("--") and "." in extra[i].split("=", 1)[0]:
+            i += 1 if "=" in extra[i] else 2  # the key's value, whatever it looks like (-1, --)
+            continue
+        out.append(extra[i])
+        i += 1
+    return out
 
 
 def _preset_on(argv: list[str]) -> str | None:

@@ -27,6 +27,7 @@ from ..config import ConfigError, DecodeConfig
 from ..data.prepare import check_vocabulary, load_manifest, read_text
 from ..data.text import DataError
 from ..files import read_json
+from ..progress import bar as progress_bar
 from .translator import Translator
 
 log = logging.getLogger("aiayn")
@@ -84,6 +85,7 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
                           f"({len(translator.tokenizer)})")
     ids = translator.encode_sources(src)
     points = []
+    shown = progress_bar(len(beams) * len(alphas), "setting", "tuning beam and alpha")  # with an ETA
     for beam in beams:
         for alpha in alphas:
             hyps = translator.translate_ids(ids, beam, alpha, 1)
@@ -91,6 +93,8 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
             score = sacrebleu.BLEU().corpus_score(text, [ref])
             points.append(Point(beam, alpha, round(score.score, 2), round(score.bp, 3)))
             log.info("beam %d alpha %.2f: valid BLEU %.2f (BP %.3f)", beam, alpha, score.score, score.bp)
+            shown.update(1)
+    shown.close()
     best = choose(points, DecodeConfig())
     tensors, meta = read_weights(checkpoint)
     cfg = read_meta(meta, checkpoint)[0]

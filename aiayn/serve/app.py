@@ -187,9 +187,8 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
         began = time.perf_counter()
         texts, scores, links = await run(lambda: batcher.submit(ids, beam, alpha, _client(request),
                                                                 req.alignments or req.markup))
-        ms = 1000 * (time.perf_counter() - began)
-        requests_log.info("translate from %s: %d sentence%s, %d subwords, beam %d, %.0f ms", _client(request),
-                          len(ids), "s" * (len(ids) != 1), sum(map(len, ids)), beam, ms)
+        requests_log.info("translate from %s: %d sentence(s), %d subwords, beam %d, %.0f ms", _client(request),
+                          len(ids), sum(map(len, ids)), beam, 1000 * (time.perf_counter() - began))
         if trees:
             texts = [put_back(root, text, x) for (_, root), text, x in zip(trees, texts, links)]
         return TranslateResponse(translations=texts, scores=scores, alignments=links if req.alignments else None)

@@ -108,7 +108,7 @@ class Trainer:
         validation sentences BLEU is measured on."""
         settings = self.manifest["settings"]
         self.task = {k: settings[k] for k in ("task", "linearization") if k in settings}  # §6.3 models say so
-        if "src" in settings and "tgt" in settings:  # the language pair, for the server and the page
+        if "task" not in settings and "src" in settings and "tgt" in settings:  # the pair, for the server's page
             self.task["languages"] = {"src": str(settings["src"]), "tgt": str(settings["tgt"])}
         if self.cfg.model.tag_input:  # checkpoints carry the tagger, so a parser tags its own input
             self.task["tagger"] = tagger_text(self.data_dir)

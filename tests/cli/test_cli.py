@@ -296,6 +296,11 @@ def test_config_prints_yaml_with_a_comment_per_key_that_reads_back(capsys):
     assert "  d_model: 256  # §3" in text and text.startswith("# aiayn config: --preset multi30k")
 
 
+def test_an_override_whose_value_looks_like_a_flag_is_a_value(capsys):
+    assert main(["config", "--train.guided_layer", "-1", "--model.N=2"]) == 0
+    assert "  guided_layer: -1" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("argv", "hint"), [
     (["train", "--presets", "multi30k"], "did you mean --preset?"),
     (["prepare", "--vocab-size", "8000", "-o", "x"], "did you mean --data.vocab_size?"),
