@@ -142,8 +142,8 @@ def test_the_quick_start_script_prepares_trains_averages_and_translates(tmp_path
     sentence, sacreBLEU on test2016, and the run's best and last checkpoints beside the average."""
     env = {**os.environ, "RUN": str(tmp_path / "run"), "DATA": str(tmp_path / "data")}
     p = subprocess.run(["bash", str(README.parent / "scripts" / "quick.sh"), "--train.max_steps", "60",
-                        "--train.valid_every", "60", "--train.threads", "2"], capture_output=True, text=True,
-                       env=env, timeout=600)
+                        "--train.valid_every", "60", "--train.save_every", "30", "--train.valid_bleu_sentences",
+                        "20", "--train.threads", "2"], capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     out = p.stdout.splitlines()
     said = out[out.index("== A dog runs through the snow. ==") + 1]
