@@ -174,7 +174,7 @@ def test_training_only_times_the_training_rows_and_nothing_else(toy_prepared, tm
 
 @pytest.mark.slow
 def test_compile_probe_dry_run_on_the_cpu(toy_prepared, tmp_path):
-    """bench/decode/compile_probe.py as the sixth visit ran it (BENCH=compile_probe), on a CPU and a toy model:
+    """bench/decode/compile_probe.py as the H200 ran it (BENCH=compile_probe), on a CPU and a toy model:
     compile_now compiles every graph the search needs (none is added by the timed batches), and each
     stage is in the JSON when it ends."""
     env = dict(os.environ, OUT=str(tmp_path), BENCH="compile_probe", LIMIT_S="300",

@@ -1,7 +1,7 @@
 """Where the compiled decoding step's time goes (issue #64): its compiling, graph by graph, then
 eager against compiled beam search on real sentences.
 
-The sixth GPU visit's `--decode-only` run spent over 360 s in the compiled step's first use and was
+An H200's `--decode-only` run (2026-11-28) spent over 360 s in the compiled step's first use and was
 cut before it timed anything. This probe needs no trained model (compiling and the step's cost do not
 depend on the weights' values; a model of random weights translates every sentence to the search's
 limit, a·S + b subwords, so the limit sets the lengths: by default b is 0, each output as long as its

@@ -135,7 +135,7 @@ def parse_args() -> argparse.Namespace:
     only.add_argument("--training-only", action="store_true", help="the timed training rows alone")
     ap.add_argument("--test", default="test_2016_flickr", help="test split: DATA/NAME.{en,de}.txt")
     ap.add_argument("--models", help="the timed training rows' models, comma-separated (default base,big; --tiny: "
-                    "base): --training-only --models base times a lever in half a visit's call")
+                    "base): --training-only --models base times a lever in half a call's time")
     args = ap.parse_args()
     args.models = (("base" if args.tiny else "base,big") if args.models is None else args.models).split(",")
     if not args.models or not set(args.models) <= {"base", "big"} or len(set(args.models)) < len(args.models):
@@ -200,7 +200,7 @@ def learn_and_decode(rec: Record, args, device: torch.device, precision: str) ->
 
 
 def training_only(rec, args, device: torch.device, precision: str) -> None:
-    """The training rows alone (a short GPU visit): warm-up, timed rounds, projection, profile."""
+    """The training rows alone (a short GPU session): warm-up, timed rounds, projection, profile."""
     rec.section("training_warmup", lambda: warm_all(args, device, precision))
     timed_training(rec, args, device)
     print_table(rec.data)

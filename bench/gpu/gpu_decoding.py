@@ -22,7 +22,7 @@ def decode_bench(args, checkpoint: Path, src: list[str], ref: list[str], deadlin
     device (float16 and int8_float16 on a GPU), the same weights; interleaved rounds, median. The
     clock is read where it is spent: fewer sentences (the first ones) where the warm-up's pace says
     all would not fit the time left, the compiled step and the profile only if time remains, and what
-    is measured is saved after every round (a visit cut short keeps it)."""
+    is measured is saved after every round (a run cut short keeps it)."""
     out: dict = {"sentences": 0, "checkpoint": checkpoint.parent.parent.name}
     systems = decode_systems(args, checkpoint, out, deadline)
     began = time.perf_counter()
@@ -51,7 +51,7 @@ def decode_bench(args, checkpoint: Path, src: list[str], ref: list[str], deadlin
     return out
 
 
-# Compiling the decoding step on an H200 took 36-56 s a graph, 6 graphs and more (sixth visit,
+# Compiling the decoding step on an H200 took 36-56 s a graph, 6 graphs and more (2026-11-28,
 # bench/gpu/2026-11-28_h200_compile_probe.json: compile_now had not returned after 213 s), then timing.
 COMPILE_DECODING_S = 360
 
@@ -74,7 +74,7 @@ def decode_systems(args, checkpoint: Path, out: dict, deadline: float) -> dict:
     record_switches(out, {"aiayn " + t.precision: t})
     if not cuda:
         return systems
-    try:  # the peer at aiayn's GPU batch size too (the row above: CTranslate2's 4,096 of earlier visits)
+    try:  # the peer at aiayn's GPU batch size too (the row above: CTranslate2's 4,096 of earlier runs)
         systems["CTranslate2 float16, 16k-token batches"] = ct2_system(args, checkpoint, "float16", 16384)
     except Exception as e:
         out["CTranslate2 float16, 16k-token batches"] = {"skipped": f"{type(e).__name__}: {e}"[:500]}
@@ -140,7 +140,7 @@ LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cuLa
 
 def profile_decoding(run, src: list[str], device: torch.device) -> dict:
     """Where beam search's time goes (torch.profiler over 200 sentences): the host's time against the
-    GPU's (the fifth visit's: 911 ms against 64 ms, launch-bound), the kernel launches, and the table
+    GPU's (2026-11-27's: 911 ms against 64 ms, launch-bound), the kernel launches, and the table
     of operators with the host's waits on the GPU (cudaStreamSynchronize, item) beside them."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -104,7 +104,7 @@ def main() -> None:
         one_pass()  # compiles, for the compiled variants
         res["variants"][v] = {"first_pass_s": round(time.perf_counter() - began, 2), "graphs": graphs[0], "seconds": []}
         print(f"{v}: first pass {res['variants'][v]['first_pass_s']} s, {graphs[0]} graphs", flush=True)
-        write(out, res)  # a run cut short (a GPU visit's time limit) keeps what it measured
+        write(out, res)  # a run cut short (a GPU session's time limit) keeps what it measured
     for _ in range(args.rounds):
         for v, (one_pass, _, _) in runners.items():
             began = time.perf_counter()

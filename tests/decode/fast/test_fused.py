@@ -202,7 +202,7 @@ def test_compiled_decoding_is_off_by_default_and_selectable():
 
 def test_a_gpu_leaves_the_compiled_steps_first_position_to_eager():
     """A history of length 1 is a size PyTorch specializes: compiled, position 0 made two more step
-    graphs (1 and 3 sentences), ~55 s each on an H200 (bench/README.md, sixth visit), so on a GPU it
+    graphs (1 and 3 sentences), ~55 s each on an H200 (bench/gpu/README.md), so on a GPU it
     runs eagerly, every later position through the compiled step, for logits and decode_hidden alike.
     A CPU keeps it compiled (seconds to compile; int8 single sentences ran ~1 ms slower eagerly).
     A meta device stands in for the GPU in the rule; the routing runs on the CPU with the rule set."""
