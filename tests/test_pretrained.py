@@ -12,6 +12,7 @@ import torch
 
 from aiayn.checkpoint import list_checkpoints, read_weights
 from aiayn.cli import main
+from aiayn.config import ConfigError
 from aiayn.data.tokenizer import BOS, EOS
 from aiayn.decode.search import beam_search
 from aiayn.decode.translator import Translator
@@ -34,10 +35,11 @@ def _lines(name: str, n: int | None = None) -> list[str]:
     return lines[:n] if n else lines
 
 
-def make_marian(out: Path, seed: int = 0, **config) -> Path:
+def make_marian(out: Path, seed: int = 0, codes: tuple[str, ...] = (), **config) -> Path:
     """A MarianMTModel folder as OPUS-MT publishes them: separate source/target SentencePiece
     models (unigram, trained on Multi30k) over one vocab.json with </s> 0, <unk> 1, <pad> last;
-    random weights (std 0.2, so outputs are not uniform) and a random final_logits_bias."""
+    random weights (std 0.2, so outputs are not uniform) and a random final_logits_bias. `codes`:
+    target-language codes in the vocabulary (`>>fra<<`), as a multilingual model has them."""
     import sentencepiece as spm
 
     out.mkdir(parents=True, exist_ok=True)
@@ -50,6 +52,7 @@ def make_marian(out: Path, seed: int = 0, **config) -> Path:
         sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
         pieces += [p for i in range(len(sp)) if not sp.is_control(i) and (p := sp.id_to_piece(i)) != "<unk>"
                    and p not in pieces]
+    pieces += [f">>{c}<<" for c in codes]
     vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
     vocab["<pad>"] = V = len(vocab)
     V += 1
@@ -337,3 +340,51 @@ def test_a_marian_folder_loads_directly_as_its_imported_checkpoint_does(imported
     assert main(["translate", "--checkpoint", str(folder), "-i", str(tmp_path / "in.en"), "-o", str(tmp_path / "o"),
                  "--precision", "fp32"]) == 0
     assert sorted(folder.iterdir()) == files
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory):
+    d = tmp_path_factory.mktemp("marian-mul")
+    folder = make_marian(d / "hf", seed=3, codes=("fra", "deu", "ces"), **VARIANTS["opus-mt"])
+    assert main(["import", "hf", str(folder), "-o", str(d / "model.safetensors")]) == 0
+    hf = transformers.MarianMTModel.from_pretrained(folder).eval()
+    return d / "model.safetensors", hf, transformers.MarianTokenizer.from_pretrained(folder)
+
+
+def test_language_codes_are_one_piece_each_as_marian_tokenizer_makes_them(multilingual):
+    """A multilingual model's >>xx<< codes: cut off before SentencePiece and mapped to their ids, on
+    every test2016 sentence with each code (given in the text or as tgt_lang); its languages listed."""
+    ckpt, _, hf_tok = multilingual
+    t = Translator.load(ckpt, precision="fp32")
+    assert t.target_languages() == ["fra", "deu", "ces"]
+    src = _lines("test_2016_flickr.en")
+    for code in ("fra", "deu", "ces"):
+        theirs = hf_tok([f">>{code}<< {s}" for s in src])["input_ids"]
+        assert [[t.tokenizer.marian_ids[i] for i in x] for x in t.encode_sources(src, tgt_lang=code)] == theirs
+        assert t.encode_sources([f">>{code}<< {s}" for s in src[:20]]) == t.encode_sources(src[:20], tgt_lang=code)
+    with pytest.raises(ConfigError, match="translates into fra, deu, ces"):
+        t.translate(["A dog."], tgt_lang="ita")
+
+
+def test_greedy_outputs_with_a_language_code_equal_hf_generate(multilingual, tmp_path, capsys):
+    """Each code's greedy translations of 30 sentences, batched: HF's generate's ids; the command
+    line's --tgt-lang gives the same text, and a language the model lacks is one line naming its own."""
+    ckpt, hf, hf_tok = multilingual
+    t = Translator.load(ckpt, precision="fp32", max_len_a=0.0, max_len_b=20)
+    src = _lines("test_2016_flickr.en", 30)
+    pad = hf.config.pad_token_id
+    for code in ("fra", "ces"):
+        ours = t.translate_ids(t.encode_sources(src, tgt_lang=code), beam=1, nbest=1)
+        enc = hf_tok([f">>{code}<< {s}" for s in src], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = hf.generate(**enc, num_beams=1, do_sample=False, max_new_tokens=21, bad_words_ids=[[pad]])
+        theirs = [[x for x in row[1:] if x not in (pad, 0)] for row in out.tolist()]
+        assert [[t.tokenizer.marian_ids[i] for i in h[0].tokens] for h in ours] == theirs, code
+    (tmp_path / "in.en").write_text("".join(s + "\n" for s in src[:5]))
+    assert main(["translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "in.en"), "--tgt-lang", "fra",
+                 "--beam", "1", "--max-len-b", "20"]) == 0
+    same = Translator.load(ckpt, max_len_b=20)  # the command line's settings: max_len_a 1, precision auto
+    assert capsys.readouterr().out.splitlines() == same.translate(src[:5], beam=1, tgt_lang="fra")
+    assert main(["translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "in.en"), "--tgt-lang", "ita"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'ita'" in err[0] and "fra, deu, ces" in err[0]

@@ -64,6 +64,12 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
                                      compiled=args.compile, shortlist=args.shortlist, **overrides)
     except ConfigError as e:
         raise UserError(name_the_flag(str(e), _DECODE_FLAGS)) from None
+    if args.tgt_lang:
+        translator.tagged([], args.tgt_lang)  # a language the model does not know: one line, before any work
+        if (args.alignments or args.markup) and getattr(translator.tokenizer, "language_codes", []):
+            raise UserError("--alignments and --markup would count the >>xx<< tag as a source word: not with "
+                            "--tgt-lang on a multilingual model yet")
+        translator.tgt_lang = args.tgt_lang
     translator.compile_now()
     if args.output:  # before hours of translation, not after
         check_output_file(args.output, inputs=(args.input, args.ref, args.checkpoint, args.shortlist))
@@ -261,6 +267,9 @@ def add_translate(sub) -> None:
     p.add_argument("--markup", action="store_true", help="lines with inline tags (<b>, <a href=..>, <x id=1/>, "
                    "**, `): translated without them, each put back around the aligned words (see `aiayn align`)")
     p.add_argument("--src-lang", default="en", help="--document: the source language's sentence rules (default en)")
+    p.add_argument("--tgt-lang", metavar="LANG", help="the target language of a multilingual model (an imported "
+                   "OPUS-MT model's >>LANG<< code, e.g. fra); a language it does not know is refused, naming those "
+                   "it does")
     p.add_argument("--alignments", metavar="FILE", help="word alignments of each line with its translation, Pharaoh "
                    "i-j (source word i, target word j), from the head `aiayn align` chose")
     p.add_argument("--beam", type=int, help="beam size (default 4; 1 = greedy)")

@@ -120,8 +120,18 @@ class SplitTokenizer:
     def _ids_of(self, sp: spm.SentencePieceProcessor, texts: list[str], threads: int) -> list[list[int]]:
         return [[self._ids.get(p, UNK) for p in x] for x in sp.encode(texts, out_type=str, num_threads=threads)]
 
+    @property
+    def language_codes(self) -> list[str]:
+        """The target-language codes of a multilingual Marian model (`>>fra<<` pieces: OPUS-MT's
+        en-ROMANCE, en-mul ...), without the brackets, in vocabulary order."""
+        return [p[2:-2] for p in self._pieces if p.startswith(">>") and p.endswith("<<") and len(p) > 4]
+
     def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
-        return self._ids_of(self.sp, texts, threads)
+        """Source ids, as MarianTokenizer makes them: a leading `>>xx<<` is cut off before
+        SentencePiece and is one piece of its own (UNK if the vocabulary lacks it)."""
+        codes = [_leading_code(t) for t in texts]
+        ids = self._ids_of(self.sp, [t[len(c):] for t, c in zip(texts, codes)], threads)
+        return [([self._ids.get(c, UNK)] if c else []) + x for c, x in zip(codes, ids)]
 
     def encode_target(self, texts: list[str], threads: int = 1) -> list[list[int]]:
         return self._ids_of(self.target_sp, texts, threads)
@@ -140,6 +150,12 @@ class SplitTokenizer:
         model's detokenization, then any "▁" left (pieces it does not know) as a space."""
         return [self.target_sp.decode_pieces([self._pieces[i] for i in seq if i not in (PAD, UNK, BOS, EOS)])
                 .replace("\u2581", " ").strip() for seq in ids]
+
+
+def _leading_code(text: str) -> str:
+    """`>>fra<<` at the start of a line (MarianTokenizer.remove_language_code's rule), else ""."""
+    end = text.find("<<") if text.startswith(">>") else -1
+    return text[:end + 2] if end != -1 else ""
 
 
 def read_tokenizer(data: bytes) -> Tokenizer | SplitTokenizer:

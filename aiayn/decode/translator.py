@@ -99,6 +99,7 @@ class Translator:
         self.alignment_head: tuple[int, int | None] | None = None  # `aiayn align`'s choice, when loaded
         self.shortlist: Shortlist | None = None  # see use_shortlist
         self.languages: tuple[str, str] | None = None  # (source, target) codes, when the checkpoint names them
+        self.tgt_lang: str | None = None  # the target language sources are tagged for when a call names none
 
     def use_shortlist(self, shortlist: Shortlist | str | Path | None) -> None:
         """Decode over each sentence's shortlist of target subwords (shortlist.py; None: the whole
@@ -192,11 +193,34 @@ class Translator:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             return hypothesis_links(self.model, self.tokenizer, ids, hyps, self._head())
 
-    def encode_sources(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
-        """Subword ids + EOS; sources longer than the model allows are truncated with a warning
-        (naming the input's line number: `first_line` is lines[0]'s)."""
+    def target_languages(self) -> list[str]:
+        """The languages this model translates into: a multilingual Marian model's `>>xx<<` codes,
+        else the target the checkpoint records (none: unknown)."""
+        codes = getattr(self.tokenizer, "language_codes", [])
+        return codes or ([self.languages[1]] if self.languages else [])
+
+    def tagged(self, lines: list[str], tgt_lang: str | None) -> list[str]:
+        """The lines as the model reads them for target language `tgt_lang` (`fra` or `>>fra<<`): a
+        multilingual model's code in front of each non-empty line; a model of one target takes its
+        own and no tag. A language the model does not know: one line naming those it does."""
+        if tgt_lang is None:
+            return lines
+        code = tgt_lang[2:-2] if tgt_lang.startswith(">>") and tgt_lang.endswith("<<") else tgt_lang
+        known = self.target_languages()
+        if code not in known:
+            raise ConfigError(f"target language {tgt_lang!r}: this model translates into "
+                              + (", ".join(known[:40]) + (f" and {len(known) - 40} more" if len(known) > 40 else "")
+                                 if known else "one language its checkpoint does not name (leave out --tgt-lang)"))
+        if not getattr(self.tokenizer, "language_codes", []):
+            return lines
+        return [f">>{code}<< {line.strip()}" if line.strip() else line for line in lines]
+
+    def encode_sources(self, lines: list[str], first_line: int = 1, tgt_lang: str | None = None) -> list[list[int]]:
+        """Subword ids + EOS, tagged for `tgt_lang` (see `tagged`); sources longer than the model
+        allows are truncated with a warning (naming the input's line number: `first_line` is lines[0]'s)."""
         limit = self.model.cfg.max_positions - 1
-        ids = self.tokenizer.encode([line.strip() for line in lines])
+        tagged = self.tagged(lines, tgt_lang if tgt_lang is not None else self.tgt_lang)
+        ids = self.tokenizer.encode([line.strip() for line in tagged])
         out = []
         for n, x in enumerate(ids, first_line):
             if len(x) > limit:
@@ -264,10 +288,10 @@ class Translator:
         return results
 
     def hypotheses(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
-                   nbest: int | None = None) -> list[list[Translation]]:
+                   nbest: int | None = None, tgt_lang: str | None = None) -> list[list[Translation]]:
         """The `nbest` best translations of each line, best first, with their scores (beam search:
         log-probability / lp(|Y|), §6.1; greedy, beam=1: log-probability); empty line, empty list."""
-        hyps = self.translate_ids(self.encode_sources(lines), beam, alpha, nbest)
+        hyps = self.translate_ids(self.encode_sources(lines, tgt_lang=tgt_lang), beam, alpha, nbest)
         out = []
         for hs in hyps:
             texts = self.tokenizer.decode([h.tokens for h in hs]) if hs else []
@@ -282,9 +306,10 @@ class Translator:
         return attention_data(self.model, self.tokenizer, src, tgt, self.decode_cfg, search)
 
     def translate(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
-                  progress: bool = False) -> list[str]:
-        """Translate raw sentences; one output line per input line (empty in, empty out)."""
-        hyps = self.translate_ids(self.encode_sources(lines), beam, alpha, 1, progress)
+                  progress: bool = False, tgt_lang: str | None = None) -> list[str]:
+        """Translate raw sentences; one output line per input line (empty in, empty out); into
+        `tgt_lang` for a multilingual model (see `tagged`)."""
+        hyps = self.translate_ids(self.encode_sources(lines, tgt_lang=tgt_lang), beam, alpha, 1, progress)
         return self.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
 
     def compile_now(self) -> float:
