@@ -388,3 +388,24 @@ def test_greedy_outputs_with_a_language_code_equal_hf_generate(multilingual, tmp
     assert main(["translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "in.en"), "--tgt-lang", "ita"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'ita'" in err[0] and "fra, deu, ces" in err[0]
+
+
+def test_the_server_translates_into_the_language_a_request_names(multilingual):
+    """`{"tgt": "fra"}`: the same text as Translator.translate(tgt_lang="fra"); /health lists the
+    model's languages; a language it lacks is a 400 naming them; alignments with a tag are refused."""
+    from fastapi.testclient import TestClient
+
+    from aiayn.serve.app import create_app
+
+    ckpt, _, _ = multilingual
+    t = Translator.load(ckpt, precision="fp32", max_len_b=12)
+    client = TestClient(create_app(t))
+    src = _lines("test_2016_flickr.en", 4)
+    assert client.get("/health").json()["model"]["target_languages"] == ["fra", "deu", "ces"]
+    for code in ("fra", "deu"):
+        r = client.post("/translate", json={"sentences": src, "tgt": code, "beam": 2})
+        assert r.status_code == 200 and r.json()["translations"] == t.translate(src, beam=2, tgt_lang=code)
+    r = client.post("/translate", json={"sentences": src, "tgt": "ita"})
+    assert r.status_code == 400 and "fra, deu, ces" in r.json()["detail"]
+    r = client.post("/translate", json={"sentences": src, "tgt": "fra", "alignments": True})
+    assert r.status_code == 400 and ">>xx<<" in r.json()["detail"]

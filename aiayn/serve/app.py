@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from ..config import ConfigError
 from ..data.tokenizer import EOS
 from ..decode.maps import attention_data
 from ..decode.markup import MarkupError, parse, put_back
@@ -74,6 +75,8 @@ class TranslateRequest(BaseModel):
                                                 "from the head `aiayn align` chose")
     markup: bool = Field(False, description="sentences carry inline tags (<b>, <a href=..>, <x id=1/>, **, `): "
                                             "translated without them, each put back around the aligned words")
+    tgt: str | None = Field(None, max_length=32, description="the target language of a multilingual model "
+                            "(its >>xx<< code, e.g. fra); /health lists them")
 
 
 class TranslateResponse(BaseModel):
@@ -94,9 +97,10 @@ class AttentionResponse(BaseModel):
 
 
 def check_sentences(batcher: Batcher, limits: Limits, sentences: list[str], max_subwords: int,
-                    beam: int) -> tuple[list[list[int]], int]:
-    """The edge: count, characters, UTF-8, subwords and work per request, each a 4xx naming the
-    sentence; returns the subword ids the worker translates and their work (Batcher.price)."""
+                    beam: int, tgt: str | None = None) -> tuple[list[list[int]], int]:
+    """The edge: count, characters, UTF-8, the target language `tgt`, subwords and work per request,
+    each a 4xx naming the sentence or the language; returns the subword ids the worker translates
+    (tagged for `tgt`: Translator.tagged) and their work (Batcher.price)."""
     translator = batcher.translator
     if len(sentences) > limits.max_sentences:
         raise HTTPException(413, f"too many sentences: {len(sentences)} > {limits.max_sentences} per request")
@@ -108,6 +112,10 @@ def check_sentences(batcher: Batcher, limits: Limits, sentences: list[str], max_
         except UnicodeEncodeError as e:  # a lone surrogate such as \\ud800: no text at all
             raise HTTPException(422, [{"loc": ["body", "sentences", i], "type": "unicode",
                                        "msg": f"not valid Unicode text at character {e.start}"}]) from None
+    try:
+        sentences = translator.tagged(sentences, tgt)
+    except ConfigError as e:
+        raise HTTPException(400, str(e)) from None
     pieces = translator.tokenizer.encode([s.strip() for s in sentences])  # not truncated, unlike encode_sources
     for i, x in enumerate(pieces):
         if len(x) > max_subwords:
@@ -161,8 +169,7 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
     batcher = Batcher(translator, limits.max_queue, max_work=limits.max_work, chunk_work=limits.chunk_work,
                       chunk_bytes=limits.chunk_bytes, client_share=limits.client_share, chunk_s=limits.chunk_s)
     app.state.batcher = batcher
-    d = translator.decode_cfg
-    cfg = translator.model.cfg
+    d, cfg = translator.decode_cfg, translator.model.cfg
     max_subwords = limits.max_subwords or max(1, min(_training_length(translator), cfg.max_positions - 1))
     attention_subwords = min(max_subwords, limits.max_attention_subwords)
 
@@ -180,9 +187,10 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
         beam = req.beam or d.beam
         if beam > limits.max_beam:
             raise HTTPException(413, f"beam {beam} is over the limit of {limits.max_beam}")
+        _check_tagged(req, translator)
         trees = _markup(req.sentences) if req.markup else None
         plain = [p for p, _ in trees] if trees else req.sentences
-        ids, _ = check_sentences(batcher, limits, plain, max_subwords, beam)
+        ids, _ = check_sentences(batcher, limits, plain, max_subwords, beam, req.tgt)
         alpha = d.alpha if req.alpha is None else req.alpha
         began = time.perf_counter()
         texts, scores, links = await run(lambda: batcher.submit(ids, beam, alpha, _client(request),
@@ -211,6 +219,13 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
         return PAGE.read_text(encoding="utf-8")
 
     return app
+
+
+def _check_tagged(req: TranslateRequest, translator: Translator) -> None:
+    """Alignments and markup count source words: a 400 with a multilingual model's >>xx<< tag."""
+    if req.tgt and (req.markup or req.alignments) and getattr(translator.tokenizer, "language_codes", []):
+        raise HTTPException(400, "alignments and markup would count the >>xx<< tag as a source word: not with "
+                                 "tgt on a multilingual model yet")
 
 
 def _markup(sentences: list[str]) -> list:
@@ -248,7 +263,8 @@ def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_
             "model": {"d_model": cfg.d_model, "N": cfg.N, "h": cfg.h, "vocab_size": cfg.vocab_size,
                       "parameters": sum(p.numel() for p in translator.model.parameters()),
                       "languages": None if translator.languages is None else
-                      {"src": translator.languages[0], "tgt": translator.languages[1]}},
+                      {"src": translator.languages[0], "tgt": translator.languages[1]},
+                      "target_languages": translator.target_languages()},
             "decode": {"beam": d.beam, "alpha": d.alpha, "max_len_b": d.max_len_b,
                        "shortlist": translator.shortlist is not None}}
 
