@@ -9,17 +9,27 @@ empty one wraps nothing), and every placeholder appears exactly once.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 
 from ..errors import AiaynError
 from ..score import Links, read_pharaoh
 
-_TOKEN = re.compile(r"<(/?)([A-Za-z][\w:.-]*)((?:\s[^<>]*?)?)\s*(/?)>|\*\*|`")
+# A tag's attributes run to the first ">" (no "<" inside): one scan from each "<", so the cost is linear
+# in the sentence (an ambiguous \s* before the ">" made a long unclosed tag cost its length squared).
+_TOKEN = re.compile(r"<(/?)([A-Za-z][\w:.-]*)((?:\s[^<>]*?)?)(/?)>|\*\*|`")
+MAX_DEPTH = 64  # tags nested inside each other, at most
+MAX_TAG = 1000  # characters of one tag, at most
+_LONG_TAG = re.compile(rf"<[/A-Za-z][^<>]{{{MAX_TAG}}}")
 
 
 class MarkupError(AiaynError):
     """A sentence whose tags are not well-formed (the message names the tag)."""
+
+
+class MarkupLimit(MarkupError):
+    """Well-formed markup past a stated bound: nesting deeper than MAX_DEPTH, a tag longer than MAX_TAG."""
 
 
 @dataclass
@@ -38,11 +48,14 @@ def parse(line: str) -> tuple[str, Node]:
     plain text's whitespace words."""
     root, stack, plain, pending = Node("", ""), [], [], []
     pos = 0
+    if long := _LONG_TAG.search(line):
+        raise MarkupLimit(f"a tag longer than {MAX_TAG} characters at character {long.start() + 1}")
+    offset = 0  # characters of plain text so far
     for m in _TOKEN.finditer(line):
         plain.append(line[pos:m.start()])
+        offset += m.start() - pos
         pos = m.end()
         text = m.group(0)
-        offset = len("".join(plain))
         name = m.group(2) or text
         parent = stack[-1][0] if stack else root
         if m.group(4):  # <x/>: a placeholder before the next word
@@ -58,6 +71,8 @@ def parse(line: str) -> tuple[str, Node]:
             node = Node(text, "")
             parent.children.append(node)
             stack.append((node, name))
+            if len(stack) > MAX_DEPTH:
+                raise MarkupLimit(f"tags nested deeper than {MAX_DEPTH} (at {text} number {len(stack)})")
             pending.append((node, offset, "start"))
     if stack:
         raise MarkupError(f"{stack[-1][0].open} is never closed")
@@ -69,12 +84,13 @@ def parse(line: str) -> tuple[str, Node]:
 
 def _spans(text: str, pending: list) -> None:
     """Character offsets of tags in the plain text -> word spans [start, end)."""
-    words = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+    spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+    starts, ends = [s for s, _ in spans], [e for _, e in spans]  # both ascending: counted by bisection
     for node, offset, kind in pending:
         if kind == "end":  # after the last word that starts before the tag
-            node.end = max(node.start, sum(1 for s, _ in words if s < offset))
+            node.end = max(node.start, bisect.bisect_left(starts, offset))
         else:  # before the first word that ends after the tag
-            node.start = node.end = sum(1 for _, e in words if e <= offset)
+            node.start = node.end = bisect.bisect_right(ends, offset)
 
 
 def place(root: Node, links: Links, n_target: int) -> None:

@@ -26,7 +26,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from ..config import ConfigError
 from ..data.tokenizer import EOS
 from ..decode.maps import attention_data
-from ..decode.markup import MarkupError, parse, put_back
+from ..decode.markup import MarkupError, MarkupLimit, parse, put_back
 from ..decode.translator import Translator
 from ..version import __version__
 from .batcher import Batcher, Overloaded, OverShare
@@ -96,12 +96,9 @@ class AttentionResponse(BaseModel):
     weights: list[list[float]] = Field(..., description="cross-attention (target x source), mean of layers and heads")
 
 
-def check_sentences(batcher: Batcher, limits: Limits, sentences: list[str], max_subwords: int,
-                    beam: int, tgt: str | None = None) -> tuple[list[list[int]], int]:
-    """The edge: count, characters, UTF-8, the target language `tgt`, subwords and work per request,
-    each a 4xx naming the sentence or the language; returns the subword ids the worker translates
-    (tagged for `tgt`: Translator.tagged) and their work (Batcher.price)."""
-    translator = batcher.translator
+def check_size(limits: Limits, sentences: list[str]) -> None:
+    """The request's count, characters and UTF-8, each a 4xx naming the sentence: read before
+    anything else is done with the text (markup parsing, subwords)."""
     if len(sentences) > limits.max_sentences:
         raise HTTPException(413, f"too many sentences: {len(sentences)} > {limits.max_sentences} per request")
     for i, s in enumerate(sentences):
@@ -112,6 +109,15 @@ def check_sentences(batcher: Batcher, limits: Limits, sentences: list[str], max_
         except UnicodeEncodeError as e:  # a lone surrogate such as \\ud800: no text at all
             raise HTTPException(422, [{"loc": ["body", "sentences", i], "type": "unicode",
                                        "msg": f"not valid Unicode text at character {e.start}"}]) from None
+
+
+def check_sentences(batcher: Batcher, limits: Limits, sentences: list[str], max_subwords: int,
+                    beam: int, tgt: str | None = None) -> tuple[list[list[int]], int]:
+    """The edge: count, characters, UTF-8, the target language `tgt`, subwords and work per request,
+    each a 4xx naming the sentence or the language; returns the subword ids the worker translates
+    (tagged for `tgt`: Translator.tagged) and their work (Batcher.price)."""
+    translator = batcher.translator
+    check_size(limits, sentences)
     try:
         sentences = translator.tagged(sentences, tgt)
     except ConfigError as e:
@@ -188,7 +194,7 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
         if beam > limits.max_beam:
             raise HTTPException(413, f"beam {beam} is over the limit of {limits.max_beam}")
         _check_tagged(req, translator)
-        trees = _markup(req.sentences) if req.markup else None
+        trees = await asyncio.to_thread(_markup, limits, req.sentences) if req.markup else None  # off the loop
         plain = [p for p, _ in trees] if trees else req.sentences
         ids, _ = check_sentences(batcher, limits, plain, max_subwords, beam, req.tgt)
         alpha = d.alpha if req.alpha is None else req.alpha
@@ -228,14 +234,17 @@ def _check_tagged(req: TranslateRequest, translator: Translator) -> None:
                                  "tgt on a multilingual model yet")
 
 
-def _markup(sentences: list[str]) -> list:
-    """Each sentence's plain text and tag tree (decode/markup.py), or a 400 naming the sentence."""
+def _markup(limits: Limits, sentences: list[str]) -> list:
+    """Each sentence's plain text and tag tree (decode/markup.py; linear in its length), after the
+    request's size is checked, or a 400 naming the sentence (malformed), a 422 (nested past
+    MAX_DEPTH, a tag past MAX_TAG)."""
+    check_size(limits, sentences)
     out = []
     for i, s in enumerate(sentences):
         try:
             out.append(parse(s))
         except MarkupError as e:
-            raise HTTPException(400, f"sentence {i}: {e}") from None
+            raise HTTPException(422 if isinstance(e, MarkupLimit) else 400, f"sentence {i}: {e}") from None
     return out
 
 

@@ -342,3 +342,13 @@ def test_last_is_the_newest_checkpoint_and_translates(trained, capsys):
     assert Translator.load(ckpts / "last.safetensors").languages == ("en", "de")  # for the server and its page
     assert main(["translate", "--checkpoint", str(ckpts / "last.safetensors"), "-i", str(prep / "test.en.txt")]) == 0
     assert capsys.readouterr().out.count("\n") == len((prep / "test.en.txt").read_text().splitlines())
+
+
+def test_markup_nested_past_its_bound_is_one_line_naming_the_line(trained, tmp_path, capsys):
+    """1,000 nested tags (once a RecursionError traceback): exit 2, one line, the line named."""
+    work, _ = trained
+    f = tmp_path / "deep.txt"
+    f.write_text("a <b>dog</b>\n" + "<b>" * 1000 + "dog" + "</b>" * 1000 + "\n")
+    assert main(["translate", "--checkpoint", str(work / "avg.safetensors"), "-i", str(f), "--markup"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "line 2: tags nested deeper than 64" in err[0] and "Traceback" not in err[0], err

@@ -116,3 +116,38 @@ def test_translate_markup_keeps_the_plain_translation_and_every_tag(toy_prepared
     (tmp_path / "bad").write_text("a <b>dog\n")
     assert main(["translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "bad"), "--markup"]) == 2
     assert "line 1: <b> is never closed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("line, said", [
+    ("<b>" * 1000 + "dog" + "</b>" * 1000, "nested deeper than 64"),
+    ("**`" * 500 + "dog" + "`**" * 500, "nested deeper than 64"),
+    ("<b>" * 30_000 + "dog" + "</b>" * 30_000, "nested deeper than 64"),
+    ("a <a" + " " * 12_000 + "x", "a tag longer than 1000 characters at character 3"),
+])
+def test_markup_past_its_bounds_is_one_error_not_a_recursion(line, said):
+    from aiayn.decode.markup import MarkupLimit, parse
+
+    with pytest.raises(MarkupLimit, match=said):
+        parse(line)
+
+
+def test_parsing_costs_time_linear_in_the_length_of_adversarial_markup():
+    """The patterns that cost their length squared (an unclosed tag's spaces, many tags, many words):
+    100 KB once within 5x the time of 1 KB a hundred times (linear: about 1x; quadratic: 100x)."""
+    import time
+
+    from aiayn.decode.markup import parse
+
+    def cost(n: int, times: int) -> float:
+        lines = [("<a" + " " * 900) * (n // 902), " <b>w</b>" * (n // 9), "<x id=1/> w " * (n // 12)]
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(times):
+                for line in lines:
+                    parse(line)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    small, large = cost(1_000, 100), cost(100_000, 1)
+    assert large < 5 * small, (small, large)

@@ -387,3 +387,21 @@ def test_a_chunk_is_about_chunk_s_of_work_at_the_measured_rate(translator):
         gate.set()
         long.result(30)
     assert order[0] == 3 and sum(order) == 12, order
+
+
+def test_markup_past_its_bounds_is_a_422_and_costs_no_time(translator):
+    """Nested 1,000 and 30,000 deep, and an unclosed tag of 12,000 spaces (once 40 s of a blocked
+    event loop): a 422 naming the sentence, at once; the size limits still come first."""
+    import time
+
+    client = TestClient(create_app(translator, Limits(max_chars=250_000)))
+    for bad, said in (("<b>" * 1000 + "w" + "</b>" * 1000, "tags nested deeper than 64"),
+                      ("<b>" * 30_000 + "w" + "</b>" * 30_000, "tags nested deeper than 64"),
+                      ("<a" + " " * 12_000, "a tag longer than 1000 characters")):
+        start = time.perf_counter()
+        r = client.post("/translate", json={"sentences": ["ok", bad], "markup": True})
+        assert r.status_code == 422 and r.json()["detail"].startswith(f"sentence 1: {said}"), r.text[:300]
+        assert time.perf_counter() - start < 2.0
+    small = TestClient(create_app(translator, Limits(max_chars=50)))
+    r = small.post("/translate", json={"sentences": ["<b>" * 1000 + "w" + "</b>" * 1000], "markup": True})
+    assert r.status_code == 413 and "characters" in r.json()["detail"]
