@@ -259,9 +259,14 @@ def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_
     queue, the open connections, the limits in force, the model and its decoding settings."""
     cfg, d = translator.model.cfg, translator.decode_cfg
     oldest = batcher.oldest_s()
+    full = connections is not None and connections.full()
     status = ("worker stopped" if not batcher.worker.is_alive() else
-              "degraded" if oldest > limits.timeout_s else "ok")
-    return {"status": status,
+              "degraded" if oldest > limits.timeout_s or full else "ok")
+    reason = ("the worker has stopped" if status == "worker stopped" else
+              f"a job has waited {oldest:.1f} s, over the {limits.timeout_s:g} s limit" if oldest > limits.timeout_s
+              else f"the connection table is full ({connections.open} of {connections.limit}): new requests are "
+                   "refused with 503" if full else None)
+    return {"status": status, "reason": reason,
             "queue": {"sentences": batcher.queued, "limit": limits.max_queue, "work": batcher.work,
                       "work_limit": limits.max_work, "client_work_limit": batcher.client_work,
                       "oldest_s": round(oldest, 3)},
@@ -326,7 +331,7 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: st
         logging.getLogger(name).addFilter(RateLimited())
     log.info("serving on http://%s:%d: %d requests at once, %d connections (open-file limit %d)", host, port,
              limits.limit_concurrency, connections, files)
-    count = ConnectionCount()
+    count = ConnectionCount(connections)
     uvicorn.run(create_app(translator, limits, count), host=host, port=port, log_level="info",
                 limit_concurrency=connections, http=edge_protocol(count, limits.header_timeout_s),
                 timeout_keep_alive=max(1, round(limits.keep_alive_s)), h11_max_incomplete_event_size=64 * 1024)

@@ -16,10 +16,14 @@ log = logging.getLogger("aiayn")
 
 
 class ConnectionCount:
-    """The connections open now (reported by /health)."""
+    """The connections open now and the table's size (reported by /health: "degraded" when full)."""
 
-    def __init__(self) -> None:
-        self.open = 0
+    def __init__(self, limit: int | None = None) -> None:
+        self.open, self.limit = 0, limit
+
+    def full(self) -> bool:
+        """Whether uvicorn refuses new requests now (it answers 503 at `limit` connections)."""
+        return self.limit is not None and self.open >= self.limit
 
 
 def edge_protocol(count: ConnectionCount, header_timeout_s: float) -> type:

@@ -262,7 +262,8 @@ def test_a_flood_of_slow_bodies_leaves_health_answering(random_model):
 def test_health_answers_above_the_connection_limit_and_other_paths_do_not(random_model):
     """uvicorn refuses any request once its connections reach the limit (here 4 requests + 64 = 68),
     before the app sees the path; /health is exempt. 80 idle connections hold the table full: a health
-    check gets 200, a translation uvicorn's 503. Without the exemption the health check got 503 too."""
+    check gets 200, a translation uvicorn's 503. Without the exemption the health check got 503 too;
+    and /health says "degraded", why, while the table is full (it once said "ok" through a flood)."""
     url, port, proc = start(random_model[0], "--limit-concurrency", "4")
     socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(80)]
     try:
@@ -274,6 +275,8 @@ def test_health_answers_above_the_connection_limit_and_other_paths_do_not(random
             s.close()
         err = stop(proc)
     assert health.status_code == 200, (health.status_code, health.text)
+    said = health.json()
+    assert said["status"] == "degraded" and "connection table is full" in said["reason"], said
     assert busy.status_code == 503 and "Exceeded concurrency limit" in err, (busy.status_code, err[-2000:])
 
 
