@@ -48,7 +48,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
     refuse_parser(args.checkpoint, "serve")
     check_listen(args.host, args.port)
     serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision, args.compile, args.shortlist,
-          args.step)
+          args.step, args.trust_proxy)
 
 
 def check_listen(host: str, port: int) -> None:
@@ -105,8 +105,11 @@ def add_serve(sub) -> None:
                         "positions, input + 50); above it 503; one client may hold a quarter (429 above it; one "
                         "request above it alone: 413)")
     p.add_argument("--client-share", type=float, default=0.25,
-                   help="the part of --max-work one client (address) may hold (429 above it; behind a proxy on "
-                        "this machine, the address its X-Forwarded-For names)")
+                   help="the part of --max-work one client (address) may hold (429 above it; with --trust-proxy, "
+                        "the address a proxy on this machine names in X-Forwarded-For)")
+    p.add_argument("--trust-proxy", action="store_true",
+                   help="behind a reverse proxy on this machine: take the client's address from X-Forwarded-For "
+                        "(off: a local client could claim to be many and take many shares)")
     p.add_argument("--max-attention-subwords", type=int, default=100, help="/attention: subwords of its sentence")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may wait and run (504 past it)")
     p.add_argument("--read-timeout", type=float, default=10.0, help="seconds to receive a request body (408 past it)")

@@ -302,7 +302,7 @@ def serving_hosts(host: str, extra: tuple[str, ...] | list[str]) -> tuple[str, .
 
 def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
           limits: Limits | None = None, precision: str = "auto", compiled: bool = False,
-          shortlist: str | None = None, step: str | None = None) -> None:
+          shortlist: str | None = None, step: str | None = None, trust_proxy: bool = False) -> None:
     """Run the app under uvicorn with connection limits and timeouts; the open-file limit is raised
     to its hard maximum so that many connections cannot make the server unreachable."""
     import resource
@@ -333,5 +333,6 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: st
              limits.limit_concurrency, connections, files)
     count = ConnectionCount(connections)
     uvicorn.run(create_app(translator, limits, count), host=host, port=port, log_level="info",
+                proxy_headers=trust_proxy,  # X-Forwarded-For names the client only when asked (--trust-proxy)
                 limit_concurrency=connections, http=edge_protocol(count, limits.header_timeout_s),
                 timeout_keep_alive=max(1, round(limits.keep_alive_s)), h11_max_incomplete_event_size=64 * 1024)

@@ -371,3 +371,19 @@ def test_a_second_server_on_a_taken_port_says_so_in_one_line_before_loading(rand
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
     assert f"--port {port}" in lines[0] and "in use" in lines[0] and "serving on" not in res.stderr
+
+
+def test_x_forwarded_for_names_the_client_only_with_trust_proxy(random_model):
+    """A local client sending X-Forwarded-For once counted as whoever it named (several shares of the
+    work); now its address is its own unless --trust-proxy (the request log names whom it counted)."""
+    seen = {}
+    for flags in ((), ("--trust-proxy",)):
+        url, _, proc = start(random_model[0], *flags)
+        try:
+            r = httpx.post(url + "/translate", json={"sentences": ["a b"]}, headers={"X-Forwarded-For": "10.1.2.3"},
+                           timeout=30)
+            assert r.status_code == 200
+        finally:
+            seen[flags] = stop(proc)
+    assert "translate from 127.0.0.1:" in seen[()] and "10.1.2.3" not in seen[()]
+    assert "translate from 10.1.2.3:" in seen[("--trust-proxy",)]
