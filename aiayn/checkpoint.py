@@ -299,17 +299,15 @@ def average_checkpoints(paths: list[Path], progress: bool = False) -> tuple[dict
         raise CheckpointError("no checkpoints to average")
     total: dict[str, torch.Tensor] = {}
     meta: dict[str, str] = {}
-    shown = bar(len(paths), "checkpoint", "averaging", progress)
-    for path in paths:
-        shown.update(0 if path is paths[0] else 1)
-        tensors, meta_i = read_weights(path)
-        if total and (set(tensors) != set(total) or any(tensors[k].shape != total[k].shape for k in total)):
-            raise CheckpointError(f"{path}: parameters differ from {paths[0]}; cannot average")
-        for k, v in tensors.items():
-            total[k] = total[k] + v.double() if k in total else v.double()
-        meta = meta_i  # config/vocabulary of the last checkpoint
-    shown.update(1)
-    shown.close()
+    with bar(len(paths), "checkpoint", "averaging", progress) as shown:
+        for path in paths:
+            tensors, meta_i = read_weights(path)
+            if total and (set(tensors) != set(total) or any(tensors[k].shape != total[k].shape for k in total)):
+                raise CheckpointError(f"{path}: parameters differ from {paths[0]}; cannot average")
+            for k, v in tensors.items():
+                total[k] = total[k] + v.double() if k in total else v.double()
+            meta = meta_i  # config/vocabulary of the last checkpoint
+            shown.update(1)
     read_meta(meta, paths[-1]), meta_step(meta, paths[-1]), meta_extra(meta, paths[-1])  # whole, as it is copied
     return {k: (v / len(paths)).float() for k, v in total.items()}, meta
 
