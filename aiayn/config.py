@@ -156,10 +156,14 @@ class DataConfig:
     strict: bool = False  # fail on an empty line instead of dropping the pair
     dedup: bool = True  # drop repeated training pairs (counted)
     max_ratio: float = 3.0  # drop training pairs whose subword lengths differ more than this factor; 0 = off
+    # Many directions in one model (prepare --pairs; the paper trains one pair): each language's share
+    # of the vocabulary's sample, and each direction's of an epoch, ∝ its size^(1/T); 1 = proportional
+    vocab_temperature: float = 5.0
+    mix_temperature: float = 1.0
 
     def validate(self) -> None:
         _check_numbers("data", self)
-        _check_positive("data", self, "vocab_size", "max_len", "max_tokens")
+        _check_positive("data", self, "vocab_size", "max_len", "max_tokens", "vocab_temperature", "mix_temperature")
         if self.max_ratio and self.max_ratio < 1:
             raise ConfigError(f"data.max_ratio must be 0 (off) or >= 1, got {self.max_ratio}")
         if self.vocab_size <= 4:

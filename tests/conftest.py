@@ -77,6 +77,22 @@ def toy_prepared(toy_corpus, tmp_path_factory) -> Path:
     return out
 
 
+FR = {"der": "le", "ein": "un", "hund": "chien", "katze": "chat", "mann": "homme", "frau": "femme",
+      "läuft": "court", "sitzt": "assis", "großer": "grand", "kleiner": "petit", "roter": "rouge",
+      "blauer": "bleu", "haus": "maison", "straße": "rue", "park": "parc", "nahe": "près"}
+
+
+def toy_multilingual(toy_corpus: Path, folder: Path) -> Path:
+    """The toy corpus's en and de, and a French side word for word from the German."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "valid", "test"):
+        for lang in ("en", "de"):
+            (folder / f"{split}.{lang}").write_text((toy_corpus / f"{split}.{lang}").read_text())
+        de = (toy_corpus / f"{split}.de").read_text().splitlines()
+        (folder / f"{split}.fr").write_text("".join(" ".join(FR[w] for w in line.split()) + "\n" for line in de))
+    return folder
+
+
 def tiny_config(**train):
     from aiayn.config import Config
 

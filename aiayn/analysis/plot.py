@@ -130,7 +130,10 @@ def plot_curves(run_dir: Path, out: Path) -> Path:
     line(a_ppl, valid, "valid_ppl", "valid")
     a_ppl.set_yscale("log")
     a_ppl.set_title("perplexity")
-    line(a_bleu, [r for r in valid if "valid_bleu" in r], "valid_bleu", "valid greedy BLEU")
+    per = sorted({k for r in valid for k in r if k.startswith("valid_bleu_")})  # many directions: each, and the mean
+    line(a_bleu, valid, "valid_bleu", "valid greedy BLEU" + (" (mean)" if per else ""))
+    for key in per:
+        line(a_bleu, valid, key, key.removeprefix("valid_bleu_"))
     a_bleu.set_title("validation BLEU (sacreBLEU)")
     line(a_lr, train, "lr", "Eq. 3")
     a_lr.set_title("learning rate")

@@ -66,9 +66,6 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(name_the_flag(str(e), _DECODE_FLAGS)) from None
     if args.tgt_lang:
         translator.tagged([], args.tgt_lang)  # a language the model does not know: one line, before any work
-        if (args.alignments or args.markup) and getattr(translator.tokenizer, "language_codes", []):
-            raise UserError("--alignments and --markup would count the >>xx<< tag as a source word: not with "
-                            "--tgt-lang on a multilingual model yet")
         translator.tgt_lang = args.tgt_lang
     translator.compile_now()
     if args.output:  # before hours of translation, not after

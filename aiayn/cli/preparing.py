@@ -34,16 +34,48 @@ def _prepare_parse(args: argparse.Namespace, cfg: Config) -> None:
 
 def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
     """Validate parallel text, learn the joint BPE vocabulary (§5.1), cache every split."""
-    from ..data.corpora import CORPORA, cache_dir, check_mirror, fetch_multi30k, fetch_wmt14, verify_multi30k
     from ..data.prepare import check_prepared_output, prepare
-    from ..data.text import find_file
 
     cfg = build_config(args, extra)
     if args.task == "parse":  # §6.3: words -> linearized trees, from a treebank
         _prepare_parse(args, cfg)
         return
     check_prepared_output(args.out)  # before any download or reading
+    if args.pairs:  # many directions, one model (data/directions.py)
+        _prepare_directions(args, extra, cfg)
+        return
     args.src, args.tgt = _languages(args)
+    splits = _pair_splits(args, args.src, args.tgt)
+    manifest = prepare(splits, Path(args.out), args.src, args.tgt, _vocabulary_size(args, extra, cfg),
+                       cfg.data.max_len,
+                       cfg.data.strict or args.strict, cfg.train.seed, dedup=cfg.data.dedup,
+                       max_ratio=cfg.data.max_ratio, vocabulary=_vocabulary_of(args.tokenizer_from))
+    print(_summary(manifest, Path(args.out)))
+
+
+def _prepare_directions(args: argparse.Namespace, extra: list[str], cfg: Config) -> None:
+    """`prepare --pairs en-de,en-fr`: every direction's splits found as one pair's are, prepared together."""
+    from ..data.directions import parse_directions, prepare_many
+
+    if args.src or args.tgt or args.tokenizer_from:
+        raise UserError("--pairs names the languages of every direction: leave out --src, --tgt and --tokenizer-from")
+    if args.train and "," in args.train or args.valid and "," in args.valid:
+        raise UserError("--pairs finds each language's files by its suffix: give split prefixes (--train train), "
+                        "not SRC_FILE,TGT_FILE")
+    directions = {(s, t): _pair_splits(args, s, t) for s, t in parse_directions(args.pairs)}
+    manifest = prepare_many(directions, Path(args.out), _vocabulary_size(args, extra, cfg), cfg.data.max_len,
+                            cfg.data.strict or args.strict, cfg.train.seed, cfg.data.dedup, cfg.data.max_ratio,
+                            cfg.data.vocab_temperature)
+    print(_summary({**manifest, "splits": {k: v for k, v in manifest["splits"].items() if k in ("train", "valid")}},
+                   Path(args.out)) + f"; directions {', '.join(manifest['settings']['directions'])}")
+
+
+def _pair_splits(args: argparse.Namespace, src: str, tgt: str) -> dict[str, tuple[Path, Path]]:
+    """The files of one direction's splits: a --corpus's (fetched or checked), or --data-dir's and
+    --train/--valid/--test's (prefixes with language suffixes, or SRC_FILE,TGT_FILE)."""
+    from ..data.corpora import CORPORA, cache_dir, check_mirror, fetch_multi30k, fetch_wmt14, verify_multi30k
+    from ..data.text import find_file
+
     data_dir = args.data_dir
     names = {"train": args.train, "valid": args.valid}
     tests = args.test
@@ -53,15 +85,14 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
             data_dir = Path(os.environ[spec["env"]])
         check_mirror(args.mirror)
         if args.corpus == "wmt14-en-de":  # archives (local or downloaded) -> extracted text in the cache
-            data_dir = fetch_wmt14(args.src, args.tgt, cache_dir(), data_dir, args.mirror, args.trust_local)
+            data_dir = fetch_wmt14(src, tgt, cache_dir(), data_dir, args.mirror, args.trust_local)
         elif data_dir is None:
-            data_dir = fetch_multi30k(args.src, args.tgt, cache_dir())
+            data_dir = fetch_multi30k(src, tgt, cache_dir())
         else:
-            verify_multi30k(Path(data_dir), args.src, args.tgt, args.trust_local)
+            verify_multi30k(Path(data_dir), src, tgt, args.trust_local)
         names = {"train": args.train or spec["train"], "valid": args.valid or spec["valid"]}
         tests = tests or list(spec["test"])
     names = {"train": names["train"] or "train", "valid": names["valid"] or "valid"}
-    tests = tests or []
     splits: dict[str, tuple[Path, Path]] = {}
 
     def resolve(value: str) -> tuple[Path, Path]:
@@ -72,12 +103,12 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
                     raise UserError(f"file not found: {f}")
             return Path(s), Path(t)
         prefix = Path(value) if data_dir is None else Path(data_dir) / value
-        return find_file(prefix, args.src), find_file(prefix, args.tgt)
+        return find_file(prefix, src), find_file(prefix, tgt)
 
     for key, value in names.items():
         given = args.train if key == "train" else args.valid
         splits[key] = _first_split(resolve, [value] if given or args.corpus else SPLIT_NAMES[key], data_dir)
-    for value in tests:
+    for value in tests or []:
         try:
             pair = resolve(value)
         except DataError as e:
@@ -85,12 +116,8 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
                 log.warning("skipping test set %s: %s", value, e)
                 continue
             raise
-        splits[_test_name(value, args.src, splits)] = pair
-    manifest = prepare(splits, Path(args.out), args.src, args.tgt, _vocabulary_size(args, extra, cfg),
-                       cfg.data.max_len,
-                       cfg.data.strict or args.strict, cfg.train.seed, dedup=cfg.data.dedup,
-                       max_ratio=cfg.data.max_ratio, vocabulary=_vocabulary_of(args.tokenizer_from))
-    print(_summary(manifest, Path(args.out)))
+        splits[_test_name(value, src, splits)] = pair
+    return splits
 
 
 def _summary(manifest: dict, out: Path) -> str:
@@ -205,6 +232,10 @@ def add_prepare(sub) -> None:
     p.add_argument("--tags", action="store_true",
                    help="--task parse: also tag the words (a perceptron trained on the training trees; training "
                         "tags jackknifed) for models with model.tag_input (ours; on when the preset's model has it)")
+    p.add_argument("--pairs", metavar="SRC-TGT,...",
+                   help="several directions in one prepared folder, for one multilingual model (e.g. "
+                        "en-de,en-fr,de-en): one joint vocabulary, a target-language tag <2xx> before each source "
+                        "(Johnson et al. 2017); each direction's files found as --src/--tgt's are")
     p.add_argument("--src", help="source language suffix, e.g. en (default: that of --train SRC_FILE,TGT_FILE's "
                                  "first file)")
     p.add_argument("--tgt", help="target language suffix, e.g. de (default: the second file's)")

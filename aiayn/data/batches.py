@@ -34,6 +34,11 @@ class TokenData:
         self.src_lens = np.diff(self.src_off) + 1  # + EOS
         self.tgt_lens = np.diff(self.tgt_off) + 1  # decoder input: BOS + y, output: y + EOS
         self.links: Links | None = None  # reference alignments (alignments.reference_links), guided training
+        mixed = Path(data_dir) / f"{split}.direction.npy"  # many directions (data/directions.py): each pair's
+        self.directions = np.load(mixed, allow_pickle=False) if mixed.is_file() else None
+        if self.directions is not None and self.directions.shape != (len(self.src_lens),):
+            raise DataError(f"{mixed}: {self.directions.shape} directions for {len(self.src_lens)} pairs; "
+                            "re-run `aiayn prepare`")
 
     def __len__(self) -> int:
         return len(self.src_lens)
@@ -48,13 +53,14 @@ class TokenData:
         return self.tgt_tok[self.tgt_off[i]:self.tgt_off[i + 1]]
 
 
-def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, epoch: int
-                 ) -> list[np.ndarray]:
+def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, seed: int, epoch: int,
+                 pool: np.ndarray | None = None) -> list[np.ndarray]:
     """§5.1 "batched together by approximate sequence length": shuffle (seed, epoch), sort by
     length, cut into batches of at most `max_tokens` padded tokens per side, shuffle the batches.
-    Every pair lands in exactly one batch; the result depends only on (seed, epoch)."""
+    Every pair (of `pool`, the indices to batch, where given) lands in exactly one batch; the result
+    depends only on (seed, epoch, pool)."""
     rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(src_lens))
+    order = rng.permutation(len(src_lens)) if pool is None else pool[rng.permutation(len(pool))]
     order = order[np.lexsort((src_lens[order], tgt_lens[order]))]  # stable: random tie order
     batches, start, longest = [], 0, 0
     for j, i in enumerate(order):

@@ -33,7 +33,7 @@ FORMAT_VERSION = 1
 _CHUNK = 20_000  # pairs encoded at a time: memory stays flat whatever the corpus size
 
 
-def _peak_gb() -> float:
+def peak_gb() -> float:
     """This process's peak resident memory so far, in GB (0 where the platform does not say)."""
     try:
         import resource
@@ -47,7 +47,7 @@ def _pair_hash(s: str, t: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{s}\n{t}".encode(), digest_size=8).digest(), "little")
 
 
-def _clean_split(src: Path, tgt: Path, folder: Path, name: str, strict: bool, dedup: bool
+def clean_split(src: Path, tgt: Path, folder: Path, name: str, strict: bool, dedup: bool
                  ) -> tuple[dict, np.ndarray | None]:
     """Pass 1: stream a split's valid pairs to folder/NAME.src and NAME.tgt, one clean line each.
     Returns its counts and, with `dedup`, the mask of pairs seen for the first time (8 bytes of
@@ -81,13 +81,13 @@ def _read_clean(path: Path) -> Iterator[str]:
             yield line[:-1]
 
 
-def _kept(path: Path, keep: np.ndarray | None) -> Iterator[str]:
+def kept_lines(path: Path, keep: np.ndarray | None) -> Iterator[str]:
     lines = _read_clean(path)
     return lines if keep is None else (x for x, k in zip(lines, keep) if k)
 
 
 def _chunks(folder: Path, name: str, keep: np.ndarray | None) -> Iterator[tuple[list[str], list[str]]]:
-    src, tgt = _kept(folder / f"{name}.src", keep), _kept(folder / f"{name}.tgt", keep)
+    src, tgt = kept_lines(folder / f"{name}.src", keep), kept_lines(folder / f"{name}.tgt", keep)
     while True:
         s = list(itertools.islice(src, _CHUNK))
         if not s:
@@ -106,11 +106,12 @@ def _save_npy(path: Path, raw: Path, n: int, dtype: type = np.int32) -> None:
 _CHARS_PER_SUBWORD = 1024  # far above SentencePiece's longest piece (16 characters)
 
 
-def _encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | None, out: Path, max_len: int,
-                  max_ratio: float, threads: int) -> dict:
+def encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | None, out: Path, max_len: int,
+                 max_ratio: float, threads: int, prefix: tuple[int, ...] = ()) -> dict:
     """Pass 2: encode a split in chunks with `threads` threads, drop pairs too long for max_len
     (+ EOS, + BOS/EOS) and, with max_ratio, pairs whose lengths differ more than that factor;
-    write the ids as flat int32 arrays with int64 offsets, as TokenData reads them."""
+    write the ids as flat int32 arrays with int64 offsets, as TokenData reads them. `prefix`: ids
+    in front of every source (a target-language tag, data/directions.py)."""
     counts = {"dropped_too_long": 0, **({"dropped_ratio": 0} if max_ratio else {})}
     sides = ("src", "tgt")
     raws = {(side, kind): folder / f"{name}.{side}.{kind}.raw" for side in sides for kind in ("tok", "off")}
@@ -131,6 +132,8 @@ def _encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | No
                     s_lines = ["" if h else x for x, h in zip(s_lines, huge)]
                     t_lines = ["" if h else x for x, h in zip(t_lines, huge)]
                 s_ids = tok.encode(s_lines, threads)
+                if prefix:
+                    s_ids = [list(prefix) + x if x else x for x in s_ids]
                 t_ids = tok.encode_target(t_lines, threads)
                 ls = np.fromiter(map(len, s_ids), dtype=np.int64, count=len(s_ids))
                 lt = np.fromiter(map(len, t_ids), dtype=np.int64, count=len(t_ids))
@@ -229,6 +232,23 @@ def prepare(
 
     inputs = {name: {"src": recorded(s), "tgt": recorded(t), "src_sha256": digest(s), "tgt_sha256": digest(t)}
               for name, (s, t) in splits.items()}
+
+    def build(folder: Path, new: Path) -> dict:
+        stats, tok = _build(splits, folder, new, src_lang, tgt_lang, vocab_size, max_len, strict, seed,
+                            symbols, dedup, max_ratio, vocabulary)
+        if task.on_build is not None:
+            task.on_build()
+        if carry is not None:
+            shutil.copytree(carry, new, dirs_exist_ok=True)
+        return {"settings": settings, "inputs": inputs, "vocab_size": len(tok), "splits": stats,
+                "tests": [n for n in splits if n not in ("train", "valid")]}
+
+    return prepared(out, settings, inputs, build)
+
+
+def prepared(out: Path, settings: dict, inputs: dict, build: Callable[[Path, Path], dict]) -> dict:
+    """The manifest of `out` when its settings and inputs are these (reused), else `build(work, new)`'s:
+    the cache made in a hidden sibling and swapped in whole, under the data lock (files.new_folder)."""
     if (out / "manifest.json").exists():
         old = _old_manifest(out / "manifest.json")
         if old and old.get("settings") == settings and old.get("inputs") == inputs:
@@ -239,14 +259,7 @@ def prepare(
     try:
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".work", dir=out.parent) as tmp, \
                 new_folder(out, PREPARED) as new:
-            stats, tok = _build(splits, Path(tmp), new, src_lang, tgt_lang, vocab_size, max_len, strict, seed,
-                                symbols, dedup, max_ratio, vocabulary)
-            if task.on_build is not None:
-                task.on_build()
-            if carry is not None:
-                shutil.copytree(carry, new, dirs_exist_ok=True)
-            manifest = {"settings": settings, "inputs": inputs, "vocab_size": len(tok), "splits": stats,
-                        "tests": [n for n in splits if n not in ("train", "valid")]}
+            manifest = build(Path(tmp), new)
             atomic_write(new / "manifest.json", json.dumps(manifest, indent=2).encode())
     finally:
         if lock is not None:
@@ -265,14 +278,29 @@ def vocabulary_size_for(words: int) -> int:
     return min(high, max(low, round(words / VOCAB_PER_WORDS / 1000) * 1000))
 
 
-def _sized_vocabulary(folder: Path, keep: np.ndarray | None) -> int:
-    """The vocabulary size for the kept training pairs in `folder`, logged with its rule."""
-    words = sum(len(line.split()) for side in ("src", "tgt") for line in _kept(folder / f"train.{side}", keep))
+def sized_vocabulary(texts: list[tuple[Path, np.ndarray | None]]) -> int:
+    """The vocabulary size for the kept lines of these clean training texts, logged with its rule."""
+    words = sum(len(line.split()) for path, keep in texts for line in kept_lines(path, keep))
     size = vocabulary_size_for(words)
     log.info("vocabulary size %d, sized to the data: %s running words in training / %d, in thousands, within "
              "%s-%s (data.vocab_size chooses one; the paper's 37,000 is for WMT-sized data: --preset base)",
              size, f"{words:,}", VOCAB_PER_WORDS, *(f"{x:,}" for x in VOCAB_RANGE))
     return size
+
+
+def learn_vocabulary(text: Iterator[str], vocab_size: int, seed: int, strict: bool, what: str,
+                     symbols: tuple[str, ...] = (), languages: tuple[str, ...] = ()) -> Tokenizer:
+    """§5.1's joint BPE vocabulary on `text` (`what`: its sentences, for the log); one smaller than
+    asked is a warning, or with `strict` an error."""
+    log.info("learning a joint BPE vocabulary of %d on %s sentences (a sample of at most 2M)", vocab_size, what)
+    tok = Tokenizer.train(text, vocab_size, seed, symbols, languages)
+    if len(tok) < vocab_size:
+        short = (f"the joint vocabulary has {len(tok)} subwords, fewer than the {vocab_size} asked for "
+                 "(data.vocab_size): the training text holds no more merges")
+        if strict:
+            raise DataError(f"{short}; --strict forbids a smaller vocabulary")
+        log.warning("%s; continuing with %d", short, len(tok))
+    return tok
 
 
 def _build(splits: dict[str, tuple[Path, Path]], folder: Path, new: Path, src_lang: str, tgt_lang: str,
@@ -283,8 +311,8 @@ def _build(splits: dict[str, tuple[Path, Path]], folder: Path, new: Path, src_la
     stats: dict[str, dict] = {}
     keeps: dict[str, np.ndarray | None] = {}
     for name, (s, t) in splits.items():
-        stats[name], keeps[name] = _clean_split(s, t, folder, name, strict, dedup and name == "train")
-    log.debug("read and checked every split; peak memory %.2f GB", _peak_gb())
+        stats[name], keeps[name] = clean_split(s, t, folder, name, strict, dedup and name == "train")
+    log.debug("read and checked every split; peak memory %.2f GB", peak_gb())
     kept = stats["train"]["pairs_in"] - stats["train"]["dropped_empty"] - stats["train"].get("dropped_duplicate", 0)
     if not kept:
         raise DataError(f"{splits['train'][0]}: no sentence pairs to learn from "
@@ -293,32 +321,23 @@ def _build(splits: dict[str, tuple[Path, Path]], folder: Path, new: Path, src_la
         tok = read_tokenizer(vocabulary)
         log.info("encoding in the given vocabulary of %d subwords (not learning one)", len(tok))
     else:
-        if not vocab_size:
-            vocab_size = _sized_vocabulary(folder, keeps["train"])
-        log.info("learning a joint BPE vocabulary of %d on %d + %d sentences (a sample of at most 2M)",
-                 vocab_size, kept, kept)
-        text = itertools.chain(_kept(folder / "train.src", keeps["train"]),
-                               _kept(folder / "train.tgt", keeps["train"]))
-        tok = Tokenizer.train(text, vocab_size, seed, tuple(sorted(symbols)))
-    if vocabulary is None and len(tok) < vocab_size:
-        short = (f"the joint vocabulary has {len(tok)} subwords, fewer than the {vocab_size} asked for "
-                 "(data.vocab_size): the training text holds no more merges")
-        if strict:
-            raise DataError(f"{short}; --strict forbids a smaller vocabulary")
-        log.warning("%s; continuing with %d", short, len(tok))
-    log.debug("vocabulary learned; peak memory %.2f GB", _peak_gb())
+        texts = [(folder / f"train.{side}", keeps["train"]) for side in ("src", "tgt")]
+        text = itertools.chain.from_iterable(kept_lines(p, k) for p, k in texts)
+        tok = learn_vocabulary(text, vocab_size or sized_vocabulary(texts), seed, strict, f"{kept} + {kept}",
+                               symbols=tuple(sorted(symbols)))
+    log.debug("vocabulary learned; peak memory %.2f GB", peak_gb())
     (new / "spm.model").write_bytes(tok.proto)
     for name in splits:
         entry = stats[name]
         if name in ("train", "valid"):
-            entry.update(_encode_split(tok, folder, name, keeps[name], new, max_len,
+            entry.update(encode_split(tok, folder, name, keeps[name], new, max_len,
                                        max_ratio if name == "train" else 0.0, threads))
         if name != "train":  # raw text for translation and BLEU (every non-empty pair kept)
             for side, lang in (("src", src_lang), ("tgt", tgt_lang)):
                 shutil.copyfile(folder / f"{name}.{side}", new / f"{name}.{lang}.txt")
             entry.setdefault("pairs", entry["pairs_in"] - entry["dropped_empty"])
         log.info("%s: %s", name, ", ".join(f"{k}={v}" for k, v in entry.items()))
-        log.debug("%s written; peak memory %.2f GB", name, _peak_gb())
+        log.debug("%s written; peak memory %.2f GB", name, peak_gb())
     return stats, tok
 
 
@@ -338,11 +357,17 @@ def read_text(data_dir: Path, split: str, side: str, manifest: dict | None = Non
     """One side ("src" or "tgt") of a prepared split's raw text (test and validation splits keep
     it), one sentence per line, checked against the manifest's count of its pairs."""
     manifest = manifest or load_manifest(data_dir)
-    path = Path(data_dir) / f"{split}.{manifest['settings'][side]}.txt"
+    entry = manifest["splits"].get(split)
+    # a direction's split names its own languages (data/directions.py), a pair's folder its settings
+    lang = (entry if isinstance(entry, dict) else {}).get(f"{side}_lang") or manifest["settings"].get(side)
+    if not isinstance(lang, str):
+        directions = manifest["settings"].get("directions") or ["SRC-TGT"]
+        raise DataError(f"{data_dir}: its {split} split holds several directions and no text of its own; "
+                        f"name one direction's, e.g. {split}.{directions[0]}")
+    path = Path(data_dir) / f"{split}.{lang}.txt"
     if not path.is_file():
         raise DataError(f"{data_dir}: no {path.name}; re-run `aiayn prepare`")
     lines = read_lines(path)  # split at "\n" only: str.splitlines also splits at U+2028, which a sentence may hold
-    entry = manifest["splits"].get(split)
     want = entry.get("pairs_in", 0) - entry.get("dropped_empty", 0) if isinstance(entry, dict) else None
     if isinstance(want, int) and "pairs_in" in entry and len(lines) != want:
         raise DataError(f"{path}: {len(lines)} lines, but the manifest counts {want} sentence pairs; "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 from collections.abc import Iterable
 
 import sentencepiece as spm
@@ -16,6 +17,7 @@ from ..files import read_bytes
 MAX_VOCABULARY_BYTES = 1 << 26  # a 37,000-piece SentencePiece model is ~1 MB: a stray huge file is never read
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3  # fixed ids, the same in every vocabulary
+_TAG = re.compile(r"<2([A-Za-z0-9_-]{1,16})>")  # a target-language tag (Johnson et al. 2017), `language_tag`
 
 
 def word_starts(pieces: list[str]) -> list[int]:
@@ -26,6 +28,11 @@ def word_starts(pieces: list[str]) -> list[int]:
             word += 1
         out.append(word)
     return out
+
+
+def is_language_tag(piece: str) -> bool:
+    """A target-language tag of a multilingual vocabulary: aiayn's `<2de>` or Marian's `>>fra<<`."""
+    return bool(_TAG.fullmatch(piece)) or (piece.startswith(">>") and piece.endswith("<<") and len(piece) > 4)
 
 
 class TokenizerError(AiaynError):
@@ -40,14 +47,19 @@ class Tokenizer:
         self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
         if (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()) != (PAD, UNK, BOS, EOS):
             raise TokenizerError("SentencePiece model must use ids pad=0, unk=1, bos=2, eos=3")
+        self._codes = {p[2:-1]: i for i in range(len(self)) if self.sp.is_control(i)
+                       and _TAG.fullmatch(p := self.sp.id_to_piece(i))}  # language code -> its tag's id
 
     @classmethod
-    def train(cls, sentences: Iterable[str], vocab_size: int, seed: int = 1, symbols: tuple[str, ...] = ()
-              ) -> Tokenizer:
+    def train(cls, sentences: Iterable[str], vocab_size: int, seed: int = 1, symbols: tuple[str, ...] = (),
+              languages: tuple[str, ...] = ()) -> Tokenizer:
         """Learn a joint BPE model on source+target training text; `symbols` are always one piece
-        (the labelled brackets of linearized trees, §6.3)."""
+        (the labelled brackets of linearized trees, §6.3); `languages`: a target-language tag `<2xx>`
+        for each (Johnson et al. 2017), a control piece that text never produces (only `encode`'s
+        leading tag does)."""
         buf = io.BytesIO()
-        extra = {"user_defined_symbols": list(symbols)} if symbols else {}
+        extra: dict = {"user_defined_symbols": list(symbols)} if symbols else {}
+        extra.update({"control_symbols": [language_tag(x) for x in languages]} if languages else {})
         try:
             spm.SentencePieceTrainer.train(**extra,
                 sentence_iterator=iter(sentences), model_writer=buf, model_type="bpe",
@@ -67,8 +79,26 @@ class Tokenizer:
     def __len__(self) -> int:
         return self.sp.get_piece_size()
 
+    @property
+    def language_codes(self) -> list[str]:
+        """The target languages of a multilingual vocabulary (its `<2xx>` control pieces), in id order."""
+        return list(self._codes)
+
+    def tag(self, code: str) -> str:
+        """The text that asks for target language `code` in front of a source line."""
+        return language_tag(code)
+
+    def tag_id(self, code: str) -> int:
+        """The id of target language `code`'s tag."""
+        return self._codes[code]
+
     def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
-        return self.sp.encode(texts, num_threads=threads)
+        """Source ids; a leading `<2xx>` of this vocabulary's languages is cut off and is its own id."""
+        if not self.language_codes:
+            return self.sp.encode(texts, num_threads=threads)
+        tags = [_leading_tag(t, self._codes) for t in texts]
+        ids = self.sp.encode([t[len(tag):].lstrip() for t, tag in zip(texts, tags)], num_threads=threads)
+        return [([self._codes[tag[2:-1]]] if tag else []) + x for tag, x in zip(tags, ids)]
 
     def encode_target(self, texts: list[str], threads: int = 1) -> list[list[int]]:
         """Target-side text (the same joint model here)."""
@@ -86,6 +116,19 @@ class Tokenizer:
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode([[i for i in seq if i not in (PAD, BOS, EOS)] for seq in ids])
+
+
+def language_tag(code: str) -> str:
+    """Johnson et al. (2017)'s target-language tag: `<2de>` asks for German."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,16}", code):
+        raise TokenizerError(f"a language code is 1-16 letters, digits, '_' or '-'; got {code!r}")
+    return f"<2{code}>"
+
+
+def _leading_tag(text: str, codes: dict[str, int]) -> str:
+    """`<2de>` at the start of a line when `de` is one of `codes`, else ""."""
+    m = _TAG.match(text)
+    return m.group(0) if m and m.group(1) in codes else ""
 
 
 SPLIT_FORMAT = "aiayn-split-vocabulary-1"
@@ -125,6 +168,10 @@ class SplitTokenizer:
         """The target-language codes of a multilingual Marian model (`>>fra<<` pieces: OPUS-MT's
         en-ROMANCE, en-mul ...), without the brackets, in vocabulary order."""
         return [p[2:-2] for p in self._pieces if p.startswith(">>") and p.endswith("<<") and len(p) > 4]
+
+    def tag(self, code: str) -> str:
+        """The text that asks for target language `code` in front of a source line (as MarianTokenizer)."""
+        return f">>{code}<<"
 
     def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
         """Source ids, as MarianTokenizer makes them: a leading `>>xx<<` is cut off before

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from ..data.tokenizer import BOS, EOS, PAD, word_starts
+from ..data.tokenizer import BOS, EOS, PAD, is_language_tag, word_starts
 from ..score import Links
 from .beams import Hypothesis
 
@@ -21,9 +21,11 @@ Head = tuple[int, int | None]  # (layer, head); head None: the mean of the layer
 
 
 def word_links(sub: Links, src_pieces: list[str], tgt_pieces: list[str]) -> Links:
-    """Subword links -> word links (i-j over whitespace words)."""
-    s, t = word_starts(src_pieces), word_starts(tgt_pieces)
-    return {(s[i], t[j]) for i, j in sub}
+    """Subword links -> word links (i-j over whitespace words); a leading target-language tag is no
+    source word: links to it are dropped and the words counted after it."""
+    tag = 1 if src_pieces and is_language_tag(src_pieces[0]) else 0
+    s, t = word_starts(src_pieces[tag:]), word_starts(tgt_pieces)
+    return {(s[i - tag], t[j]) for i, j in sub if i >= tag}
 
 
 def _layer_weights(model, s: Tensor, y: Tensor, layer: int) -> Tensor:
@@ -84,13 +86,15 @@ def hypothesis_links(model, tokenizer, ids: list[list[int]], hyps: list[list[Hyp
                      ) -> list[Links]:
     """Word links of each source (ids with EOS) with its best hypothesis, from `head`: taken during
     the search where the fused step kept where it attended (Hypothesis.attended), else from one
-    teacher-forced pass over the hypotheses (128 a batch)."""
+    teacher-forced pass over the hypotheses (128 a batch), which a source led by a language tag
+    always takes: its links are the argmax over the source words, never the tag."""
     src = [x[:-1] for x in ids]
     tgt = [h[0].tokens if h else [] for h in hyps]
     out: list[Links] = [set() for _ in ids]
     keep = []
+    tagged = {k for k in range(len(ids)) if src[k] and is_language_tag(tokenizer.id_to_piece(src[k][:1])[0])}
     for k in (k for k in range(len(ids)) if src[k] and tgt[k]):
-        if hyps[k][0].attended is None:
+        if hyps[k][0].attended is None or k in tagged:  # a tag may take the argmax: read again without it
             keep.append(k)
         else:
             out[k] = word_links({(i, j) for j, i in enumerate(hyps[k][0].attended)},
@@ -98,6 +102,8 @@ def hypothesis_links(model, tokenizer, ids: list[list[int]], hyps: list[list[Hyp
     for k, weights in cross_attention(model, [src[k] for k in keep], [tgt[k] for k in keep], batch=128,
                                       layer=head[0]):
         i = keep[k]
+        if i in tagged:  # the argmax over the source words only
+            weights[..., 0] = -1.0
         out[i] = word_links(links_of(weights, (0, head[1])), tokenizer.id_to_piece(src[i]),
                             tokenizer.id_to_piece(tgt[i]))
     return out

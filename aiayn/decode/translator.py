@@ -100,6 +100,7 @@ class Translator:
         self.shortlist: Shortlist | None = None  # see use_shortlist
         self.languages: tuple[str, str] | None = None  # (source, target) codes, when the checkpoint names them
         self.tgt_lang: str | None = None  # the target language sources are tagged for when a call names none
+        self.directions: list[str] = []  # a multilingual model's trained directions ("en-de"), when it names them
 
     def use_shortlist(self, shortlist: Shortlist | str | Path | None) -> None:
         """Decode over each sentence's shortlist of target subwords (shortlist.py; None: the whole
@@ -176,6 +177,9 @@ class Translator:
         pair = extra.get("languages")
         if isinstance(pair, dict) and all(isinstance(pair.get(k), str) and len(pair[k]) <= 16 for k in ("src", "tgt")):
             translator.languages = (pair["src"], pair["tgt"])
+        ways = extra.get("directions")  # a multilingual model's (data/directions.py)
+        if isinstance(ways, list) and all(isinstance(x, str) and len(x) <= 40 for x in ways[:1000]):
+            translator.directions = ways[:1000]
         translator.alignment_head = None if chosen is None else _checked_head(chosen, model.cfg, first)
         return translator
 
@@ -201,8 +205,17 @@ class Translator:
 
     def tagged(self, lines: list[str], tgt_lang: str | None) -> list[str]:
         """The lines as the model reads them for target language `tgt_lang` (`fra` or `>>fra<<`): a
-        multilingual model's code in front of each non-empty line; a model of one target takes its
-        own and no tag. A language the model does not know: one line naming those it does."""
+        multilingual model's tag in front of each non-empty line (`>>fra<<` for Marian's, `<2fr>` for
+        aiayn's: Johnson et al. 2017); a model of one target takes its own and no tag. A language the
+        model does not know: one line naming those it does; none named for an aiayn model of several
+        targets, on a line without its tag: one line asking for it."""
+        codes = getattr(self.tokenizer, "language_codes", [])
+        if tgt_lang is None and isinstance(self.tokenizer, Tokenizer) and codes:  # trained with a tag on every source
+            if len(codes) == 1:
+                tgt_lang = codes[0]
+            elif any(x.strip() and not x.strip().startswith(tuple(map(self.tokenizer.tag, codes))) for x in lines):
+                raise ConfigError(f"this model translates into {', '.join(codes)}: name the target language "
+                                  "(--tgt-lang, the request's \"tgt\", tgt_lang=)")
         if tgt_lang is None:
             return lines
         code = tgt_lang[2:-2] if tgt_lang.startswith(">>") and tgt_lang.endswith("<<") else tgt_lang
@@ -211,9 +224,9 @@ class Translator:
             raise ConfigError(f"target language {tgt_lang!r}: this model translates into "
                               + (", ".join(known[:40]) + (f" and {len(known) - 40} more" if len(known) > 40 else "")
                                  if known else "one language its checkpoint does not name (leave out --tgt-lang)"))
-        if not getattr(self.tokenizer, "language_codes", []):
+        if not codes:
             return lines
-        return [f">>{code}<< {line.strip()}" if line.strip() else line for line in lines]
+        return [f"{self.tokenizer.tag(code)} {line.strip()}" if line.strip() else line for line in lines]
 
     def encode_sources(self, lines: list[str], first_line: int = 1, tgt_lang: str | None = None) -> list[list[int]]:
         """Subword ids + EOS, tagged for `tgt_lang` (see `tagged`); sources longer than the model

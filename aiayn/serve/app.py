@@ -193,7 +193,6 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
         beam = req.beam or d.beam
         if beam > limits.max_beam:
             raise HTTPException(413, f"beam {beam} is over the limit of {limits.max_beam}")
-        _check_tagged(req, translator)
         trees = await asyncio.to_thread(_markup, limits, req.sentences) if req.markup else None  # off the loop
         plain = [p for p, _ in trees] if trees else req.sentences
         ids, _ = check_sentences(batcher, limits, plain, max_subwords, beam, req.tgt)
@@ -225,13 +224,6 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
         return PAGE.read_text(encoding="utf-8")
 
     return app
-
-
-def _check_tagged(req: TranslateRequest, translator: Translator) -> None:
-    """Alignments and markup count source words: a 400 with a multilingual model's >>xx<< tag."""
-    if req.tgt and (req.markup or req.alignments) and getattr(translator.tokenizer, "language_codes", []):
-        raise HTTPException(400, "alignments and markup would count the >>xx<< tag as a source word: not with "
-                                 "tgt on a multilingual model yet")
 
 
 def _markup(limits: Limits, sentences: list[str]) -> list:
@@ -278,7 +270,7 @@ def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_
                       "parameters": sum(p.numel() for p in translator.model.parameters()),
                       "languages": None if translator.languages is None else
                       {"src": translator.languages[0], "tgt": translator.languages[1]},
-                      "target_languages": translator.target_languages()},
+                      "target_languages": translator.target_languages(), "directions": translator.directions},
             "decode": {"beam": d.beam, "alpha": d.alpha, "max_len_b": d.max_len_b,
                        "shortlist": translator.shortlist is not None}}
 

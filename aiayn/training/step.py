@@ -15,6 +15,7 @@ from torch import nn
 
 from ..config import Config
 from ..data.batches import Batch, TokenData, bucket_length, collate, make_batches
+from ..data.directions import epoch_pool
 from ..data.tokenizer import Tokenizer
 from ..decode.translator import Translator
 from ..device import autocast
@@ -88,8 +89,11 @@ def bucketed_shapes(inputs: tuple[torch.Tensor, ...]) -> None:
 
 
 def epoch_batches(data: TokenData, cfg: Config, epoch: int) -> list[np.ndarray]:
-    """The epoch's batches in training order; they depend only on (seed, epoch, max_tokens, data)."""
-    return make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, cfg.train.seed, epoch)
+    """The epoch's batches in training order; they depend only on (seed, epoch, max_tokens, data);
+    many directions are mixed at data.mix_temperature (data/directions.epoch_pool)."""
+    pool = None if data.directions is None else epoch_pool(data.directions, cfg.data.mix_temperature,
+                                                           cfg.train.seed, epoch)
+    return make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, cfg.train.seed, epoch, pool)
 
 
 def shard(group: list[np.ndarray], rank: int, world: int) -> list[tuple[np.ndarray, float]]:

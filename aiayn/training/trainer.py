@@ -114,8 +114,16 @@ class Trainer:
             self.task["tagger"] = tagger_text(self.data_dir)
             attach_tagger(self.model, Tagger.from_json(self.task["tagger"]), self.tokenizer)
         k = self.cfg.train.valid_bleu_sentences
-        self.v_src = read_text(self.data_dir, "valid", "src", self.manifest)[:k]
-        self.v_ref = read_text(self.data_dir, "valid", "tgt", self.manifest)[:k]
+        directions = settings.get("directions")  # many directions (data/directions.py): BLEU for each
+        if isinstance(directions, list) and directions:
+            self.task["directions"] = [str(d) for d in directions]
+        self.v_sets: dict[str, tuple[list[str], list[str]]] = {}
+        for d in self.task.get("directions", [""]):
+            split = f"valid.{d}" if d else "valid"
+            src = read_text(self.data_dir, split, "src", self.manifest)[:k]
+            if d:  # the validation sources asked for their direction's target (its tag first)
+                src = [f"{self.tokenizer.tag(d.rpartition('-')[2])} {x}" for x in src]
+            self.v_sets[d] = (src, read_text(self.data_dir, split, "tgt", self.manifest)[:k])
 
     def batching(self) -> dict:
         return {"max_tokens": self.cfg.data.max_tokens, "seed": self.cfg.train.seed,
@@ -200,9 +208,12 @@ class Trainer:
         every rank validates its share and holds the same result; rank 0 records it."""
         state, began = self.progress, time.perf_counter()
         metrics = validate(self.model, self.valid_data, self.cfg, self.env.device, self.env)
-        if self.v_src:
-            metrics["valid_bleu"] = valid_bleu(self.model, self.tokenizer, self.v_src, self.v_ref, self.cfg,
-                                               self.env.device, self.env)
+        if any(src for src, _ in self.v_sets.values()):
+            scores = {d: valid_bleu(self.model, self.tokenizer, src, ref, self.cfg, self.env.device, self.env)
+                      for d, (src, ref) in self.v_sets.items()}
+            if len(scores) > 1 or "" not in scores:  # many directions: each, and their mean decides
+                metrics.update({f"valid_bleu_{d}": v for d, v in scores.items()})
+            metrics["valid_bleu"] = sum(scores.values()) / len(scores)
             better = metrics["valid_bleu"] > state.best_bleu
         else:
             better = metrics["valid_loss"] < state.best_loss
