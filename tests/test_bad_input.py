@@ -458,6 +458,7 @@ def test_http_bad_input(client, name, body, status, fragment):
     assert client.get("/health").json()["status"] == "ok"
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_flag_sweep_builds_its_workspace_and_finds_no_traceback(tmp_path):
     """tests/robustness/flag_sweep.py --short on two verbs, the config keys and the keys of an exported MarianMTModel
@@ -477,6 +478,7 @@ def test_the_flag_sweep_builds_its_workspace_and_finds_no_traceback(tmp_path):
     assert all(row["tracebacks"] == 0 for row in table.values())
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_damaged_own_files_end_in_one_line_or_run(tmp_path):
     """tests/robustness/damaged_files.py: each file aiayn writes for itself (metrics.jsonl, run.json, config.yaml, the

@@ -21,6 +21,7 @@ from aiayn.checkpoint import list_checkpoints
 RUN = Path(__file__).resolve().parents[1] / "bench" / "gpu" / "gpu_run.sh"
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_gpu_bench_dry_run_on_the_cpu(toy_prepared, tmp_path):
     env = dict(os.environ, OUT=str(tmp_path / "out"), WORK=str(tmp_path / "work"), LIMIT_S="500",
@@ -172,6 +173,7 @@ def test_training_only_times_the_training_rows_and_nothing_else(toy_prepared, tm
     assert zero.returncode == 2 and "--length must be in [2, 512]" in zero.stderr.splitlines()[-1]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_compile_probe_dry_run_on_the_cpu(toy_prepared, tmp_path):
     """bench/decode/compile_probe.py as the H200 ran it (BENCH=compile_probe), on a CPU and a toy model:

@@ -99,7 +99,8 @@ def _translate_chunks(translator, chunks, args: argparse.Namespace, refs: list[s
     links: list = []
     for chunk in chunks:
         ids = translator.encode_sources(chunk, first_line=n_lines + 1)
-        hyps = translator.translate_ids(ids, alignments=bool(args.alignments),
+        beam, alpha = translator.setting_for(args.beam, args.alpha, None)  # --tgt-lang's tuned setting
+        hyps = translator.translate_ids(ids, beam, alpha, alignments=bool(args.alignments),
                                         progress=args.input not in (None, "-"))  # a file: its length is known
         n_lines, n_tok = n_lines + len(chunk), n_tok + sum(len(h[0].tokens) + 1 for h in hyps if h)
         text = _output_lines(translator, hyps)

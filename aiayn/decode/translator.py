@@ -41,6 +41,20 @@ class Translation:
     ids: list[int]
 
 
+def _tuned_by_language(extra: dict) -> dict[str, tuple[int, float]]:
+    """`aiayn tune`'s choice per target language from a checkpoint's extra (checked: bounded, typed)."""
+    tuned = extra.get("tuned")
+    table = tuned.get("by_language") if isinstance(tuned, dict) else None
+    out: dict[str, tuple[int, float]] = {}
+    for lang, entry in (table.items() if isinstance(table, dict) else []):
+        chosen = entry.get("chosen") if isinstance(entry, dict) else None
+        if (isinstance(lang, str) and len(lang) <= 16 and isinstance(chosen, dict)
+                and isinstance(chosen.get("beam"), int) and 1 <= chosen["beam"] <= DECODE_LIMITS["beam"]
+                and isinstance(chosen.get("alpha"), (int, float)) and 0 <= chosen["alpha"] <= DECODE_LIMITS["alpha"]):
+            out[lang] = (chosen["beam"], float(chosen["alpha"]))
+    return out
+
+
 def _live_heads(model: torch.nn.Module) -> torch.nn.Module:
     """The model without the heads `aiayn heads` pruned (they cost nothing in decoding)."""
     slim, dead = without_dead_heads(model)
@@ -101,6 +115,7 @@ class Translator:
         self.languages: tuple[str, str] | None = None  # (source, target) codes, when the checkpoint names them
         self.tgt_lang: str | None = None  # the target language sources are tagged for when a call names none
         self.directions: list[str] = []  # a multilingual model's trained directions ("en-de"), when it names them
+        self.tuned_by_language: dict[str, tuple[int, float]] = {}  # `aiayn tune`'s (beam, α) per target language
 
     def use_shortlist(self, shortlist: Shortlist | str | Path | None) -> None:
         """Decode over each sentence's shortlist of target subwords (shortlist.py; None: the whole
@@ -177,6 +192,7 @@ class Translator:
         pair = extra.get("languages")
         if isinstance(pair, dict) and all(isinstance(pair.get(k), str) and len(pair[k]) <= 16 for k in ("src", "tgt")):
             translator.languages = (pair["src"], pair["tgt"])
+        translator.tuned_by_language = _tuned_by_language(extra)
         ways = extra.get("directions")  # a multilingual model's (data/directions.py)
         if isinstance(ways, list) and all(isinstance(x, str) and len(x) <= 40 for x in ways[:1000]):
             translator.directions = ways[:1000]
@@ -300,10 +316,22 @@ class Translator:
         bar.close()
         return results
 
+    def setting_for(self, beam: int | None, alpha: float | None, tgt_lang: str | None
+                    ) -> tuple[int | None, float | None]:
+        """Beam and α for lines into `tgt_lang` (or the translator's `tgt_lang`): those given, else
+        what `aiayn tune` chose for that language, else None (decode_cfg's)."""
+        lang = tgt_lang if tgt_lang is not None else self.tgt_lang
+        lang = lang[2:-2] if lang and lang.startswith(">>") and lang.endswith("<<") else lang
+        tuned = self.tuned_by_language.get(lang) if lang else None
+        if tuned is None:
+            return beam, alpha
+        return (tuned[0] if beam is None else beam), (tuned[1] if alpha is None else alpha)
+
     def hypotheses(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
                    nbest: int | None = None, tgt_lang: str | None = None) -> list[list[Translation]]:
         """The `nbest` best translations of each line, best first, with their scores (beam search:
         log-probability / lp(|Y|), §6.1; greedy, beam=1: log-probability); empty line, empty list."""
+        beam, alpha = self.setting_for(beam, alpha, tgt_lang)
         hyps = self.translate_ids(self.encode_sources(lines, tgt_lang=tgt_lang), beam, alpha, nbest)
         out = []
         for hs in hyps:
@@ -321,7 +349,8 @@ class Translator:
     def translate(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
                   progress: bool = False, tgt_lang: str | None = None) -> list[str]:
         """Translate raw sentences; one output line per input line (empty in, empty out); into
-        `tgt_lang` for a multilingual model (see `tagged`)."""
+        `tgt_lang` for a multilingual model (see `tagged`; with the beam and α tuned for it)."""
+        beam, alpha = self.setting_for(beam, alpha, tgt_lang)
         hyps = self.translate_ids(self.encode_sources(lines, tgt_lang=tgt_lang), beam, alpha, 1, progress)
         return self.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
 

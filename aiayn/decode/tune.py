@@ -58,6 +58,43 @@ def choose(points: list[Point], default: DecodeConfig) -> Point:
     return max(points, key=lambda p: (round(p.bleu, 2), -abs(p.beam - default.beam), -abs(p.alpha - default.alpha)))
 
 
+def validation_sets(data_dir: Path, manifest: dict, sentences: int) -> dict[str, tuple[list[str], list[str]]]:
+    """The validation sources and references to tune on: the pair's ("" for its one target), or for
+    data of several directions each target language's (its directions' sets pooled, sources tagged
+    by the translator), `sentences` of each direction at most (0: all)."""
+    directions = manifest["settings"].get("directions")
+    names = [f"valid.{d}" for d in directions] if isinstance(directions, list) and directions else ["valid"]
+    sets: dict[str, tuple[list[str], list[str]]] = {}
+    for name in names:
+        src, ref = read_text(data_dir, name, "src", manifest), read_text(data_dir, name, "tgt", manifest)
+        if sentences:
+            src, ref = src[:sentences], ref[:sentences]
+        lang = name.rpartition("-")[2] if name != "valid" else ""
+        have = sets.setdefault(lang, ([], []))
+        have[0].extend(src)
+        have[1].extend(ref)
+    return sets
+
+
+def _grid(translator: Translator, src: list[str], ref: list[str], beams: tuple[int, ...], alphas: tuple[float, ...],
+          lang: str) -> list[Point]:
+    """sacreBLEU at every (beam, α) of the grid, into `lang` ("" : the model's one target)."""
+    ids = translator.encode_sources(src, tgt_lang=lang or None)
+    points = []
+    shown = progress_bar(len(beams) * len(alphas), "setting", f"tuning beam and alpha{' into ' + lang if lang else ''}")
+    for beam in beams:
+        for alpha in alphas:
+            hyps = translator.translate_ids(ids, beam, alpha, 1)
+            text = translator.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
+            score = sacrebleu.BLEU().corpus_score(text, [ref])
+            points.append(Point(beam, alpha, round(score.score, 2), round(score.bp, 3)))
+            log.info("%sbeam %d alpha %.2f: valid BLEU %.2f (BP %.3f)", f"{lang}: " if lang else "", beam, alpha,
+                     score.score, score.bp)
+            shown.update(1)
+    shown.close()
+    return points
+
+
 def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tuple[int, ...] = BEAMS,
          alphas: tuple[float, ...] = ALPHAS, sentences: int = 0, precision: str = "auto",
          out: str | Path | None = None, device: str | None = None) -> tuple[Point, list[Point], Path]:
@@ -75,33 +112,30 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
         raise DataError(f"{checkpoint}: no readable run.json beside it (or one folder up) to find its data; "
                         "pass --data PREPARED_DIR")
     manifest = load_manifest(data_dir)
-    src, ref = read_text(data_dir, "valid", "src", manifest), read_text(data_dir, "valid", "tgt", manifest)
-    if sentences:
-        src, ref = src[:sentences], ref[:sentences]
     translator = Translator.load(checkpoint, device=device, precision=precision)
     check_vocabulary(translator.tokenizer.proto, data_dir)
     if max(beams) > len(translator.tokenizer):
         raise ConfigError(f"beam size {max(beams)} (--beams, `beams`) is larger than the model's vocabulary "
                           f"({len(translator.tokenizer)})")
-    ids = translator.encode_sources(src)
-    points = []
-    shown = progress_bar(len(beams) * len(alphas), "setting", "tuning beam and alpha")  # with an ETA
-    for beam in beams:
-        for alpha in alphas:
-            hyps = translator.translate_ids(ids, beam, alpha, 1)
-            text = translator.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
-            score = sacrebleu.BLEU().corpus_score(text, [ref])
-            points.append(Point(beam, alpha, round(score.score, 2), round(score.bp, 3)))
-            log.info("beam %d alpha %.2f: valid BLEU %.2f (BP %.3f)", beam, alpha, score.score, score.bp)
-            shown.update(1)
-    shown.close()
+    sets = validation_sets(data_dir, manifest, sentences)
+    grids = {lang: _grid(translator, src, ref, beams, alphas, lang) for lang, (src, ref) in sets.items()}
+    if len(grids) == 1:
+        points = next(iter(grids.values()))
+    else:  # one setting for lines of no named language: the best mean over the languages
+        points = [Point(p.beam, p.alpha, round(sum(g[i].bleu for g in grids.values()) / len(grids), 2),
+                        round(sum(g[i].bp for g in grids.values()) / len(grids), 3))
+                  for i, p in enumerate(next(iter(grids.values())))]
     best = choose(points, DecodeConfig())
     tensors, meta = read_weights(checkpoint)
     cfg = read_meta(meta, checkpoint)[0]
     step, extra = meta_step(meta, checkpoint), meta_extra(meta, checkpoint)
     cfg.decode.beam, cfg.decode.alpha = best.beam, best.alpha
-    valid = data_dir / f"valid.{manifest['settings']['src']}.txt"
-    extra["tuned"] = {"valid": str(valid), "sentences": len(src), "precision": translator.precision,
-                      "points": [p.__dict__ for p in points], "chosen": best.__dict__}
+    extra["tuned"] = {"valid": str(data_dir), "sentences": sum(len(s) for s, _ in sets.values()),
+                      "precision": translator.precision, "points": [p.__dict__ for p in points],
+                      "chosen": best.__dict__}
+    if len(grids) > 1 or "" not in grids:  # many directions: a setting for each target language
+        extra["tuned"]["by_language"] = {lang: {"points": [p.__dict__ for p in g],
+                                                "chosen": choose(g, DecodeConfig()).__dict__}
+                                         for lang, g in grids.items()}
     save_weights(out, tensors, cfg, translator.tokenizer, step, extra)
     return best, points, out

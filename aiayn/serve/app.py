@@ -190,13 +190,14 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
     async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
         if not req.sentences:
             raise HTTPException(400, "sentences is empty: send at least one sentence")
-        beam = req.beam or d.beam
+        tuned_beam, tuned_alpha = translator.setting_for(req.beam, req.alpha, req.tgt)  # `aiayn tune`'s, per language
+        beam = tuned_beam or d.beam
         if beam > limits.max_beam:
             raise HTTPException(413, f"beam {beam} is over the limit of {limits.max_beam}")
         trees = await asyncio.to_thread(_markup, limits, req.sentences) if req.markup else None  # off the loop
         plain = [p for p, _ in trees] if trees else req.sentences
         ids, _ = check_sentences(batcher, limits, plain, max_subwords, beam, req.tgt)
-        alpha = d.alpha if req.alpha is None else req.alpha
+        alpha = d.alpha if tuned_alpha is None else tuned_alpha
         began = time.perf_counter()
         texts, scores, links = await run(lambda: batcher.submit(ids, beam, alpha, _client(request),
                                                                 req.alignments or req.markup))

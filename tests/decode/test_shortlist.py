@@ -142,6 +142,7 @@ def test_file_round_trip_and_its_errors(tmp_path):
         Shortlist.load(tmp_path / "x.npy")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @requires_int8
 def test_compiled_shortlisted_search_finds_the_eager_ones_hypotheses_in_a_batch_or_alone():

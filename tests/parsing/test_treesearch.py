@@ -420,6 +420,7 @@ def test_constituents_by_hand_and_the_augmented_training_split(tmp_path):
     assert (tmp_path / "aug/train.gold.mrg").read_text() == (tmp_path / "plain/train.gold.mrg").read_text()
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_ptb_script_trains_members_side_by_side_and_parses_with_their_ensemble(tmp_path):
     """scripts/ptb.sh as the README runs it (MEMBERS unset: two) on a tiny treebank: two seeds trained at

@@ -269,6 +269,7 @@ def test_torchrun_ranks_have_their_own_dropout_and_resume_exactly(toy_prepared, 
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_soak_short_form(toy_prepared, tmp_path):
     """tests/robustness/soak_resume.py --short: 3 SIGKILLs (one mid-write), 0 corrupt checkpoints, same final tensors

@@ -139,9 +139,10 @@ def _graphs() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("int8", [False, pytest.param(True, marks=requires_int8), pytest.param("fbgemm", marks=[
-    requires_int8, pytest.mark.skipif(int8_kernel() == "fbgemm", reason="this CPU's own int8 kernel is fbgemm's: "
-                                      "the int8 case compiled it already (48 s of CI on an AVX2 CPU, run twice)")])])
+@pytest.mark.parametrize("int8", [pytest.param(False, marks=pytest.mark.long), pytest.param(True, marks=requires_int8),
+                                  pytest.param("fbgemm", marks=[requires_int8, pytest.mark.long, pytest.mark.skipif(
+                                      int8_kernel() == "fbgemm", reason="this CPU's own int8 kernel is fbgemm's: the "
+                                      "int8 case compiled it already (48 s of CI on an AVX2 CPU, run twice)")])])
 def test_compiled_step_agrees_with_eager_and_searches_the_same_batch_or_alone(int8, monkeypatch):
     """torch.compile of the fused step (one layer, to keep compiling short): logits equal the
     eager step's to rounding through reorders, a dropped sentence and cache growth; beam search
