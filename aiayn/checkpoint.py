@@ -109,20 +109,37 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return tensors, meta
 
 
-def read_metadata(path: Path) -> dict[str, str]:
-    """A checkpoint's metadata (config, vocabulary, step, extra) from its header alone, no tensor read."""
+def _read_header(path: Path) -> dict:
+    """A safetensors file's header (tensor names, dtypes, shapes, offsets; __metadata__), read alone."""
     refuse_folder(path)
     try:
         with open(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
             if n > Path(path).stat().st_size - 8:  # a pickle's first bytes read as a header of exabytes
                 raise ValueError("not a safetensors header")
-            meta = json.loads(f.read(n)).get("__metadata__") or {}
-        if not isinstance(meta, dict):
-            raise ValueError("metadata is not a mapping")
-    except (OSError, ValueError, AttributeError, RecursionError) as e:
+            header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a mapping")
+    except (OSError, ValueError, RecursionError) as e:
         raise CheckpointError(f"{path}: unreadable metadata ({e})") from None
+    return header
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """A checkpoint's metadata (config, vocabulary, step, extra) from its header alone, no tensor read."""
+    meta = _read_header(path).get("__metadata__") or {}
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: unreadable metadata (metadata is not a mapping)")
     return meta
+
+
+def tensor_bytes(path: Path) -> int:
+    """The bytes a checkpoint's tensors take, from its header's offsets (no tensor read)."""
+    entries = [v for k, v in _read_header(path).items() if k != "__metadata__" and isinstance(v, dict)]
+    try:
+        return sum(int(v["data_offsets"][1]) - int(v["data_offsets"][0]) for v in entries)
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise CheckpointError(f"{path}: unreadable metadata (tensor offsets)") from None
 
 
 def check_safetensors_output(path: str | Path, flag: str = "--output", inputs: tuple = (),

@@ -156,10 +156,9 @@ class DataConfig:
     strict: bool = False  # fail on an empty line instead of dropping the pair
     dedup: bool = True  # drop repeated training pairs (counted)
     max_ratio: float = 3.0  # drop training pairs whose subword lengths differ more than this factor; 0 = off
-    # Many directions in one model (prepare --pairs; the paper trains one pair): each language's share
-    # of the vocabulary's sample, and each direction's of an epoch, ∝ its size^(1/T); 1 = proportional
-    vocab_temperature: float = 5.0
-    mix_temperature: float = 1.0
+    # Many directions in one model (prepare --pairs; the paper trains one pair): sampling temperatures T
+    vocab_temperature: float = 5.0  # each language's share of the vocabulary's sample ∝ its lines^(1/T)
+    mix_temperature: float = 1.0  # each direction's share of an epoch ∝ its pairs^(1/T); 1 = proportional
 
     def validate(self) -> None:
         _check_numbers("data", self)

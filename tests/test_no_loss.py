@@ -84,7 +84,7 @@ def test_a_failed_prepare_leaves_the_old_cache_whole(toy_corpus, tmp_path, monke
     def broken(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(data_module, "_encode_split", broken)
+    monkeypatch.setattr(data_module, "encode_split", broken)
     with pytest.raises(OSError, match="disk full"):
         prepare(splits(toy_corpus), out, "en", "de", vocab_size=61, max_len=32)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # manifest included

@@ -45,10 +45,31 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> None:
                     limit_concurrency=args.limit_concurrency,
                     keep_alive_s=args.keep_alive, allowed_hosts=serving_hosts(args.host, args.allow_host or []),
                     token=args.token or os.environ.get("AIAYN_SERVE_TOKEN") or None)
-    refuse_parser(args.checkpoint, "serve")
+    paths = _served_checkpoints(args.checkpoint)
+    if len(paths) > 1 and args.shortlist:
+        raise UserError("--shortlist belongs to one model: not with several checkpoints")
+    if not args.max_loaded_mb >= 0:
+        raise UserError(f"--max-loaded-mb must be 0 (no bound) or more, got {args.max_loaded_mb}")
+    refuse_parser(paths, "serve")
     check_listen(args.host, args.port)
-    serve(args.checkpoint, args.host, args.port, args.device, limits, args.precision, args.compile, args.shortlist,
-          args.step, args.trust_proxy)
+    serve(paths[0] if len(paths) == 1 else paths, args.host, args.port, args.device, limits, args.precision,
+          args.compile, args.shortlist, args.step, args.trust_proxy, int(args.max_loaded_mb * 2**20))
+
+
+def _served_checkpoints(given: list[str]) -> list[str]:
+    """--checkpoint's paths: files (or a Marian folder, imported on the fly) as given, a folder of
+    .safetensors files as its checkpoints (sorted; `last` and `best` links left out)."""
+    out: list[str] = []
+    for g in given:
+        folder = Path(g)
+        if folder.is_dir() and not (folder / "config.json").is_file():
+            found = sorted(str(f) for f in folder.glob("*.safetensors") if f.is_file() and not f.is_symlink())
+            if not found:
+                raise UserError(f"--checkpoint {g}: a folder without .safetensors checkpoints (nor a Marian model)")
+            out += found
+        else:
+            out.append(g)
+    return list(dict.fromkeys(out))
 
 
 def check_listen(host: str, port: int) -> None:
@@ -90,7 +111,12 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> None:
 def add_serve(sub) -> None:
     """`aiayn serve` and its flags."""
     p = sub.add_parser("serve", help="translation server with a web page")
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True, action="append",
+                   help="the model; repeated, or a folder of .safetensors checkpoints: one server for them all, each "
+                        "request routed by its src and tgt (docs/multilingual.md)")
+    p.add_argument("--max-loaded-mb", type=float, default=0.0,
+                   help="with several checkpoints: the weights kept loaded at once, in MB; the least recently used "
+                        "are unloaded to stay under it (default 0: no bound; a model asked for is always loaded)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")

@@ -130,7 +130,9 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
     cfg = read_meta(meta, checkpoint)[0]
     step, extra = meta_step(meta, checkpoint), meta_extra(meta, checkpoint)
     cfg.decode.beam, cfg.decode.alpha = best.beam, best.alpha
-    extra["tuned"] = {"valid": str(data_dir), "sentences": sum(len(s) for s, _ in sets.values()),
+    single = "src" in manifest["settings"] and "" in sets  # a pair's folder: its validation source file
+    valid = data_dir / f"valid.{manifest['settings']['src']}.txt" if single else data_dir
+    extra["tuned"] = {"valid": str(valid), "sentences": sum(len(s) for s, _ in sets.values()),
                       "precision": translator.precision, "points": [p.__dict__ for p in points],
                       "chosen": best.__dict__}
     if len(grids) > 1 or "" not in grids:  # many directions: a setting for each target language

@@ -31,6 +31,7 @@ from ..decode.translator import Translator
 from ..version import __version__
 from .batcher import Batcher, Overloaded, OverShare
 from .edge import BearerToken, BodyLimit, Concurrency, ConnectionCount, RateLimited, edge_protocol
+from .pool import ModelPool, RouteError
 
 PAGE = Path(__file__).with_name("page.html")
 log = logging.getLogger("aiayn")
@@ -77,6 +78,8 @@ class TranslateRequest(BaseModel):
                                             "translated without them, each put back around the aligned words")
     tgt: str | None = Field(None, max_length=32, description="the target language of a multilingual model "
                             "(its >>xx<< code, e.g. fra); /health lists them")
+    src: str | None = Field(None, max_length=32, description="the source language, where the server holds "
+                            "several models (it routes by src and tgt; /health lists the directions)")
 
 
 class TranslateResponse(BaseModel):
@@ -87,6 +90,8 @@ class TranslateResponse(BaseModel):
 
 class AttentionRequest(BaseModel):
     sentence: str
+    src: str | None = Field(None, max_length=32, description="as /translate's, where the server holds several models")
+    tgt: str | None = Field(None, max_length=32, description="as /translate's")
 
 
 class AttentionResponse(BaseModel):
@@ -112,11 +117,13 @@ def check_size(limits: Limits, sentences: list[str]) -> None:
 
 
 def check_sentences(batcher: Batcher, limits: Limits, sentences: list[str], max_subwords: int,
-                    beam: int, tgt: str | None = None) -> tuple[list[list[int]], int]:
+                    beam: int, tgt: str | None = None, translator: Translator | None = None
+                    ) -> tuple[list[list[int]], int]:
     """The edge: count, characters, UTF-8, the target language `tgt`, subwords and work per request,
     each a 4xx naming the sentence or the language; returns the subword ids the worker translates
-    (tagged for `tgt`: Translator.tagged) and their work (Batcher.price)."""
-    translator = batcher.translator
+    (tagged for `tgt`: Translator.tagged) and their work (Batcher.price) for `translator` (default
+    the batcher's)."""
+    translator = translator or batcher.translator
     check_size(limits, sentences)
     try:
         sentences = translator.tagged(sentences, tgt)
@@ -127,7 +134,7 @@ def check_sentences(batcher: Batcher, limits: Limits, sentences: list[str], max_
         if len(x) > max_subwords:
             raise HTTPException(413, f"sentence {i} has {len(x)} subwords; the limit is {max_subwords}")
     ids = [x + [EOS] if x else [] for x in pieces]  # as encode_sources makes them
-    work = sum(batcher.price(ids, beam))
+    work = sum(batcher.price(ids, beam, translator))
     if work > batcher.client_work:
         raise HTTPException(413, f"the request's work (beam {beam} x (subwords + output positions) = {work}) is over "
                                  f"what one client may hold, {batcher.client_work}; send fewer or shorter sentences, "
@@ -165,56 +172,54 @@ async def _answer(batcher: Batcher, timeout_s: float, enqueue: Callable[[], Futu
         raise HTTPException(504, f"no answer within {timeout_s:g} s; the server is busy, retry later") from None
 
 
-def create_app(translator: Translator, limits: Limits | None = None, connections: ConnectionCount | None = None
-               ) -> FastAPI:
+def create_app(served: Translator | ModelPool, limits: Limits | None = None,
+               connections: ConnectionCount | None = None) -> FastAPI:
+    """The app for one model, or for a pool of them (serve/pool.py: each request routed by its src
+    and tgt, one worker, one queue and one set of limits for them all)."""
     limits = limits or Limits()
     app = FastAPI(title="aiayn", description="Transformer translation (Attention Is All You Need)",
                   version=__version__)
     _guard(app, limits)
-
-    batcher = Batcher(translator, limits.max_queue, max_work=limits.max_work, chunk_work=limits.chunk_work,
+    pool = served if isinstance(served, ModelPool) else None
+    single = None if pool else served
+    batcher = Batcher(single, limits.max_queue, max_work=limits.max_work, chunk_work=limits.chunk_work,
                       chunk_bytes=limits.chunk_bytes, client_share=limits.client_share, chunk_s=limits.chunk_s)
     app.state.batcher = batcher
-    d, cfg = translator.decode_cfg, translator.model.cfg
-    max_subwords = limits.max_subwords or max(1, min(_training_length(translator), cfg.max_positions - 1))
-    attention_subwords = min(max_subwords, limits.max_attention_subwords)
+
+    async def model(src: str | None, tgt: str | None) -> Translator:
+        if pool is None:
+            return single
+        try:  # a first use loads the model: off the event loop
+            return await asyncio.to_thread(pool.get, src, tgt)
+        except RouteError as e:
+            raise HTTPException(400, str(e)) from None
 
     def run(enqueue: Callable[[], Future]) -> Any:
         return _answer(batcher, limits.timeout_s, enqueue)
 
     @app.get("/health")
     async def health() -> dict:
-        return health_report(translator, batcher, limits, max_subwords, attention_subwords, connections)
+        if pool is not None:
+            return pool_report(pool, batcher, limits, connections)
+        return health_report(single, batcher, limits, *_subword_limits(limits, single), connections)
 
     @app.post("/translate", response_model=TranslateResponse)
     async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
         if not req.sentences:
             raise HTTPException(400, "sentences is empty: send at least one sentence")
-        tuned_beam, tuned_alpha = translator.setting_for(req.beam, req.alpha, req.tgt)  # `aiayn tune`'s, per language
-        beam = tuned_beam or d.beam
-        if beam > limits.max_beam:
-            raise HTTPException(413, f"beam {beam} is over the limit of {limits.max_beam}")
-        trees = await asyncio.to_thread(_markup, limits, req.sentences) if req.markup else None  # off the loop
-        plain = [p for p, _ in trees] if trees else req.sentences
-        ids, _ = check_sentences(batcher, limits, plain, max_subwords, beam, req.tgt)
-        alpha = d.alpha if tuned_alpha is None else tuned_alpha
-        began = time.perf_counter()
-        texts, scores, links = await run(lambda: batcher.submit(ids, beam, alpha, _client(request),
-                                                                req.alignments or req.markup))
-        requests_log.info("translate from %s: %d sentence(s), %d subwords, beam %d, %.0f ms", _client(request),
-                          len(ids), sum(map(len, ids)), beam, 1000 * (time.perf_counter() - began))
-        if trees:
-            texts = [put_back(root, text, x) for (_, root), text, x in zip(trees, texts, links)]
-        return TranslateResponse(translations=texts, scores=scores, alignments=links if req.alignments else None)
+        return await _translated(req, request, await model(req.src, req.tgt), batcher, limits)
 
     @app.post("/attention", response_model=AttentionResponse)
     async def attention(req: AttentionRequest, request: Request) -> AttentionResponse:
         if not req.sentence.strip():
             raise HTTPException(400, "sentence is empty")
-        _, work = check_sentences(batcher, limits, [req.sentence], attention_subwords, d.beam)
+        t = await model(req.src, req.tgt)
+        sentence = t.tagged([req.sentence], req.tgt)[0] if req.tgt else req.sentence
+        _, work = check_sentences(batcher, limits, [req.sentence], _subword_limits(limits, t)[1], t.decode_cfg.beam,
+                                  req.tgt, t)
 
         def maps() -> AttentionResponse:  # in the worker: the search (the server's own), the arrays, the lists
-            data = attention_data(translator.model, translator.tokenizer, req.sentence, decode=d, search=translator)
+            data = attention_data(t.model, t.tokenizer, sentence, decode=t.decode_cfg, search=t)
             return AttentionResponse(source_tokens=data.src_tokens, target_tokens=data.tgt_out_tokens,
                                      translation=data.translation, weights=data.cross.mean((0, 1)).tolist())
 
@@ -225,6 +230,35 @@ def create_app(translator: Translator, limits: Limits | None = None, connections
         return PAGE.read_text(encoding="utf-8")
 
     return app
+
+
+async def _translated(req: TranslateRequest, request: Request, t: Translator, batcher: Batcher, limits: Limits
+                      ) -> TranslateResponse:
+    """/translate's answer from model `t`: the beam and α (the request's, `aiayn tune`'s for its
+    language, the checkpoint's), markup parsed off the event loop, the edge's checks, the queue."""
+    d = t.decode_cfg
+    tuned_beam, tuned_alpha = t.setting_for(req.beam, req.alpha, req.tgt)
+    beam = tuned_beam or d.beam
+    if beam > limits.max_beam:
+        raise HTTPException(413, f"beam {beam} is over the limit of {limits.max_beam}")
+    trees = await asyncio.to_thread(_markup, limits, req.sentences) if req.markup else None
+    plain = [p for p, _ in trees] if trees else req.sentences
+    ids, _ = check_sentences(batcher, limits, plain, _subword_limits(limits, t)[0], beam, req.tgt, t)
+    alpha = d.alpha if tuned_alpha is None else tuned_alpha
+    began = time.perf_counter()
+    texts, scores, links = await _answer(batcher, limits.timeout_s, lambda: batcher.submit(
+        ids, beam, alpha, _client(request), req.alignments or req.markup, t))
+    requests_log.info("translate from %s: %d sentence(s), %d subwords, beam %d, %.0f ms", _client(request),
+                      len(ids), sum(map(len, ids)), beam, 1000 * (time.perf_counter() - began))
+    if trees:
+        texts = [put_back(root, text, x) for (_, root), text, x in zip(trees, texts, links)]
+    return TranslateResponse(translations=texts, scores=scores, alignments=links if req.alignments else None)
+
+
+def _subword_limits(limits: Limits, translator: Translator) -> tuple[int, int]:
+    """Subwords per sentence a request may send to this model, and to /attention."""
+    most = limits.max_subwords or max(1, min(_training_length(translator), translator.model.cfg.max_positions - 1))
+    return most, min(most, limits.max_attention_subwords)
 
 
 def _markup(limits: Limits, sentences: list[str]) -> list:
@@ -246,11 +280,9 @@ def _client(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_subwords: int,
-                  attention_subwords: int, connections: ConnectionCount | None = None) -> dict:
-    """/health: the worker ("degraded" while a job is older than the request time limit), the
-    queue, the open connections, the limits in force, the model and its decoding settings."""
-    cfg, d = translator.model.cfg, translator.decode_cfg
+def _state(batcher: Batcher, limits: Limits, connections: ConnectionCount | None) -> dict:
+    """/health's status ("degraded" while a job is older than the request time limit or the
+    connection table is full), its reason, the queue and the open connections."""
     oldest = batcher.oldest_s()
     full = connections is not None and connections.full()
     status = ("worker stopped" if not batcher.worker.is_alive() else
@@ -263,7 +295,15 @@ def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_
             "queue": {"sentences": batcher.queued, "limit": limits.max_queue, "work": batcher.work,
                       "work_limit": limits.max_work, "client_work_limit": batcher.client_work,
                       "oldest_s": round(oldest, 3)},
-            "connections": None if connections is None else connections.open,
+            "connections": None if connections is None else connections.open}
+
+
+def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_subwords: int,
+                  attention_subwords: int, connections: ConnectionCount | None = None) -> dict:
+    """/health: the worker, the queue, the open connections (`_state`), the limits in force, the
+    model and its decoding settings."""
+    cfg, d = translator.model.cfg, translator.decode_cfg
+    return {**_state(batcher, limits, connections),
             "limits": {"max_sentences": limits.max_sentences, "max_chars": limits.max_chars,
                        "max_subwords": max_subwords, "max_beam": limits.max_beam,
                        "max_attention_subwords": attention_subwords},
@@ -274,6 +314,18 @@ def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_
                       "target_languages": translator.target_languages(), "directions": translator.directions},
             "decode": {"beam": d.beam, "alpha": d.alpha, "max_len_b": d.max_len_b,
                        "shortlist": translator.shortlist is not None}}
+
+
+def pool_report(pool: ModelPool, batcher: Batcher, limits: Limits, connections: ConnectionCount | None = None
+                ) -> dict:
+    """/health of a server of many models: `_state`, the limits, every model with its directions and
+    whether it is loaded, and the memory bound on the loaded ones."""
+    return {**_state(batcher, limits, connections),
+            "limits": {"max_sentences": limits.max_sentences, "max_chars": limits.max_chars,
+                       "max_subwords": limits.max_subwords or None, "max_beam": limits.max_beam,
+                       "max_attention_subwords": limits.max_attention_subwords},
+            "model": None, "directions": pool.served_directions(), "models": pool.report(),
+            "loaded_mb_limit": round(pool.max_bytes / 2**20, 1) if pool.max_bytes else None}
 
 
 def _training_length(translator: Translator) -> int:
@@ -293,11 +345,14 @@ def serving_hosts(host: str, extra: tuple[str, ...] | list[str]) -> tuple[str, .
     return tuple(dict.fromkeys((*own, *loopback, *extra)))
 
 
-def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
+def serve(checkpoint: str | list[str], host: str = "127.0.0.1", port: int = 8000, device: str | None = None,
           limits: Limits | None = None, precision: str = "auto", compiled: bool = False,
-          shortlist: str | None = None, step: str | None = None, trust_proxy: bool = False) -> None:
+          shortlist: str | None = None, step: str | None = None, trust_proxy: bool = False,
+          max_loaded_bytes: int = 0) -> None:
     """Run the app under uvicorn with connection limits and timeouts; the open-file limit is raised
-    to its hard maximum so that many connections cannot make the server unreachable."""
+    to its hard maximum so that many connections cannot make the server unreachable. A list of
+    checkpoints: one server for them all (serve/pool.py), each loaded when first asked for and the
+    least recently used unloaded beyond `max_loaded_bytes` of weights."""
     import resource
 
     import uvicorn
@@ -305,9 +360,14 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: st
     limits = limits or Limits()
     if "*" in limits.allowed_hosts:  # the default of create_app; a server names the hosts it answers to
         limits.allowed_hosts = serving_hosts(host, ())
-    translator = Translator.load(checkpoint, device=device, precision=precision, compiled=compiled,
-                                 shortlist=shortlist, **({"step": step} if step else {}))
-    translator.compile_now()  # before the first request, not during it
+
+    def load(path: str | Path) -> Translator:
+        t = Translator.load(path, device=device, precision=precision, compiled=compiled, shortlist=shortlist,
+                            **({"step": step} if step else {}))
+        t.compile_now()  # before the first request, not during it
+        return t
+
+    served = ModelPool(checkpoint, load, max_loaded_bytes) if isinstance(checkpoint, list) else load(checkpoint)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
         try:
@@ -325,7 +385,7 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, device: st
     log.info("serving on http://%s:%d: %d requests at once, %d connections (open-file limit %d)", host, port,
              limits.limit_concurrency, connections, files)
     count = ConnectionCount(connections)
-    uvicorn.run(create_app(translator, limits, count), host=host, port=port, log_level="info",
+    uvicorn.run(create_app(served, limits, count), host=host, port=port, log_level="info",
                 proxy_headers=trust_proxy,  # X-Forwarded-For names the client only when asked (--trust-proxy)
                 limit_concurrency=connections, http=edge_protocol(count, limits.header_timeout_s),
                 timeout_keep_alive=max(1, round(limits.keep_alive_s)), h11_max_incomplete_event_size=64 * 1024)

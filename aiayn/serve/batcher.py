@@ -41,6 +41,7 @@ class Job:
     call: Callable[[], Any] | None = None  # any other use of the model, run alone
     costs: list[int] = field(default_factory=list)  # work per sentence (Batcher.price); a call's in [0]
     client: str | None = None  # who asked (the share of the work one client may hold)
+    translator: Translator | None = None  # the model it is for (a server of many: serve/pool.py); None: the batcher's
     start: float = field(default_factory=time.monotonic)
     future: Future = field(default_factory=Future)
     done: int = 0  # sentences translated so far
@@ -88,15 +89,14 @@ class Batcher:
     weighed in sentences and in work; a request that gave up leaves its chunk within a few decoder
     steps and costs nothing more."""
 
-    def __init__(self, translator: Translator, max_queue: int = 1024, max_batch: int = 256,
+    def __init__(self, translator: Translator | None, max_queue: int = 1024, max_batch: int = 256,
                  max_work: int = 1 << 20, chunk_work: int = 1 << 14, chunk_bytes: int = 1 << 30,
                  client_share: float = 0.25, chunk_s: float = 1.0):
         self.translator = translator
         self.max_queue, self.max_batch, self.max_work = max_queue, max_batch, max_work
         self.client_work = max(1, int(max_work * client_share))  # what one client's requests may hold at once
-        cfg = translator.model.cfg  # key/value bytes per unit of work (fp32, the cache grows by doubling)
-        self.bytes_per_work = 2 * 2 * 4 * cfg.n_dec * cfg.d_model
-        self.chunk_work = max(1, min(chunk_work, chunk_bytes // self.bytes_per_work))
+        self.chunk_limits = (chunk_work, chunk_bytes)
+        self.chunk_work = self.chunk_work_for(translator) if translator is not None else chunk_work
         self.chunk_s = chunk_s
         self.jobs: queue.Queue[Job] = queue.Queue()
         self.active: collections.deque[Job] = collections.deque()  # the worker's own: jobs under way
@@ -110,10 +110,17 @@ class Batcher:
         self.worker = threading.Thread(target=self._work, daemon=True, name="aiayn-batcher")
         self.worker.start()
 
-    def price(self, ids: list[list[int]], beam: int) -> list[int]:
+    def chunk_work_for(self, translator: Translator) -> int:
+        """A chunk's work for this model: chunk_work, and no more than chunk_bytes of key/value cache
+        (fp32, 2 x 2 x 4 bytes x decoder layers x d_model per unit of work: the cache grows by doubling)."""
+        cfg = translator.model.cfg
+        return max(1, min(self.chunk_limits[0], self.chunk_limits[1] // (2 * 2 * 4 * cfg.n_dec * cfg.d_model)))
+
+    def price(self, ids: list[list[int]], beam: int, translator: Translator | None = None) -> list[int]:
         """Work of each sentence: its decoder rows (beam) x the positions each holds at most, source
         subwords + the output length §6.1 allows (decode.max_len_a x input + max_len_b, + EOS)."""
-        d, limit = self.translator.decode_cfg, self.translator.model.cfg.max_positions - 1
+        t = translator or self.translator
+        d, limit = t.decode_cfg, t.model.cfg.max_positions - 1
         out = [min(int(d.max_len_a * max(len(x) - 1, 0) + d.max_len_b), limit) + 1 for x in ids]
         return [beam * (max(len(x), 1) + n) for x, n in zip(ids, out)]
 
@@ -134,14 +141,15 @@ class Batcher:
         return job.future
 
     def submit(self, sentences: list[str] | list[list[int]], beam: int, alpha: float,
-               client: str | None = None, alignments: bool = False) -> Future:
-        """Queue sentences (text, or ids from `encode_sources`) for translation; raises Overloaded
-        when the queue is full (OverShare when this client's part of it is). The future's result
-        is (texts, scores, alignments: Pharaoh word links per sentence, or None if not asked for)."""
-        ids = (self.translator.encode_sources(sentences) if sentences and isinstance(sentences[0], str)
-               else list(sentences))
-        return self._enqueue(Job(ids=ids, options=(beam, alpha, alignments), costs=self.price(ids, beam),
-                                 client=client))
+               client: str | None = None, alignments: bool = False, translator: Translator | None = None) -> Future:
+        """Queue sentences (text, or ids from `encode_sources`) for translation by `translator` (default
+        the batcher's); raises Overloaded when the queue is full (OverShare when this client's part of
+        it is). The future's result is (texts, scores, alignments: Pharaoh word links per sentence, or
+        None if not asked for)."""
+        t = translator or self.translator
+        ids = t.encode_sources(sentences) if sentences and isinstance(sentences[0], str) else list(sentences)
+        return self._enqueue(Job(ids=ids, options=(beam, alpha, alignments), costs=self.price(ids, beam, t),
+                                 client=client, translator=t))
 
     def call(self, fn: Callable[[], Any], work: int = 1, client: str | None = None) -> Future:
         """Queue another use of the model (e.g. attention maps, priced as `work`), run by the worker
@@ -196,9 +204,10 @@ class Batcher:
         if head.call is not None:
             return [(head, 0, 1)]
         chunk, work, n = [], 0, 0
-        budget = max(1, min(self.chunk_work, int(self.rate * self.chunk_s)))
+        limit = self.chunk_work if head.translator in (None, self.translator) else self.chunk_work_for(head.translator)
+        budget = max(1, min(limit, int(self.rate * self.chunk_s)))
         for job in list(self.active):
-            if job.call is not None or job.options != head.options:
+            if job.call is not None or job.options != head.options or job.translator is not head.translator:
                 continue
             end = job.done
             while end < job.size and n < self.max_batch and (n == 0 or work + job.cost(end) <= budget):
@@ -263,7 +272,7 @@ class Batcher:
                     self._fail(part[0], e1)
 
     def _translate(self, chunk: list[tuple[Job, int, int]]) -> None:
-        t = self.translator
+        t = chunk[0][0].translator or self.translator
         ids = [x for job, a, b in chunk for x in job.ids[a:b]]
         owner = [job for job, a, b in chunk for _ in range(a, b)]
         beam, alpha, align = chunk[0][0].options

@@ -101,5 +101,27 @@ def test_the_server_routes_a_request_to_its_target_language(straight_run, prepar
         assert r.status_code == 200 and r.json()["translations"] == t.translate(src, tgt_lang=lang)
     r = client.post("/translate", json={"sentences": src, "tgt": "fr", "alignments": True})
     assert r.status_code == 200 and len(r.json()["alignments"]) == 3
+    r = client.post("/translate", json={"sentences": ["the <b>dog</b> runs"], "tgt": "fr", "markup": True})
+    assert r.status_code == 200 and r.json()["translations"][0].count("<b>") <= 1  # tags put back, none invented
     r = client.post("/translate", json={"sentences": src})
     assert r.status_code in (400, 422) and "de, fr" in r.json()["detail"]
+
+
+def test_tune_chooses_a_setting_for_each_target_language(straight_run, tmp_path, capsys):
+    """`aiayn tune` on a multilingual run: a grid per target language on its own validation set, each
+    language's choice its best point, and translating into a language takes its setting."""
+    from aiayn.checkpoint import read_extra
+
+    ckpt, out = straight_run / "checkpoints" / "last.safetensors", tmp_path / "tuned.safetensors"
+    assert main(["tune", "--checkpoint", str(ckpt), "--beams", "1,2", "--alphas", "0,1", "--sentences", "6",
+                 "-o", str(out), "--precision", "fp32"]) == 0
+    tuned = read_extra(out)["tuned"]
+    assert set(tuned["by_language"]) == {"de", "fr"}
+    for lang, entry in tuned["by_language"].items():
+        best = max(entry["points"], key=lambda p: p["bleu"])
+        assert entry["chosen"]["bleu"] == best["bleu"] and len(entry["points"]) == 4, lang
+    t = Translator.load(out, precision="fp32")
+    for lang, entry in tuned["by_language"].items():
+        chosen = entry["chosen"]
+        assert t.setting_for(None, None, lang) == (chosen["beam"], chosen["alpha"])
+        assert t.setting_for(3, None, lang) == (3, chosen["alpha"])  # what a call names wins
