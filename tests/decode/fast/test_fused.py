@@ -139,7 +139,7 @@ def _graphs() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("int8", [pytest.param(False, marks=pytest.mark.long), pytest.param(True, marks=requires_int8),
+@pytest.mark.parametrize("int8", [False, pytest.param(True, marks=[requires_int8, pytest.mark.long]),
                                   pytest.param("fbgemm", marks=[requires_int8, pytest.mark.long, pytest.mark.skipif(
                                       int8_kernel() == "fbgemm", reason="this CPU's own int8 kernel is fbgemm's: the "
                                       "int8 case compiled it already (48 s of CI on an AVX2 CPU, run twice)")])])
