@@ -213,6 +213,12 @@ def check_output_folder(out: str | Path, kind: str | Callable[[Path], bool] | No
     test, for a folder that a command writes into by name and never clears (the evidence report).
     Anything else is refused: aiayn never deletes a file it did not write. Returns the absolute path."""
     out = Path(os.path.abspath(out))
+    if out.is_symlink():  # a loop, a dangling link, or a link the swap would replace by a folder of its own
+        raise FileError(f"{flag} {out}: is a symbolic link (to {os.readlink(out)}); name the folder itself")
+    try:
+        out.resolve(strict=False)
+    except (RuntimeError, OSError) as e:  # a loop in a folder above it
+        raise FileError(f"{flag} {out}: its path cannot be resolved ({e})") from None
     if out.exists() and not out.is_dir():
         raise FileError(f"{flag} {out}: is a file, not a folder")
     ours = kind if callable(kind) else (lambda f: bool(kind) and owned(f, kind))

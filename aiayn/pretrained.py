@@ -26,7 +26,8 @@ from .errors import AiaynError
 from .files import digest
 from .models.build import build_model, shapes_only
 
-MAX_JSON = 64 << 20  # config.json, vocab.json, tokenizer_config.json
+MAX_JSON = 1 << 20  # config.json, tokenizer_config.json (a few KB)
+MAX_VOCAB_JSON = 16 << 20  # vocab.json: 500,000 pieces; refused unparsed above it (JSON takes ~20x its size to parse)
 MAX_SPM = 64 << 20
 _RECOMPUTED = ("embed_positions.weight", "final_logits_bias")  # sinusoids HF rebuilds; the bias is read apart
 _ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
@@ -48,8 +49,8 @@ def _read(path: Path, limit: int) -> bytes:
     return path.read_bytes()
 
 
-def _json(path: Path) -> Any:
-    data = _read(path, MAX_JSON)
+def _json(path: Path, limit: int = MAX_JSON) -> Any:
+    data = _read(path, limit)
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as e:
@@ -112,7 +113,7 @@ def read_vocabulary(folder: Path, hf: dict) -> SplitTokenizer:
     tok_cfg = _json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
     if isinstance(tok_cfg, dict) and _typed(tok_cfg, folder / "tokenizer_config.json", "separate_vocabs", bool, False):
         raise PretrainedError(f"{folder / 'tokenizer_config.json'}: separate_vocabs is true: not supported")
-    vocab = _json(folder / "vocab.json")
+    vocab = _json(folder / "vocab.json", MAX_VOCAB_JSON)
     V = hf.get("vocab_size")
     if not (isinstance(vocab, dict) and all(type(i) is int for i in vocab.values())):
         raise PretrainedError(f"{folder / 'vocab.json'}: not a mapping of pieces to ids")

@@ -385,3 +385,36 @@ def test_read_bounded_refuses_what_is_no_small_text_file_without_reading_it(tmp_
             read_json(tmp_path / "r.json", fix="re-run it")
     (tmp_path / "r.json").write_text('{"a": [1]}')
     assert read_json(tmp_path / "r.json") == {"a": [1]}
+
+
+@pytest.mark.parametrize("link", ["loop", "dangling", "to an empty folder"])
+def test_an_output_folder_that_is_a_link_is_one_line_before_any_work(toy_prepared, tmp_path, link, capsys):
+    """A symbolic link as --output (a loop, a link to nowhere, or to an empty folder the swap would
+    replace by a folder of its own): refused in one line before the model is loaded; nothing changes."""
+    from aiayn.checkpoint import model_tensors, save_weights
+    from aiayn.cli import main
+    from aiayn.config import Config
+    from aiayn.data.tokenizer import Tokenizer
+    from aiayn.models.transformer import Transformer
+
+    tok, cfg = Tokenizer.load(str(toy_prepared / "spm.model")), Config()
+    cfg.model.vocab_size, cfg.model.d_model, cfg.model.d_ff, cfg.model.h, cfg.model.N = len(tok), 16, 32, 2, 1
+    ckpt = tmp_path / "model.safetensors"
+    save_weights(ckpt, model_tensors(Transformer(cfg.model)), cfg, tok, 0)
+    out = tmp_path / "maps"
+    if link == "loop":
+        out.symlink_to(tmp_path / "maps")
+    elif link == "dangling":
+        out.symlink_to(tmp_path / "nowhere")
+    else:
+        (tmp_path / "empty").mkdir()
+        out.symlink_to(tmp_path / "empty")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["plot", "attention", "--checkpoint", str(ckpt), "--src", "a dog",
+                 "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a symbolic link" in err[0] and "Traceback" not in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and out.is_symlink()
+    for verb in (["export", "hf", "--checkpoint", str(ckpt), "-o", str(out)],
+                 ["prepare", "--data-dir", str(tmp_path), "--src", "en", "--tgt", "de", "-o", str(out)]):
+        assert main(verb) == 2 and "is a symbolic link" in capsys.readouterr().err

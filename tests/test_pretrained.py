@@ -195,6 +195,8 @@ def _broken(folder: Path, how: str) -> None:
         (folder / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
     elif how == "separate_vocabs a list":
         (folder / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": [1, 2]}))
+    elif how == "a huge vocab.json":  # refused by its size, before it is parsed (20x its size in memory)
+        (folder / "vocab.json").write_bytes(b'{"' + b"x" * (17 << 20) + b'": 0}')
     elif how == "pickle only":
         (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
     elif how == "truncated weights":
@@ -208,7 +210,7 @@ def _broken(folder: Path, how: str) -> None:
     ("layernorm_embedding", "layernorm_embedding is True"),
     ("static_position_embeddings", "static_position_embeddings is False"),
     ("vocab_size", "config.json's vocab_size 700"), ("decoder_vocab_size", "separate vocabularies"),
-    ("pickle only", "pytorch_model.bin, a pickle"),
+    ("pickle only", "pytorch_model.bin, a pickle"), ("a huge vocab.json", "more than the 16,777,216 allowed"),
     ("decoder_layers true", "decoder_layers is True, not an integer"),
     ("fewer layers than the weights", "config.json does not describe, e.g. model.decoder.layers.1."),
     ("untied lm_head", "lm_head.weight differs from model.shared.weight"),

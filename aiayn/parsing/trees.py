@@ -113,6 +113,7 @@ def _utf8(data: bytes, where: str) -> str:
 
 
 MAX_MRG_BYTES = 64 << 20  # one .mrg file (the WSJ's largest is under 1 MB); larger is refused unread
+MAX_TREEBANK_BYTES = 256 << 20  # all .mrg files of a treebank (the whole WSJ: ~50 MB), whatever a zip claims
 
 
 def _add(files: dict[str, str], where: dict[str, str], name: str, data: bytes, place: str) -> None:
@@ -142,16 +143,25 @@ def read_treebank(path: Path) -> dict[str, list[Tree]]:
     path = Path(path)
     files: dict[str, str] = {}
     where: dict[str, str] = {}
+    total = [0]
+
+    def add(name: str, data: bytes, place: str) -> None:  # every file counted against MAX_TREEBANK_BYTES
+        total[0] += len(data)
+        if total[0] > MAX_TREEBANK_BYTES:
+            raise TreeError(f"{path}: its .mrg files hold more than {MAX_TREEBANK_BYTES:,} bytes in all (at {place}); "
+                            "a treebank may hold no more")
+        _add(files, where, name, data, place)
+
     if path.is_file() and zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as z:
             for info in sorted(z.infolist(), key=lambda i: i.filename):
                 if info.filename.endswith(".mrg"):
                     place = f"{path}:{info.filename}"
-                    data = _read_capped(lambda info=info: z.open(info), info.file_size, place)
-                    _add(files, where, Path(info.filename).name, data, place)
+                    add(Path(info.filename).name, _read_capped(lambda info=info: z.open(info), info.file_size, place),
+                        place)
     elif path.is_dir():
         for f in sorted(path.rglob("*.mrg")):
-            _add(files, where, f.name, _read_capped(lambda f=f: open(f, "rb"), f.stat().st_size, str(f)), str(f))
+            add(f.name, _read_capped(lambda f=f: open(f, "rb"), f.stat().st_size, str(f)), str(f))
     else:
         raise TreeError(f"{path}: not a folder of .mrg files or a treebank .zip")
     if not files:

@@ -473,3 +473,10 @@ def test_a_treebank_zip_is_read_in_bounded_pieces_and_names_are_unique(tmp_path,
     (folder / "wsj_0002.mrg").write_text(tree * 200)
     with pytest.raises(TreeError, match="wsj_0002.mrg: 7,600 bytes"):
         read_treebank(folder)
+    many = tmp_path / "many.zip"  # each member under the file bound, together over the treebank's
+    with zipfile.ZipFile(many, "w", zipfile.ZIP_DEFLATED) as z:
+        for i in range(10):
+            z.writestr(f"treebank/wsj_{i:04d}.mrg", tree * 20)
+    monkeypatch.setattr(parse, "MAX_TREEBANK_BYTES", 3000)
+    with pytest.raises(TreeError, match="more than 3,000 bytes in all \\(at .*wsj_0003.mrg\\)"):
+        read_treebank(many)
