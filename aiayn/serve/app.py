@@ -21,7 +21,6 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..config import ConfigError
 from ..data.tokenizer import EOS
@@ -30,7 +29,7 @@ from ..decode.markup import MarkupError, MarkupLimit, parse, put_back
 from ..decode.translator import Translator
 from ..version import __version__
 from .batcher import Batcher, Overloaded, OverShare
-from .edge import BearerToken, BodyLimit, Concurrency, ConnectionCount, RateLimited, edge_protocol
+from .edge import BearerToken, BodyLimit, Concurrency, ConnectionCount, RateLimited, TrustedHosts, edge_protocol
 from .pool import ModelPool, RouteError
 
 PAGE = Path(__file__).with_name("page.html")
@@ -150,7 +149,7 @@ def _guard(app: FastAPI, limits: Limits) -> None:
         app.add_middleware(BearerToken, token=limits.token)
     app.add_middleware(Concurrency, limit=limits.limit_concurrency)
     # outermost: a page on another site that points a name at 127.0.0.1 (DNS rebinding) sends its own Host
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(limits.allowed_hosts), www_redirect=False)
+    app.add_middleware(TrustedHosts, allowed=list(limits.allowed_hosts))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -159,17 +158,28 @@ def _guard(app: FastAPI, limits: Limits) -> None:
         return JSONResponse({"detail": errors}, status_code=422)
 
 
-async def _answer(batcher: Batcher, timeout_s: float, enqueue: Callable[[], Future]) -> Any:
-    """Queue work for the model and wait for it, within the request's time limit."""
+async def _answer(batcher: Batcher, timeout_s: float, enqueue: Callable[[], Future],
+                  request: Request | None = None) -> Any:
+    """Queue work for the model and wait for it, within the request's time limit; a client that
+    hangs up meanwhile (`request` disconnected, looked at twice a second) has its work dropped then,
+    not at the time limit (the worker leaves a cancelled job within a few decoder steps)."""
     try:
         fut = enqueue()
     except Overloaded as e:  # 429: this client's share is full; 503: the whole queue is
         raise HTTPException(429 if isinstance(e, OverShare) else 503, str(e),
                             headers={"Retry-After": str(batcher.retry_after())}) from None
-    try:
-        return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
-    except asyncio.TimeoutError:  # wait_for cancelled the job: the worker drops it at its next chunk
-        raise HTTPException(504, f"no answer within {timeout_s:g} s; the server is busy, retry later") from None
+    waiting, deadline = asyncio.wrap_future(fut), time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), max(0.0, min(0.5, left)))
+        except asyncio.TimeoutError:
+            if left <= 0.5:
+                fut.cancel()
+                raise HTTPException(504, f"no answer within {timeout_s:g} s; the server is busy, retry later") from None
+            if request is not None and await request.is_disconnected():
+                fut.cancel()
+                raise HTTPException(499, "the client hung up") from None
 
 
 def create_app(served: Translator | ModelPool, limits: Limits | None = None,
@@ -194,8 +204,8 @@ def create_app(served: Translator | ModelPool, limits: Limits | None = None,
         except RouteError as e:
             raise HTTPException(400, str(e)) from None
 
-    def run(enqueue: Callable[[], Future]) -> Any:
-        return _answer(batcher, limits.timeout_s, enqueue)
+    def run(enqueue: Callable[[], Future], request: Request | None = None) -> Any:
+        return _answer(batcher, limits.timeout_s, enqueue, request)
 
     @app.get("/health")
     async def health() -> dict:
@@ -223,7 +233,7 @@ def create_app(served: Translator | ModelPool, limits: Limits | None = None,
             return AttentionResponse(source_tokens=data.src_tokens, target_tokens=data.tgt_out_tokens,
                                      translation=data.translation, weights=data.cross.mean((0, 1)).tolist())
 
-        return await run(lambda: batcher.call(maps, 2 * work, _client(request)))  # the search, then the maps
+        return await run(lambda: batcher.call(maps, 2 * work, _client(request)), request)  # the search, the maps
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> str:
@@ -247,7 +257,7 @@ async def _translated(req: TranslateRequest, request: Request, t: Translator, ba
     alpha = d.alpha if tuned_alpha is None else tuned_alpha
     began = time.perf_counter()
     texts, scores, links = await _answer(batcher, limits.timeout_s, lambda: batcher.submit(
-        ids, beam, alpha, _client(request), req.alignments or req.markup, t))
+        ids, beam, alpha, _client(request), req.alignments or req.markup, t), request)
     requests_log.info("translate from %s: %d sentence(s), %d subwords, beam %d, %.0f ms", _client(request),
                       len(ids), sum(map(len, ids)), beam, 1000 * (time.perf_counter() - began))
     if trees:

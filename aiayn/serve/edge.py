@@ -140,9 +140,35 @@ class BearerToken:
         if scope["type"] != "http" or scope.get("path") in self.OPEN:
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, b"Bearer " + self.token):
+        if not hmac.compare_digest(given, b"Bearer " + self.token):  # closed at once: its body is never read
             return await JSONResponse({"detail": "a valid 'Authorization: Bearer TOKEN' header is needed"},
-                                      status_code=401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                                      status_code=401, headers={"WWW-Authenticate": "Bearer", "Connection": "close"}
+                                      )(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+class TrustedHosts:
+    """ASGI middleware: requests whose Host header names none of `allowed` ("*", a name, an address,
+    "*.example.com") get 400 and the connection is closed at once, its body never read (a page on
+    another site that points a name at 127.0.0.1, DNS rebinding, sends its own Host)."""
+
+    def __init__(self, app, allowed: list[str]):
+        self.app, self.allowed = app, [a.lower() for a in allowed]
+
+    def ok(self, host: str) -> bool:
+        host = host.lower()
+        if host.startswith("[") and "]" in host:  # [::1]:8000: IPv6's brackets and the port are not the name
+            host = host[1:host.index("]")]
+        elif host.count(":") == 1:  # name:port
+            host = host.rsplit(":", 1)[0]
+        return any(a == "*" or a == host or (a.startswith("*.") and host.endswith(a[1:])) for a in self.allowed)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        if not self.ok(host):
+            return await _reply(scope, receive, send, 400, "Invalid host header", close=True)
         return await self.app(scope, receive, send)
 
 

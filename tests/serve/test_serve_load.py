@@ -174,6 +174,34 @@ def _peak_rss_mb(pid: int) -> float:
 
 
 @pytest.mark.slow
+def test_a_client_that_hangs_up_has_its_work_dropped_then_not_at_the_time_limit(toy_prepared, tmp_path):
+    """A costly request whose client closes its socket while it is being translated: the queue's
+    work is back to 0 within seconds, far inside the 60 s time limit the request would otherwise hold."""
+    ckpt, tok = random_checkpoint(toy_prepared, tmp_path / "m.safetensors", d_model=128, N=3, max_positions=256,
+                                  never_ends=True)
+    url, port, proc = start(ckpt, "--timeout", "60")
+    try:  # about a minute of work: every search runs to its length limit
+        body = json.dumps({"sentences": [" ".join(["the dog runs near the big red house"] * 3)] * 16,
+                           "beam": 16}).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            deadline = time.time() + 20
+            while httpx.get(url + "/health").json()["queue"]["work"] == 0:
+                assert time.time() < deadline, "the request never reached the queue"
+                time.sleep(0.05)
+        gone = time.perf_counter()  # the socket is closed here
+        while httpx.get(url + "/health").json()["queue"]["work"] != 0:
+            assert time.perf_counter() - gone < 6, "the hung-up client's work stayed queued"
+            time.sleep(0.1)
+        print(f"work dropped {time.perf_counter() - gone:.2f} s after the client hung up")
+        r = httpx.post(url + "/translate", json={"sentences": ["the dog"]}, timeout=30)
+        assert r.status_code == 200
+    finally:
+        stop(proc)
+
+
+@pytest.mark.slow
 def test_the_costliest_request_does_not_starve_a_short_one(toy_prepared, tmp_path):
     """A hostile request (64 x 1,000 characters of real words, beam 16) is refused by the subword cap; the
     costliest request the limits accept runs in chunks, so a short request sent after it is answered
@@ -337,6 +365,22 @@ def test_an_oversized_content_length_gets_413_and_the_connection_closed(random_m
         stop(proc)
 
 
+def refusal_closes(port: int, host: str, token: str) -> tuple[int, float, bool]:
+    """Headers announcing a 200 MB body, and only a trickle of it: the status line, the seconds
+    until it came, and whether the server then closed the connection (not waiting for the rest)."""
+    began = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(f"POST /translate HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {200 << 20}\r\n\r\n".encode() + b"x" * 1000)
+        data = b""
+        try:
+            while chunk := s.recv(65536):
+                data += chunk
+        except (TimeoutError, ConnectionResetError):
+            return int(data.split()[1]) if data else 0, time.perf_counter() - began, False
+    return int(data.split()[1]), time.perf_counter() - began, True
+
+
 def test_hosts_not_named_and_requests_without_the_token_are_refused(random_model, monkeypatch):
     """A page elsewhere that points its own name at 127.0.0.1 (DNS rebinding) sends that name as Host:
     400. With a token (here from $AIAYN_SERVE_TOKEN) the API needs it; the page and /health do not."""
@@ -351,8 +395,14 @@ def test_hosts_not_named_and_requests_without_the_token_are_refused(random_model
         no_token = httpx.post(url + "/translate", json=body)
         wrong = httpx.post(url + "/attention", json={"sentence": "a dog"}, headers={"Authorization": "Bearer x"})
         page, health = httpx.get(url + "/"), httpx.get(url + "/health")
+        v6 = httpx.get(url + "/health", headers={"Host": f"[::1]:{port}"})  # a loopback name, bracketed with its port
+        refused = [refusal_closes(port, host, token) for host, token in (("evil.example", "s3cret"),
+                                                                          ("127.0.0.1", "wrong"))]
     finally:
         stop(proc)
+    assert v6.status_code == 200
+    for status, seconds, closed in refused:  # answered and closed at once, the 200 MB body never read
+        assert status in (400, 401) and closed and seconds < 2.0, (status, seconds, closed)
     assert rebound.status_code == 400 and "host" in rebound.text.lower()
     assert named.status_code == 200 and local.status_code == 200
     assert no_token.status_code == 401 and wrong.status_code == 401 and "Bearer" in no_token.text
