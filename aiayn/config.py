@@ -254,9 +254,22 @@ class DecodeConfig:
     nbest: int = 1  # translations given per input, best first
     max_tokens: int | None = None  # source tokens per translation batch; None: by the decoding device
     step: str = "auto"  # the decoder step: auto (fused; compiled with --compile) | modules | fused | compiled | graphed
+    # Sampling instead of search (decode/sampling.py; the paper searches): back-translation's sources
+    sample: bool = False  # draw each next token from the model's distribution (beam is then ignored)
+    temperature: float = 1.0  # sampling: log-probabilities divided by it (< 1 sharper, > 1 flatter)
+    top_k: int = 0  # sampling: only the k most probable tokens (0: all)
+    top_p: float = 1.0  # sampling: only the most probable tokens holding this much of the mass (1: all)
+    seed: int = 1  # sampling: with a sentence's subwords, seeds its draws (the same alone or in a batch)
 
     def validate(self) -> None:
         _check_numbers("decode", self)
+        for name, ok, want in (("temperature", 0 < self.temperature <= 100, "in (0, 100]"),
+                               ("top_k", self.top_k >= 0, ">= 0"), ("top_p", 0 < self.top_p <= 1, "in (0, 1]")):
+            if not ok:
+                raise ConfigError(f"decode.{name} must be {want}, got {getattr(self, name)}")
+        if self.sample and self.nbest != 1:
+            raise ConfigError(f"decode.sample draws one translation per input: decode.nbest must be 1, got "
+                              f"{self.nbest}")
         if self.max_tokens is not None:
             _check_positive("decode", self, "max_tokens")
         if self.max_len_a < 0 or self.max_len_b < 0:

@@ -27,7 +27,8 @@ log = logging.getLogger("aiayn")
 
 STREAM_LINES = 5000  # sources translated at a time: batches sort within them (bf16 results depend on the batch)
 _DECODE_FLAGS = {"decode.beam": "--beam", "decode.alpha": "--alpha", "decode.max_len_b": "--max-len-b",
-                 "decode.nbest": "--nbest", "decode.max_tokens": "--max-tokens"}
+                 "decode.nbest": "--nbest", "decode.max_tokens": "--max-tokens", "decode.temperature": "--temperature",
+                 "decode.top_k": "--top-k", "decode.top_p": "--top-p", "decode.sample": "--sample"}
 
 
 def _interactive(translator, output: str | None) -> None:
@@ -56,7 +57,9 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     if args.document:
         need("pysbd", "document")  # before the model is loaded
     overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
-                                   "nbest": args.nbest, "max_tokens": args.max_tokens, "step": args.step}.items()
+                                   "nbest": args.nbest, "max_tokens": args.max_tokens, "step": args.step,
+                                   "sample": args.sample or None, "temperature": args.temperature,
+                                   "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}.items()
                  if v is not None}
     refuse_parser(args.checkpoint, "translate")
     try:
@@ -271,6 +274,14 @@ def add_translate(sub) -> None:
     p.add_argument("--alignments", metavar="FILE", help="word alignments of each line with its translation, Pharaoh "
                    "i-j (source word i, target word j), from the head `aiayn align` chose")
     p.add_argument("--beam", type=int, help="beam size (default 4; 1 = greedy)")
+    p.add_argument("--sample", action="store_true",
+                   help="draw each next token from the model's distribution instead of searching (back-translation; "
+                        "the same sentence gets the same draw alone or in a batch, for one --seed)")
+    p.add_argument("--temperature", type=float, help="--sample: log-probabilities divided by T (default 1)")
+    p.add_argument("--top-k", type=int, help="--sample: only the k most probable tokens (default 0: all)")
+    p.add_argument("--top-p", type=float, help="--sample: only the most probable tokens holding this much of the "
+                                               "probability (default 1: all)")
+    p.add_argument("--seed", type=int, help="--sample: the seed of the draws (default 1)")
     p.add_argument("--alpha", type=float, help="length penalty alpha (default 0.6)")
     p.add_argument("--max-len-b", type=int, help="max output length = input length + B (default 50)")
     p.add_argument("--nbest", type=int, help="hypotheses per line, written as TEXT<TAB>SCORE")

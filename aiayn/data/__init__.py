@@ -1,17 +1,19 @@
 """§5.1's data: text -> subwords -> token-count batches.
 
 Read first: prepare.py (`aiayn prepare`: a corpus to a prepared folder), then tokenizer.py (the joint
-SentencePiece vocabulary) and batches.py (batches by target tokens).
+SentencePiece vocabulary), batches.py (batches by target tokens) and directions.py (several
+directions in one prepared folder, with target-language tags).
 """
 
 from ..doors import lazy
 
 __all__ = [
     "BOS", "Batch", "DataError", "EOS", "PAD", "TokenData", "Tokenizer", "UNK", "fetch_multi30k",
-    "load_manifest", "load_tokenizer", "make_batches", "prepare", "read_lines"
+    "load_manifest", "load_tokenizer", "make_batches", "prepare", "prepare_many", "read_lines"
 ]
 __getattr__, __dir__ = lazy(__name__, {
     "prepare": "prepare",
+    "prepare_many": "directions",
     "load_manifest": "prepare",
     "Tokenizer": "tokenizer",
     "load_tokenizer": "tokenizer",

@@ -1,13 +1,14 @@
 """§6.1's search: raw text in, translations out.
 
 Read first: translator.py (`Translator`), then search.py (greedy and beam search over any
-`IncrementalDecoder`), beams.py (their bookkeeping) and fast/ (the fused decoder step).
+`IncrementalDecoder`), beams.py (their bookkeeping), sampling.py (drawn translations) and fast/
+(the fused decoder step).
 """
 
 from ..doors import lazy
 
 __all__ = [
-    "AttentionData", "Ensemble", "Hypothesis", "Shortlist", "Translation", "Translator", "attention_data",
+    "AttentionData", "Ensemble", "Hypothesis", "Sampling", "Shortlist", "Translation", "Translator", "attention_data",
     "beam_search", "greedy_search", "length_penalty", "translate_markup", "translate_paragraphs", "tune"
 ]
 __getattr__, __dir__ = lazy(__name__, {
@@ -16,6 +17,7 @@ __getattr__, __dir__ = lazy(__name__, {
     "beam_search": "search",
     "greedy_search": "search",
     "Hypothesis": "beams",
+    "Sampling": "sampling",
     "length_penalty": "beams",
     "AttentionData": "maps",
     "attention_data": "maps",

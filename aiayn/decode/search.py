@@ -51,6 +51,7 @@ class IncrementalDecoder(Protocol):
 
 
 Abandoned = Callable[[Tensor], Tensor]  # sentence ids (B,) -> which of them nobody waits for now
+Pick = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]  # (logits, at max length, sentence ids) -> (lp, token)
 ABANDON_EVERY = 8  # steps between two looks at `abandoned`
 LOOK_EVERY = 4  # steps between two looks at which sentences are done, off a CPU (ABANDON_EVERY's divisor)
 
@@ -64,9 +65,11 @@ def _wanted(abandoned: Abandoned | None, t: int, active: Tensor) -> Tensor | Non
 
 @torch.no_grad()
 def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
-                  limit: int = 1023, abandoned: Abandoned | None = None) -> list[Hypothesis]:
-    """Pick the most probable next token until EOS or the maximum length; finished sentences
-    leave the batch, and so do `abandoned` ones (a server's requests that gave up)."""
+                  limit: int = 1023, abandoned: Abandoned | None = None, pick: Pick | None = None
+                  ) -> list[Hypothesis]:
+    """Pick the most probable next token until EOS or the maximum length (or `pick`'s: a draw,
+    decode/sampling.py); finished sentences leave the batch, and so do `abandoned` ones (a server's
+    requests that gave up)."""
     B, dev = src.size(0), src.device
     max_len = max_lengths(src, max_len_a, max_len_b, limit)
     cache = model.start_decoding(src)
@@ -76,8 +79,11 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
     scores = torch.zeros(B, device=dev)
     active = torch.arange(B, device=dev)  # sentence id of each row
     for t in range(int(max_len.max()) + 1):
-        best, tokens = top_lprobs(model.decode_step(tokens, cache), 1, t >= max_len[active])
-        best, tokens = best[:, 0], tokens[:, 0]
+        if pick is None:
+            best, tokens = top_lprobs(model.decode_step(tokens, cache), 1, t >= max_len[active])
+            best, tokens = best[:, 0], tokens[:, 0]
+        else:
+            best, tokens = pick(model.decode_step(tokens, cache), t >= max_len[active], active)
         scores[active] += best
         out[active, t] = tokens
         if _aligns(cache):

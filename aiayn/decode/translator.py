@@ -25,6 +25,7 @@ from .align import hypothesis_links
 from .ensemble import Ensemble, load_models
 from .fast import FusedDecoder, StepOptions, fast_decoder, fusable, search_beams, warm_up
 from .maps import AttentionData, attention_data
+from .sampling import Sampler, Sampling
 from .search import Hypothesis, greedy_search
 from .shortlist import Shortlist, ShortlistDecoder, ShortlistError, vocabulary_id
 
@@ -304,7 +305,10 @@ class Translator:
                 self.search_model, *self.shortlist.columns(src))
             gone = None if abandoned is None else functools.partial(_gone, abandoned, batch)
             with ctx:
-                if beam == 1:
+                if d.sample:  # a draw per token (decode/sampling.py), seeded by each sentence's subwords
+                    pick = Sampler(Sampling(d.temperature, d.top_k, d.top_p, d.seed), src)
+                    hyps = [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, limit, gone, pick)]
+                elif beam == 1:
                     hyps = [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, limit, gone)]
                 else:
                     hyps = search_beams(model, src, beam, alpha, d.max_len_a, d.max_len_b, nbest, limit, gone)

@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,41 +28,22 @@ from ..decode.markup import MarkupError, MarkupLimit, parse, put_back
 from ..decode.translator import Translator
 from ..version import __version__
 from .batcher import Batcher, Overloaded, OverShare
-from .edge import BearerToken, BodyLimit, Concurrency, ConnectionCount, RateLimited, TrustedHosts, edge_protocol
+from .edge import (
+    BearerToken,
+    BodyLimit,
+    Concurrency,
+    ConnectionCount,
+    Limits,
+    RateLimited,
+    TrustedHosts,
+    edge_protocol,
+)
+from .health import health_report, pool_report
 from .pool import ModelPool, RouteError
 
 PAGE = Path(__file__).with_name("page.html")
 log = logging.getLogger("aiayn")
 requests_log = logging.getLogger("aiayn.requests")  # one line a request, rate-limited (edge.RateLimited)
-
-
-@dataclass
-class Limits:
-    """What one request may ask and what the server holds at once (README: Failure behaviour)."""
-
-    max_sentences: int = 64  # per request (413 above)
-    max_chars: int = 1000  # per sentence (413 above)
-    max_subwords: int = 0  # per sentence (413 above); 0: the model's training length, data.max_len - 1
-    max_beam: int = 16
-    max_queue: int = 1024  # sentences waiting or being translated (503 above)
-    max_work: int = 1 << 20  # rows x positions (Batcher.price) summed over waiting sentences (503 above)
-    client_share: float = 0.25  # of max_work, what one client's requests may hold (429 above; 413 for one request)
-    chunk_s: float = 1.0  # about how long the worker works in one go before it looks at other requests
-    chunk_work: int = 1 << 14  # and at most this much work
-    chunk_bytes: int = 1 << 30  # and the key/value memory that work may take (a smaller chunk for a large model)
-    max_attention_subwords: int = 100  # /attention: its maps grow as the square of the length (413 above)
-    timeout_s: float = 60.0  # per request, queueing included (504 past it)
-    read_timeout_s: float = 10.0  # to receive a request's body (408 past it)
-    header_timeout_s: float = 10.0  # from accept, or the last response, to a request's complete headers
-    limit_concurrency: int = 256  # connections and requests at once; uvicorn answers 503 above it
-    allowed_hosts: tuple[str, ...] = ("*",)  # Host headers answered (400 otherwise); `serve` narrows it
-    token: str | None = None  # with it, /translate and /attention need "Authorization: Bearer TOKEN" (401)
-    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
-
-    @property
-    def max_body_bytes(self) -> int:
-        """Room for max_sentences sentences of max_chars characters, each escaped as \\uXXXX."""
-        return self.max_sentences * (6 * self.max_chars + 8) + 4096
 
 
 class TranslateRequest(BaseModel):
@@ -288,54 +268,6 @@ def _markup(limits: Limits, sentences: list[str]) -> list:
 def _client(request: Request) -> str | None:
     """Who sent a request, for the share of the queue one client may hold: its address."""
     return request.client.host if request.client else None
-
-
-def _state(batcher: Batcher, limits: Limits, connections: ConnectionCount | None) -> dict:
-    """/health's status ("degraded" while a job is older than the request time limit or the
-    connection table is full), its reason, the queue and the open connections."""
-    oldest = batcher.oldest_s()
-    full = connections is not None and connections.full()
-    status = ("worker stopped" if not batcher.worker.is_alive() else
-              "degraded" if oldest > limits.timeout_s or full else "ok")
-    reason = ("the worker has stopped" if status == "worker stopped" else
-              f"a job has waited {oldest:.1f} s, over the {limits.timeout_s:g} s limit" if oldest > limits.timeout_s
-              else f"the connection table is full ({connections.open} of {connections.limit}): new requests are "
-                   "refused with 503" if full else None)
-    return {"status": status, "reason": reason,
-            "queue": {"sentences": batcher.queued, "limit": limits.max_queue, "work": batcher.work,
-                      "work_limit": limits.max_work, "client_work_limit": batcher.client_work,
-                      "oldest_s": round(oldest, 3)},
-            "connections": None if connections is None else connections.open}
-
-
-def health_report(translator: Translator, batcher: Batcher, limits: Limits, max_subwords: int,
-                  attention_subwords: int, connections: ConnectionCount | None = None) -> dict:
-    """/health: the worker, the queue, the open connections (`_state`), the limits in force, the
-    model and its decoding settings."""
-    cfg, d = translator.model.cfg, translator.decode_cfg
-    return {**_state(batcher, limits, connections),
-            "limits": {"max_sentences": limits.max_sentences, "max_chars": limits.max_chars,
-                       "max_subwords": max_subwords, "max_beam": limits.max_beam,
-                       "max_attention_subwords": attention_subwords},
-            "model": {"d_model": cfg.d_model, "N": cfg.N, "h": cfg.h, "vocab_size": cfg.vocab_size,
-                      "parameters": sum(p.numel() for p in translator.model.parameters()),
-                      "languages": None if translator.languages is None else
-                      {"src": translator.languages[0], "tgt": translator.languages[1]},
-                      "target_languages": translator.target_languages(), "directions": translator.directions},
-            "decode": {"beam": d.beam, "alpha": d.alpha, "max_len_b": d.max_len_b,
-                       "shortlist": translator.shortlist is not None}}
-
-
-def pool_report(pool: ModelPool, batcher: Batcher, limits: Limits, connections: ConnectionCount | None = None
-                ) -> dict:
-    """/health of a server of many models: `_state`, the limits, every model with its directions and
-    whether it is loaded, and the memory bound on the loaded ones."""
-    return {**_state(batcher, limits, connections),
-            "limits": {"max_sentences": limits.max_sentences, "max_chars": limits.max_chars,
-                       "max_subwords": limits.max_subwords or None, "max_beam": limits.max_beam,
-                       "max_attention_subwords": limits.max_attention_subwords},
-            "model": None, "directions": pool.served_directions(), "models": pool.report(),
-            "loaded_mb_limit": round(pool.max_bytes / 2**20, 1) if pool.max_bytes else None}
 
 
 def _training_length(translator: Translator) -> int:

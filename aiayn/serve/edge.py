@@ -1,4 +1,4 @@
-"""The server's edge, before a request reaches the app: connection deadlines, body size and read
+"""The server's edge, before a request reaches the app: its limits, connection deadlines, body size and read
 time, requests at once, a log that a flood cannot fill (README: Failure behaviour)."""
 
 from __future__ import annotations
@@ -9,10 +9,40 @@ import hmac
 import logging
 import re
 import time
+from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse
 
 log = logging.getLogger("aiayn")
+
+
+@dataclass
+class Limits:
+    """What one request may ask and what the server holds at once (README: Failure behaviour)."""
+
+    max_sentences: int = 64  # per request (413 above)
+    max_chars: int = 1000  # per sentence (413 above)
+    max_subwords: int = 0  # per sentence (413 above); 0: the model's training length, data.max_len - 1
+    max_beam: int = 16
+    max_queue: int = 1024  # sentences waiting or being translated (503 above)
+    max_work: int = 1 << 20  # rows x positions (Batcher.price) summed over waiting sentences (503 above)
+    client_share: float = 0.25  # of max_work, what one client's requests may hold (429 above; 413 for one request)
+    chunk_s: float = 1.0  # about how long the worker works in one go before it looks at other requests
+    chunk_work: int = 1 << 14  # and at most this much work
+    chunk_bytes: int = 1 << 30  # and the key/value memory that work may take (a smaller chunk for a large model)
+    max_attention_subwords: int = 100  # /attention: its maps grow as the square of the length (413 above)
+    timeout_s: float = 60.0  # per request, queueing included (504 past it)
+    read_timeout_s: float = 10.0  # to receive a request's body (408 past it)
+    header_timeout_s: float = 10.0  # from accept, or the last response, to a request's complete headers
+    limit_concurrency: int = 256  # connections and requests at once; uvicorn answers 503 above it
+    allowed_hosts: tuple[str, ...] = ("*",)  # Host headers answered (400 otherwise); `serve` narrows it
+    token: str | None = None  # with it, /translate and /attention need "Authorization: Bearer TOKEN" (401)
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Room for max_sentences sentences of max_chars characters, each escaped as \\uXXXX."""
+        return self.max_sentences * (6 * self.max_chars + 8) + 4096
 
 
 class ConnectionCount:
