@@ -26,6 +26,7 @@ from .ensemble import Ensemble, load_models
 from .fast import FusedDecoder, StepOptions, fast_decoder, fusable, search_beams, warm_up
 from .maps import AttentionData, attention_data
 from .sampling import Sampler, Sampling
+from .scoring import ForcedScore, force_decoded
 from .search import Hypothesis, greedy_search
 from .shortlist import Shortlist, ShortlistDecoder, ShortlistError, vocabulary_id
 
@@ -213,6 +214,23 @@ class Translator:
             raise ConfigError("alignments come from one model's attention; translate with one checkpoint")
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
             return hypothesis_links(self.model, self.tokenizer, ids, hyps, self._head())
+
+    def score(self, sources: list[str], targets: list[str], tgt_lang: str | None = None,
+              alpha: float | None = None) -> list[ForcedScore]:
+        """Each translation's log-probability, force-decoded (decode/scoring.py): total, per subword and
+        over lp(|Y|) at `alpha` (default decode.alpha) as beam search ranks; sources tagged as `translate` does."""
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} translations")
+        if isinstance(self.model, Ensemble):
+            raise ConfigError("scores come from one model; score with one checkpoint")
+        src = self.encode_sources(sources, tgt_lang=tgt_lang)  # a target too long: a ValueError naming its line
+        tgt = self.tokenizer.encode_target([t.strip() for t in targets])
+        limit = self.model.cfg.max_positions - 1
+        for n, y in enumerate(tgt, 1):
+            if len(y) > limit:
+                raise ValueError(f"translation {n} has {len(y)} subwords; the model reads at most {limit}")
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            return force_decoded(self.model, src, tgt, self.decode_cfg.alpha if alpha is None else alpha)
 
     def target_languages(self) -> list[str]:
         """The languages this model translates into: a multilingual Marian model's `>>xx<<` codes,
