@@ -87,3 +87,58 @@ def test_page_translates_and_draws_heatmap(server, tmp_path):
             browser.close()
     assert texts == translator.translate(["the big dog runs", "the cat"], beam=2)
     assert "parameters" in model and "d_model 16" in model and "shown" in shown and width > 100
+
+
+def test_page_offers_the_directions_of_a_server_of_several_models(toy_prepared, tmp_path):
+    """A server of two checkpoints: the page lists their directions to pick from and translates with
+    the model of the one picked."""
+    uvicorn = pytest.importorskip("uvicorn")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    from aiayn.checkpoint import model_tensors, save_weights
+    from aiayn.config import Config
+    from aiayn.serve.pool import ModelPool
+
+    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
+    paths = []
+    for seed, tgt in ((1, "de"), (2, "fr")):
+        cfg = Config()
+        cfg.model.vocab_size, cfg.model.d_model, cfg.model.d_ff, cfg.model.h, cfg.model.N = len(tok), 16, 32, 2, 1
+        cfg.decode.max_len_b = 6
+        torch.manual_seed(seed)
+        paths.append(tmp_path / f"en{tgt}.safetensors")
+        save_weights(paths[-1], model_tensors(Transformer(cfg.model)), cfg, tok, 0,
+                     {"languages": {"src": "en", "tgt": tgt}})
+    app = create_app(ModelPool(paths, lambda p: Translator.load(p, precision="fp32")))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(100):
+            if srv.started:
+                break
+            time.sleep(0.05)
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+            try:
+                page = browser.new_page()
+                page.goto(f"http://127.0.0.1:{port}/")
+                page.wait_for_function("document.querySelectorAll('#pair option').length == 2", timeout=20_000)
+                options = page.eval_on_selector_all("#pair option", "els => els.map(e => e.value)")
+                visible = page.is_visible("#pair")
+                page.select_option("#pair", "en-fr")
+                page.fill("#source", "the big dog runs")
+                page.click("#go")
+                page.wait_for_function("document.querySelectorAll('.result').length == 1", timeout=20_000)
+                text = page.inner_text(".result .text")
+            finally:
+                browser.close()
+    finally:
+        srv.should_exit = True
+        thread.join(5)
+    assert options == ["en-de", "en-fr"] and visible
+    assert text == Translator.load(paths[1], precision="fp32").translate(["the big dog runs"])[0]
