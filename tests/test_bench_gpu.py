@@ -1,8 +1,9 @@
 """bench/gpu/gpu.py's CPU dry run (`--device cpu --tiny`), through bench/gpu/gpu_run.sh as a GPU visit runs it:
 every section of the GPU bench runs end to end in its own process — training throughput beside HF
 Marian, the paper-budget projection, bf16 and fp16 runs of the CLI, the torchrun SIGKILL-resume,
-decoding beside CTranslate2, the profile — so the GPU run is one command. The GPU benches' tooling, not the package: every test here is `long`
-(scripts/test.sh --long, before a GPU visit)."""
+decoding beside CTranslate2, the profile — so the GPU run is one command.
+The GPU benches' tooling, not the package: every test here is `long` (scripts/test.sh --long, before
+a GPU visit)."""
 
 import importlib
 import json

@@ -62,7 +62,8 @@ def test_the_command_line_prints_one_line_each_and_refuses_misaligned_files(toy_
     save_weights(ckpt, model_tensors(Transformer(cfg.model)), cfg, tok, 0)
     (tmp_path / "src").write_text("".join(s + "\n" for s in SOURCES))
     (tmp_path / "hyp").write_text("".join(s + "\n" for s in TARGETS))
-    assert main(["score", "--checkpoint", str(ckpt), "--src", str(tmp_path / "src"), "--hyp", str(tmp_path / "hyp")]) == 0
+    assert main(["score", "--checkpoint", str(ckpt), "--src", str(tmp_path / "src"), "--hyp",
+                 str(tmp_path / "hyp")]) == 0
     lines = capsys.readouterr().out.splitlines()
     want = Translator.load(ckpt, precision="fp32").score(SOURCES, TARGETS)
     assert lines[0].split("\t") == ["total", "per_subword", "normalized", "subwords"] and len(lines) == 6
