@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
               + suggestion(flags[0] if flags else "", sub.choices[args.command], getattr(args, "overrides", False)),
               file=sys.stderr)
         return 2
-    problem = next(filter(None, map(checkpoint_problem, _listed(getattr(args, "checkpoint", None)))), None)
+    served = args.command == "serve"  # a folder of checkpoints: one server for them all
+    problem = next(filter(None, (checkpoint_problem(c, served) for c in _listed(getattr(args, "checkpoint", None)))),
+                   None)
     problem = problem or input_problem(getattr(args, "input", None))
     if problem:  # before the verb imports torch (1-4 s) and loads a model: a mistyped name is answered at once
         print(f"aiayn {args.command}: error: {problem}", file=sys.stderr)

@@ -35,14 +35,17 @@ def refuse_parser(paths: str | Path | list, verb: str) -> None:
                             f"translation models: parse with `aiayn parse --checkpoint {p}`")
 
 
-def checkpoint_problem(path: str) -> str | None:
+def checkpoint_problem(path: str, folders: bool = False) -> str | None:
     """What is wrong with a --checkpoint argument, read before any model loads: a name that does not
-    exist, a run folder or a folder of checkpoints (which file to give instead). A folder with a
-    config.json is a pretrained Marian model (pretrained.py reads it)."""
+    exist, a run folder or a folder of checkpoints (which file to give instead; `folders`: a folder
+    of .safetensors files is what `serve` takes). A folder with a config.json is a pretrained
+    Marian model (pretrained.py reads it)."""
     p = Path(path)
     if not p.exists():
         return f"--checkpoint {path}: no such file (checkpoint not found)"
     if not p.is_dir() or (p / "config.json").is_file():
+        return None
+    if folders and any(p.glob("*.safetensors")):
         return None
     ckpts = p / "checkpoints" if (p / "run.json").is_file() else p
     if (p / "run.json").is_file() or any(ckpts.glob("*.safetensors")):

@@ -87,3 +87,20 @@ def test_one_server_serves_every_direction_within_its_memory_bound(models, toy_c
                 "detail"]
     finally:
         stop(proc)
+
+
+def test_a_folder_of_checkpoints_is_served_as_they_are(models, tmp_path):
+    """`serve --checkpoint FOLDER`: its .safetensors files, one server (a folder is refused elsewhere)."""
+    import shutil
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name in ("en-de", "en-fr"):
+        shutil.copy(models[name], folder)
+    url, _, proc = start(folder)
+    try:
+        assert httpx.get(url + "/health").json()["directions"] == ["en-de", "en-fr"]
+        r = httpx.post(url + "/translate", json={"sentences": ["the dog"], "src": "en", "tgt": "fr"}, timeout=30)
+        assert r.status_code == 200
+    finally:
+        stop(proc)
