@@ -75,6 +75,10 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         check_output_file(args.output, inputs=(args.input, args.ref, args.checkpoint, args.shortlist))
     if args.alignments:
         check_output_file(args.alignments, "--alignments", (args.input, args.ref, args.checkpoint, args.output))
+    if args.quality:
+        if translator.decode_cfg.nbest != 1 or args.document or args.markup:
+            raise UserError("--quality reads one translation per line: not with --nbest, --document or --markup")
+        check_output_file(args.quality, "--quality", (args.input, args.ref, args.checkpoint, args.output))
     if args.input in (None, "-") and sys.stdin.isatty() and not args.ref:
         _interactive(translator, args.output)
         return
@@ -95,11 +99,13 @@ def _translate_chunks(translator, chunks, args: argparse.Namespace, refs: list[s
     """A chunk at a time, in input order, each read as its input arrives: stdout gets each as it is done
     (`| head` ends it early, a pipe's output flows while its input does); --output and --alignments are
     written whole, atomically, at the end, the same text."""
+    from ..decode.quality import FIELDS, quality
     from ..score import pharaoh
 
     start, n_lines, n_tok, align_s = time.perf_counter(), 0, 0, 0.0
     out_lines: list[str] = []
     links: list = []
+    signals: list[str] = []
     for chunk in chunks:
         ids = translator.encode_sources(chunk, first_line=n_lines + 1)
         beam, alpha = translator.setting_for(args.beam, args.alpha, None)  # --tgt-lang's tuned setting
@@ -112,11 +118,20 @@ def _translate_chunks(translator, chunks, args: argparse.Namespace, refs: list[s
         if not args.output:
             sys.stdout.write("".join(x + "\n" for x in text))
             sys.stdout.flush()
-        if args.alignments:
+        if args.alignments or args.quality:
             start_align = time.perf_counter()
-            links += translator.align(ids, hyps)
+            here = translator.align(ids, hyps)
+            links += here
             align_s += time.perf_counter() - start_align
+            if args.quality:  # decode/quality.py: signals and the flag, from the search and the alignment head
+                signals += [quality(x, h[0] if h else None, len(line.split()), lk, beam or translator.decode_cfg.beam,
+                                    translator.decode_cfg.alpha if alpha is None else alpha).row()
+                            for x, h, line, lk in zip(ids, hyps, chunk, here)]
     seconds = time.perf_counter() - start - align_s
+    if args.quality:
+        atomic_write(Path(args.quality), "".join(x + "\n" for x in ["\t".join(FIELDS), *signals]).encode())
+        log.info("quality signals of every translation -> %s (the flag's rule: decode/quality.py FLAG_RULES)",
+                 args.quality)
     if args.alignments:
         atomic_write(Path(args.alignments), "".join(pharaoh(x) + "\n" for x in links).encode())
         log.info("word alignments (Pharaoh i-j, source first) -> %s in %.1fs", args.alignments, align_s)
@@ -298,6 +313,10 @@ def add_translate(sub) -> None:
                    "it does")
     p.add_argument("--alignments", metavar="FILE", help="word alignments of each line with its translation, Pharaoh "
                    "i-j (source word i, target word j), from the head `aiayn align` chose")
+    p.add_argument("--quality", metavar="FILE",
+                   help="a TSV of each translation's confidence: mean subword log-probability, the search's score, "
+                        "length ratio, repeats, source coverage by the alignment head, and a flag for a likely failure "
+                        "(its rule: decode/quality.py)")
     p.add_argument("--beam", type=int, help="beam size (default 4; 1 = greedy)")
     p.add_argument("--sample", action="store_true",
                    help="draw each next token from the model's distribution instead of searching (back-translation; "
