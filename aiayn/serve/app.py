@@ -59,12 +59,16 @@ class TranslateRequest(BaseModel):
                             "(its >>xx<< code, e.g. fra); /health lists them")
     src: str | None = Field(None, max_length=32, description="the source language, where the server holds "
                             "several models (it routes by src and tgt; /health lists the directions)")
+    quality: bool = Field(False, description="also each translation's confidence: mean subword log-probability, "
+                                             "score, length ratio, repeats, source coverage and a flag "
+                                             "(decode/quality.py)")
 
 
 class TranslateResponse(BaseModel):
     translations: list[str]
     scores: list[float | None]
     alignments: list[str] | None = None
+    quality: list[dict] | None = None
 
 
 class AttentionRequest(BaseModel):
@@ -236,13 +240,14 @@ async def _translated(req: TranslateRequest, request: Request, t: Translator, ba
     ids, _ = check_sentences(batcher, limits, plain, _subword_limits(limits, t)[0], beam, req.tgt, t)
     alpha = d.alpha if tuned_alpha is None else tuned_alpha
     began = time.perf_counter()
-    texts, scores, links = await _answer(batcher, limits.timeout_s, lambda: batcher.submit(
-        ids, beam, alpha, _client(request), req.alignments or req.markup, t), request)
+    texts, scores, links, *signals = await _answer(batcher, limits.timeout_s, lambda: batcher.submit(
+        ids, beam, alpha, _client(request), req.alignments or req.markup, t, req.quality), request)
     requests_log.info("translate from %s: %d sentence(s), %d subwords, beam %d, %.0f ms", _client(request),
                       len(ids), sum(map(len, ids)), beam, 1000 * (time.perf_counter() - began))
     if trees:
         texts = [put_back(root, text, x) for (_, root), text, x in zip(trees, texts, links)]
-    return TranslateResponse(translations=texts, scores=scores, alignments=links if req.alignments else None)
+    return TranslateResponse(translations=texts, scores=scores, alignments=links if req.alignments else None,
+                             quality=signals[0] if signals else None)
 
 
 def _subword_limits(limits: Limits, translator: Translator) -> tuple[int, int]:

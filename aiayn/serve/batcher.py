@@ -14,9 +14,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..decode.quality import quality
 from ..decode.translator import Translator
 from ..score import pharaoh
 
@@ -37,7 +38,7 @@ class Job:
     their turn; a request that gave up (its future cancelled) is dropped at the next chunk."""
 
     ids: list[list[int]] = field(default_factory=list)  # subword ids + EOS per sentence
-    options: tuple[int, float, bool] | None = None  # (beam, alpha, word alignments?) of a translation
+    options: tuple[int, float, bool, bool] | None = None  # (beam, alpha, word alignments?, quality?) of a translation
     call: Callable[[], Any] | None = None  # any other use of the model, run alone
     costs: list[int] = field(default_factory=list)  # work per sentence (Batcher.price); a call's in [0]
     client: str | None = None  # who asked (the share of the work one client may hold)
@@ -48,6 +49,7 @@ class Job:
     texts: list[str] = field(default_factory=list)
     scores: list[float | None] = field(default_factory=list)
     alignments: list[str] = field(default_factory=list)  # Pharaoh word links, when asked for
+    quality: list[dict] = field(default_factory=list)  # decode/quality.py's signals, when asked for
 
     def cost(self, i: int) -> int:
         """Work of sentence i (of the call, for i = 0)."""
@@ -71,6 +73,11 @@ def _complete(fut: Future, result: Any = None, error: BaseException | None = Non
             fut.set_result(result)
     except InvalidStateError:
         pass
+
+
+def _json_safe(d: dict) -> dict:
+    """NaN (a signal not read, e.g. an empty line's coverage) as None: JSON has no NaN."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in d.items()}
 
 
 def _trim_memory() -> None:
@@ -141,14 +148,15 @@ class Batcher:
         return job.future
 
     def submit(self, sentences: list[str] | list[list[int]], beam: int, alpha: float,
-               client: str | None = None, alignments: bool = False, translator: Translator | None = None) -> Future:
+               client: str | None = None, alignments: bool = False, translator: Translator | None = None,
+               quality: bool = False) -> Future:
         """Queue sentences (text, or ids from `encode_sources`) for translation by `translator` (default
         the batcher's); raises Overloaded when the queue is full (OverShare when this client's part of
         it is). The future's result is (texts, scores, alignments: Pharaoh word links per sentence, or
-        None if not asked for)."""
+        None if not asked for; with `quality`, a 4th: each translation's signals, decode/quality.py)."""
         t = translator or self.translator
         ids = t.encode_sources(sentences) if sentences and isinstance(sentences[0], str) else list(sentences)
-        return self._enqueue(Job(ids=ids, options=(beam, alpha, alignments), costs=self.price(ids, beam, t),
+        return self._enqueue(Job(ids=ids, options=(beam, alpha, alignments, quality), costs=self.price(ids, beam, t),
                                  client=client, translator=t))
 
     def call(self, fn: Callable[[], Any], work: int = 1, client: str | None = None) -> Future:
@@ -275,15 +283,19 @@ class Batcher:
         t = chunk[0][0].translator or self.translator
         ids = [x for job, a, b in chunk for x in job.ids[a:b]]
         owner = [job for job, a, b in chunk for _ in range(a, b)]
-        beam, alpha, align = chunk[0][0].options
+        beam, alpha, align, signals = chunk[0][0].options
         start = time.perf_counter()
         # a request that gives up during the chunk stops costing within a few decoder steps
         hyps = t.translate_ids(ids, beam=beam, alpha=alpha, nbest=1,
                                abandoned=lambda: {i for i, job in enumerate(owner) if job.future.cancelled()},
-                               alignments=align)
+                               alignments=align or signals)
         texts = t.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
         scores = [h[0].score if h else None for h in hyps]
-        links = [pharaoh(x) for x in t.align(ids, hyps)] if align else []
+        word_links = t.align(ids, hyps) if align or signals else []
+        links = [pharaoh(x) for x in word_links] if align else []
+        words = [len(x.split()) for x in t.tokenizer.decode([x[:-1] for x in ids])] if signals else []
+        qualities = [_json_safe(asdict(quality(x, h[0] if h else None, n, lk, beam, alpha)))
+                     for x, h, n, lk in zip(ids, hyps, words, word_links)] if signals else []
         work = sum(job.cost(i) for job, a, b in chunk for i in range(a, b))
         self.rate = 0.8 * self.rate + 0.2 * work / max(time.perf_counter() - start, 1e-6)
         i = 0
@@ -291,8 +303,10 @@ class Batcher:
             job.texts += texts[i:i + b - a]
             job.scores += scores[i:i + b - a]
             job.alignments += links[i:i + b - a]
+            job.quality += qualities[i:i + b - a]
             i += b - a
             job.done = b
             self._release(job, b - a, sum(job.cost(k) for k in range(a, b)))
             if job.done >= job.size:
-                _complete(job.future, (job.texts, job.scores, job.alignments if align else None))
+                answer = (job.texts, job.scores, job.alignments if align else None)
+                _complete(job.future, (*answer, job.quality) if signals else answer)

@@ -405,3 +405,22 @@ def test_markup_past_its_bounds_is_a_422_and_costs_no_time(translator):
     small = TestClient(create_app(translator, Limits(max_chars=50)))
     r = small.post("/translate", json={"sentences": ["<b>" * 1000 + "w" + "</b>" * 1000], "markup": True})
     assert r.status_code == 413 and "characters" in r.json()["detail"]
+
+
+def test_translate_returns_each_translations_quality_when_asked(client, translator):
+    """`"quality": true`: decode/quality.py's signals of each translation, as `translate --quality` reads
+    them (the same search, alignments from the same head); none unless asked; an empty line's coverage null."""
+    from aiayn.decode.quality import FIELDS, quality
+
+    sents = ["the dog runs", "a cat", ""]
+    body = client.post("/translate", json={"sentences": sents, "quality": True}).json()
+    assert body["translations"] == translator.translate(sents) and len(body["quality"]) == 3
+    ids = translator.encode_sources(sents)
+    hyps = translator.translate_ids(ids)
+    for got, x, h, line, links in zip(body["quality"], ids, hyps, sents, translator.align(ids, hyps)):
+        want = quality(x, h[0] if h else None, len(line.split()), links, 4, 0.6)
+        assert list(got) == list(FIELDS)
+        assert got["flag"] == want.flag and got["repeated"] == want.repeated
+        assert got["mean_logprob"] == pytest.approx(want.mean_logprob, abs=1e-5)
+    assert body["quality"][2]["coverage"] is None
+    assert client.post("/translate", json={"sentences": sents}).json()["quality"] is None
