@@ -39,8 +39,10 @@ class Served:
     last_used: float = 0.0
     loads: int = 0
 
+    label: str = ""  # how /health and the log name it: its file name, with its folder where two share one
+
     def name(self) -> str:
-        return self.path.name
+        return self.label or self.path.name
 
 
 def directions_of(path: Path) -> list[tuple[str, str]]:
@@ -77,6 +79,10 @@ class ModelPool:
                     log.warning("%s-%s: served by %s; %s also has it", *d, self.routes[d].name(), p.name)
                     continue
                 self.routes[d] = served
+        names = [m.path.name for m in self.models]
+        for m in self.models:
+            if names.count(m.path.name) > 1:  # e.g. every run's averaged.safetensors
+                m.label = f"{m.path.parent.name}/{m.path.name}"
         self._lock = threading.Lock()
 
     def served_directions(self) -> list[str]:
