@@ -191,6 +191,11 @@ def _marker(folder: Path, kind: str) -> dict | None:
     return record if ok else None
 
 
+def marked(folder: Path, kind: str) -> bool:
+    """Whether `folder` carries the marker of aiayn's `kind` (whatever else it may hold)."""
+    return _marker(folder, kind) is not None
+
+
 def owned(folder: Path, kind: str) -> bool:
     """True if `folder` is an earlier output of aiayn's `kind` holding nothing beyond what it wrote:
     the marker is there, names `kind`, and lists every path the folder holds now."""

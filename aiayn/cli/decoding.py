@@ -21,6 +21,7 @@ from .common import (
     refuse_parser,
     score_lines,
 )
+from .parts import Parts
 
 log = logging.getLogger("aiayn")
 
@@ -54,6 +55,8 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     from ..decode.translator import Translator
     from ..extras import need
 
+    if args.chunk_lines < 1:
+        raise UserError(f"--chunk-lines must be at least 1, got {args.chunk_lines}")
     if args.document:
         need("pysbd", "document")  # before the model is loaded
     overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
@@ -85,63 +88,104 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     if args.document or args.markup:
         _document(translator, read_input(args.input), args)
         return
-    chunks = input_chunks(args.input, STREAM_LINES)
+    chunks = input_chunks(args.input, args.chunk_lines)
     refs = read_input(args.ref) if args.ref else None
     if refs is not None:  # the line counts checked before hours of translation, not after
         lines = [x for c in chunks for x in c]
         if len(refs) != len(lines):
             raise UserError(f"{args.input or '<stdin>'} has {len(lines)} lines but {args.ref} has {len(refs)}")
-        chunks = (lines[i:i + STREAM_LINES] for i in range(0, len(lines), STREAM_LINES))
+        chunks = (lines[i:i + args.chunk_lines] for i in range(0, len(lines), args.chunk_lines))
     _translate_chunks(translator, chunks, args, refs)
 
 
 def _translate_chunks(translator, chunks, args: argparse.Namespace, refs: list[str] | None) -> None:
     """A chunk at a time, in input order, each read as its input arrives: stdout gets each as it is done
-    (`| head` ends it early, a pipe's output flows while its input does); --output and --alignments are
-    written whole, atomically, at the end, the same text."""
-    from ..decode.quality import FIELDS, quality
-    from ..score import pharaoh
+    (`| head` ends it early, a pipe's output flows while its input does); --output, --alignments and
+    --quality are written whole, atomically, at the end, the same text. With --output each finished
+    chunk is kept in OUTPUT.parts/ (cli/parts.py): a run killed part-way resumes there."""
+    from ..decode.quality import FIELDS
 
     start, n_lines, n_tok, align_s = time.perf_counter(), 0, 0, 0.0
     out_lines: list[str] = []
-    links: list = []
+    links: list[str] = []
     signals: list[str] = []
-    for chunk in chunks:
-        ids = translator.encode_sources(chunk, first_line=n_lines + 1)
-        beam, alpha = translator.setting_for(args.beam, args.alpha, None)  # --tgt-lang's tuned setting
-        hyps = translator.translate_ids(ids, beam, alpha, alignments=bool(args.alignments),
-                                        progress=args.input not in (None, "-"))  # a file: its length is known
-        n_lines, n_tok = n_lines + len(chunk), n_tok + sum(len(h[0].tokens) + 1 for h in hyps if h)
-        text = _output_lines(translator, hyps)
+    parts = Parts(Path(args.output), _parts_key(translator, args)) if args.output else None
+    for k, chunk in enumerate(chunks):
+        record = parts.get(k, chunk) if parts else None
+        if record is None:
+            record = _translate_chunk(translator, chunk, args, n_lines + 1)
+            if parts:
+                parts.put(k, chunk, record)
+        n_lines, n_tok, align_s = n_lines + len(chunk), n_tok + record["tokens"], align_s + record["align_s"]
         if args.output or refs is not None:
-            out_lines += text
+            out_lines += record["text"]
         if not args.output:
-            sys.stdout.write("".join(x + "\n" for x in text))
+            sys.stdout.write("".join(x + "\n" for x in record["text"]))
             sys.stdout.flush()
-        if args.alignments or args.quality:
-            start_align = time.perf_counter()
-            here = translator.align(ids, hyps)
-            links += here
-            align_s += time.perf_counter() - start_align
-            if args.quality:  # decode/quality.py: signals and the flag, from the search and the alignment head
-                signals += [quality(x, h[0] if h else None, len(line.split()), lk, beam or translator.decode_cfg.beam,
-                                    translator.decode_cfg.alpha if alpha is None else alpha).row()
-                            for x, h, line, lk in zip(ids, hyps, chunk, here)]
+        links += record["links"]
+        signals += record["quality"]
     seconds = time.perf_counter() - start - align_s
     if args.quality:
         atomic_write(Path(args.quality), "".join(x + "\n" for x in ["\t".join(FIELDS), *signals]).encode())
         log.info("quality signals of every translation -> %s (the flag's rule: decode/quality.py FLAG_RULES)",
                  args.quality)
     if args.alignments:
-        atomic_write(Path(args.alignments), "".join(pharaoh(x) + "\n" for x in links).encode())
+        atomic_write(Path(args.alignments), "".join(x + "\n" for x in links).encode())
         log.info("word alignments (Pharaoh i-j, source first) -> %s in %.1fs", args.alignments, align_s)
     if args.output:
         atomic_write(Path(args.output), "".join(x + "\n" for x in out_lines).encode())
+        parts.finish()
     log.info("translated %d lines in %.1fs: %.1f sentences/s, %.0f target tokens/s", n_lines, seconds,
              n_lines / max(seconds, 1e-9), n_tok / max(seconds, 1e-9))
     if refs is not None:
         best = out_lines[::translator.decode_cfg.nbest]
         print(score_lines([x.split("\t")[0] for x in best], refs, "translation", args.ref), file=sys.stderr)
+
+
+def _translate_chunk(translator, chunk: list[str], args: argparse.Namespace, first_line: int) -> dict:
+    """One chunk's output lines, target tokens, word links (Pharaoh) and quality rows, as asked."""
+    from ..decode.quality import quality
+    from ..score import pharaoh
+
+    ids = translator.encode_sources(chunk, first_line=first_line)
+    beam, alpha = translator.setting_for(args.beam, args.alpha, None)  # --tgt-lang's tuned setting
+    hyps = translator.translate_ids(ids, beam, alpha, alignments=bool(args.alignments),
+                                    progress=args.input not in (None, "-"))  # a file: its length is known
+    record = {"text": _output_lines(translator, hyps), "tokens": sum(len(h[0].tokens) + 1 for h in hyps if h),
+              "links": [], "quality": [], "align_s": 0.0}
+    if args.alignments or args.quality:
+        began = time.perf_counter()
+        here = translator.align(ids, hyps)
+        record["align_s"] = time.perf_counter() - began
+        record["links"] = [pharaoh(x) for x in here] if args.alignments else []
+        if args.quality:  # decode/quality.py: signals and the flag, from the search and the alignment head
+            d = translator.decode_cfg
+            record["quality"] = [quality(x, h[0] if h else None, len(line.split()), lk, beam or d.beam,
+                                         d.alpha if alpha is None else alpha).row()
+                                 for x, h, line, lk in zip(ids, hyps, chunk, here)]
+    return record
+
+
+def _parts_key(translator, args: argparse.Namespace) -> dict:
+    """What a chunk's translation depends on: the model's files, the decoding settings, the precision
+    and step, the target language, the shortlist, what else is written, and the chunk size."""
+    import dataclasses
+
+    from ..files import digest
+
+    def files(p: str | None) -> list:
+        if not p:
+            return []
+        path = Path(p)
+        found = sorted(path.rglob("*")) if path.is_dir() else [path]
+        return [[str(f), digest(f)] for f in found if f.is_file()]
+
+    return {"checkpoint": [files(c) for c in ([args.checkpoint] if isinstance(args.checkpoint, str)
+                                               else args.checkpoint)],
+            "shortlist": files(args.shortlist), "decode": dataclasses.asdict(translator.decode_cfg),
+            "precision": translator.precision, "step": type(translator.search_model).__name__,
+            "tgt_lang": args.tgt_lang, "beam": args.beam, "alpha": args.alpha, "alignments": bool(args.alignments),
+            "quality": bool(args.quality), "chunk_lines": args.chunk_lines}
 
 
 def _output_lines(translator, hyps: list) -> list[str]:
@@ -245,6 +289,9 @@ def add_translate(sub) -> None:
                    "it does")
     p.add_argument("--alignments", metavar="FILE", help="word alignments of each line with its translation, Pharaoh "
                    "i-j (source word i, target word j), from the head `aiayn align` chose")
+    p.add_argument("--chunk-lines", type=int, default=STREAM_LINES, metavar="N",
+                   help=f"lines translated at a time (default {STREAM_LINES}): with --output each finished chunk "
+                        "is kept in OUTPUT.parts/, so a run killed part-way resumes at its first unfinished one")
     p.add_argument("--quality", metavar="FILE",
                    help="a TSV of each translation's confidence: mean subword log-probability, the search's score, "
                         "length ratio, repeats, source coverage by the alignment head, and a flag for a likely failure "

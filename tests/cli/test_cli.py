@@ -352,3 +352,58 @@ def test_markup_nested_past_its_bound_is_one_line_naming_the_line(trained, tmp_p
     assert main(["translate", "--checkpoint", str(work / "avg.safetensors"), "-i", str(f), "--markup"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "line 2: tags nested deeper than 64" in err[0] and "Traceback" not in err[0], err
+
+
+@pytest.mark.slow
+def test_a_translation_killed_part_way_resumes_and_gives_the_uninterrupted_bytes(toy_prepared, tmp_path):
+    """`translate -o` of 600 lines in chunks of 40, SIGKILLed in another process once some chunks are
+    kept in OUTPUT.parts/: run again, it translates only the rest and writes what a run never killed
+    writes (translations, alignments, quality), then removes the parts; other settings start anew."""
+    import signal
+    import time
+
+    import torch
+
+    from aiayn.checkpoint import model_tensors, save_weights
+    from aiayn.config import Config
+    from aiayn.data.tokenizer import Tokenizer
+    from aiayn.models.transformer import Transformer
+
+    tok, cfg = Tokenizer.load(str(toy_prepared / "spm.model")), Config()
+    cfg.model.vocab_size, cfg.model.d_model, cfg.model.d_ff, cfg.model.h, cfg.model.N = len(tok), 32, 64, 4, 2
+    torch.manual_seed(0)
+    ckpt = tmp_path / "m.safetensors"
+    save_weights(ckpt, model_tensors(Transformer(cfg.model)), cfg, tok, 0)
+    lines = (toy_prepared / "valid.en.txt").read_text().splitlines() * 30
+    (tmp_path / "in").write_text("".join(x + "\n" for x in lines))
+
+    def cmd(out: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "in"),
+                "-o", str(tmp_path / out), "--alignments", str(tmp_path / f"{out}.al"), "--quality",
+                str(tmp_path / f"{out}.q"), "--chunk-lines", "40", "--precision", "fp32", "--beam", "2", *extra]
+
+    subprocess.run(cmd("straight"), check=True, capture_output=True, timeout=300)
+    proc = subprocess.Popen(cmd("killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parts = tmp_path / "killed.parts"
+    deadline = time.time() + 120
+    while len(list(parts.glob("[0-9]*.json"))) < 3:
+        assert proc.poll() is None and time.time() < deadline, "the translation ended before the kill"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    kept = len(list(parts.glob("[0-9]*.json")))
+    assert not (tmp_path / "killed").exists() and 3 <= kept < 15
+    res = subprocess.run(cmd("killed"), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-1500:]
+    assert f"{kept} chunk(s) already translated" in res.stderr
+    for suffix in ("", ".al", ".q"):
+        assert (tmp_path / f"killed{suffix}").read_bytes() == (tmp_path / f"straight{suffix}").read_bytes(), suffix
+    assert not parts.exists()
+    proc = subprocess.Popen(cmd("again"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # a kill, then
+    while not list((tmp_path / "again.parts").glob("[0-9]*.json")):  # a rerun with another beam: anew
+        assert proc.poll() is None, "the translation ended before the kill"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    res = subprocess.run(cmd("again", "--beam", "1"), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "translating anew" in res.stderr and "already translated" not in res.stderr
