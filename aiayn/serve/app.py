@@ -327,11 +327,11 @@ def serve(checkpoint: str | list[str], host: str = "127.0.0.1", port: int = 8000
     # open-file limit; above it uvicorn answers 503 and closes, so a flood cannot exhaust the files.
     connections = max(8, min(limits.limit_concurrency + 64, files - 64))
     limits.limit_concurrency = min(limits.limit_concurrency, max(1, connections - 32))
-    for name in ("uvicorn.error", "uvicorn.access", "asyncio", requests_log.name):
+    for name in ("uvicorn.error", "uvicorn.access", "asyncio", requests_log.name, "aiayn.connections"):
         logging.getLogger(name).addFilter(RateLimited())
     log.info("serving on http://%s:%d: %d requests at once, %d connections (open-file limit %d)", host, port,
              limits.limit_concurrency, connections, files)
-    count = ConnectionCount(connections)
+    count = ConnectionCount(connections, max(8, int(connections * limits.client_share)))  # an address's share
     uvicorn.run(create_app(served, limits, count), host=host, port=port, log_level="info",
                 proxy_headers=trust_proxy,  # X-Forwarded-For names the client only when asked (--trust-proxy)
                 limit_concurrency=connections, http=edge_protocol(count, limits.header_timeout_s),

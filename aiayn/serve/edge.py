@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse
 
 log = logging.getLogger("aiayn")
+connections_log = logging.getLogger("aiayn.connections")  # refused connections, rate-limited by the server
 
 
 @dataclass
@@ -45,15 +46,39 @@ class Limits:
         return self.max_sentences * (6 * self.max_chars + 8) + 4096
 
 
-class ConnectionCount:
-    """The connections open now and the table's size (reported by /health: "degraded" when full)."""
+LOCAL = ("127.0.0.1", "::1", "::ffff:127.0.0.1")  # this machine's own clients (a proxy in front of it): no share
 
-    def __init__(self, limit: int | None = None) -> None:
-        self.open, self.limit = 0, limit
+
+class ConnectionCount:
+    """The connections open now and the table's size (reported by /health: "degraded" when full);
+    with `per_address`, what one client address may hold of it (LOCAL addresses aside): a connection
+    past its address's share is closed as it is accepted, so one address cannot fill the table."""
+
+    def __init__(self, limit: int | None = None, per_address: int | None = None) -> None:
+        self.open, self.limit, self.per_address = 0, limit, per_address
+        self.by_address: collections.Counter[str] = collections.Counter()
+        self.refused = 0
 
     def full(self) -> bool:
         """Whether uvicorn refuses new requests now (it answers 503 at `limit` connections)."""
         return self.limit is not None and self.open >= self.limit
+
+    def admit(self, address: str | None) -> bool:
+        """Count a new connection from `address`, unless that address holds its share already."""
+        if self.per_address is not None and address is not None and address not in LOCAL:
+            if self.by_address[address] >= self.per_address:
+                self.refused += 1
+                return False
+            self.by_address[address] += 1
+        self.open += 1
+        return True
+
+    def release(self, address: str | None) -> None:
+        self.open -= 1
+        if address in self.by_address:
+            self.by_address[address] -= 1
+            if self.by_address[address] <= 0:
+                del self.by_address[address]
 
 
 def edge_protocol(count: ConnectionCount, header_timeout_s: float) -> type:
@@ -80,11 +105,20 @@ def edge_protocol(count: ConnectionCount, header_timeout_s: float) -> type:
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            count.open += 1
+            peer = transport.get_extra_info("peername")
+            self._address = peer[0] if isinstance(peer, tuple) and peer else None
+            self._counted = count.admit(self._address)
+            if not self._counted:  # its address holds its share of the table: closed at once, logged rate-limited
+                connections_log.warning("closed a connection from %s: it holds %d connections, an address's share",
+                            self._address, count.per_address)
+                transport.close()
+                return
             self._arm()
 
         def connection_lost(self, exc) -> None:
-            count.open -= 1
+            if getattr(self, "_counted", False):
+                count.release(self._address)
+                self._counted = False
             self._disarm()
             super().connection_lost(exc)
 

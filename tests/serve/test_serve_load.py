@@ -308,6 +308,41 @@ def test_health_answers_above_the_connection_limit_and_other_paths_do_not(random
     assert busy.status_code == 503 and "Exceeded concurrency limit" in err, (busy.status_code, err[-2000:])
 
 
+def test_one_address_holds_at_most_its_share_of_the_connection_table(random_model):
+    """100 silent connections from one address other than this machine's own (127.0.0.2: a remote
+    client as the server sees it; 127.0.0.1 and ::1, a proxy in front, have no share): the table holds
+    68 connections (4 requests + 64), an address a quarter of them, 17; the rest are closed as they are
+    accepted, so the table never fills, /health says "ok", and a translation from another client is
+    answered (with all 100 held the table was full and /translate got 503)."""
+    url, port, proc = start(random_model[0], "--limit-concurrency", "4")
+    socks = []
+    try:
+        for _ in range(100):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.settimeout(5)
+            s.connect(("127.0.0.1", port))
+            socks.append(s)
+        time.sleep(0.5)  # the server has accepted (or closed) them all
+        closed = 0
+        for s in socks:
+            s.settimeout(0.05)
+            try:
+                closed += s.recv(1) == b""
+            except (TimeoutError, BlockingIOError):
+                pass
+        health = httpx.get(url + "/health", timeout=5).json()
+        answered = httpx.post(url + "/translate", json={"sentences": ["a b"]}, timeout=30)
+    finally:
+        for s in socks:
+            s.close()
+        err = stop(proc)
+    assert closed == 100 - 17, closed
+    assert health["status"] == "ok" and health["connections"] <= 17 + 2, health
+    assert answered.status_code == 200
+    assert 0 < err.count("an address's share") < 10, err[-2000:]  # logged, rate-limited
+
+
 @pytest.mark.slow
 def test_silent_and_slow_header_connections_are_closed_at_their_deadline(random_model):
     """uvicorn starts no timer when a connection opens and any byte stops its keep-alive timer: 330
