@@ -82,6 +82,8 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         if translator.decode_cfg.nbest != 1 or args.document or args.markup:
             raise UserError("--quality reads one translation per line: not with --nbest, --document or --markup")
         check_output_file(args.quality, "--quality", (args.input, args.ref, args.checkpoint, args.output))
+    if args.prefix and (args.document or args.markup or (args.input in (None, "-") and sys.stdin.isatty())):
+        raise UserError("--prefix gives one prefix per input line: not with --document, --markup or typed input")
     if args.input in (None, "-") and sys.stdin.isatty() and not args.ref:
         _interactive(translator, args.output)
         return
@@ -90,11 +92,13 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
         return
     chunks = input_chunks(args.input, args.chunk_lines)
     refs = read_input(args.ref) if args.ref else None
-    if refs is not None:  # the line counts checked before hours of translation, not after
-        lines = [x for c in chunks for x in c]
-        if len(refs) != len(lines):
-            raise UserError(f"{args.input or '<stdin>'} has {len(lines)} lines but {args.ref} has {len(refs)}")
-        chunks = (lines[i:i + args.chunk_lines] for i in range(0, len(lines), args.chunk_lines))
+    args.prefixes = read_input(args.prefix) if args.prefix else None
+    for given, name in ((refs, args.ref), (args.prefixes, args.prefix)):
+        if given is not None:  # the line counts checked before hours of translation, not after
+            lines = [x for c in chunks for x in c]
+            if len(given) != len(lines):
+                raise UserError(f"{args.input or '<stdin>'} has {len(lines)} lines but {name} has {len(given)}")
+            chunks = [lines[i:i + args.chunk_lines] for i in range(0, len(lines), args.chunk_lines)]
     _translate_chunks(translator, chunks, args, refs)
 
 
@@ -149,8 +153,14 @@ def _translate_chunk(translator, chunk: list[str], args: argparse.Namespace, fir
 
     ids = translator.encode_sources(chunk, first_line=first_line)
     beam, alpha = translator.setting_for(args.beam, args.alpha, None)  # --tgt-lang's tuned setting
-    hyps = translator.translate_ids(ids, beam, alpha, alignments=bool(args.alignments),
-                                    progress=args.input not in (None, "-"))  # a file: its length is known
+    given = getattr(args, "prefixes", None)
+    prefixes = None if given is None else translator.tokenizer.encode_target(
+        given[first_line - 1:first_line - 1 + len(chunk)])  # decode/prefix.py
+    try:
+        hyps = translator.translate_ids(ids, beam, alpha, alignments=bool(args.alignments),
+                                        progress=args.input not in (None, "-"), prefixes=prefixes)
+    except ValueError as e:  # a prefix too long for its output
+        raise UserError(f"{args.prefix}: {e}") from None
     record = {"text": _output_lines(translator, hyps), "tokens": sum(len(h[0].tokens) + 1 for h in hyps if h),
               "links": [], "quality": [], "align_s": 0.0}
     if args.alignments or args.quality:
@@ -185,7 +195,7 @@ def _parts_key(translator, args: argparse.Namespace) -> dict:
             "shortlist": files(args.shortlist), "decode": dataclasses.asdict(translator.decode_cfg),
             "precision": translator.precision, "step": type(translator.search_model).__name__,
             "tgt_lang": args.tgt_lang, "beam": args.beam, "alpha": args.alpha, "alignments": bool(args.alignments),
-            "quality": bool(args.quality), "chunk_lines": args.chunk_lines}
+            "quality": bool(args.quality), "chunk_lines": args.chunk_lines, "prefix": files(args.prefix)}
 
 
 def _output_lines(translator, hyps: list) -> list[str]:
@@ -292,6 +302,9 @@ def add_translate(sub) -> None:
     p.add_argument("--chunk-lines", type=int, default=STREAM_LINES, metavar="N",
                    help=f"lines translated at a time (default {STREAM_LINES}): with --output each finished chunk "
                         "is kept in OUTPUT.parts/, so a run killed part-way resumes at its first unfinished one")
+    p.add_argument("--prefix", metavar="FILE",
+                   help="target text each translation must start with, one line per input line (empty: none); the "
+                        "search goes on from it (decode/prefix.py)")
     p.add_argument("--quality", metavar="FILE",
                    help="a TSV of each translation's confidence: mean subword log-probability, the search's score, "
                         "length ratio, repeats, source coverage by the alignment head, and a flag for a likely failure "

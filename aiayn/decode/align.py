@@ -9,10 +9,12 @@ The attention comes from one teacher-forced pass over the chosen hypotheses afte
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from ..checkpoint import CheckpointError
 from ..data.tokenizer import BOS, EOS, PAD, is_language_tag, word_starts
 from ..score import Links
 from .beams import Hypothesis
@@ -107,3 +109,12 @@ def hypothesis_links(model, tokenizer, ids: list[list[int]], hyps: list[list[Hyp
         out[i] = word_links(links_of(weights, (0, head[1])), tokenizer.id_to_piece(src[i]),
                             tokenizer.id_to_piece(tgt[i]))
     return out
+
+
+def checked_head(chosen, cfg, path: Path | str) -> tuple[int, int | None]:
+    """A checkpoint's `alignment` metadata as (layer, head or None), checked against the model."""
+    layer, head = (chosen.get("layer"), chosen.get("head")) if isinstance(chosen, dict) else (None, None)
+    if not (isinstance(layer, int) and 0 <= layer < cfg.n_dec and (head is None or isinstance(head, int) and
+                                                                     0 <= head < cfg.h)):
+        raise CheckpointError(f"{path}: metadata 'alignment' names no head of this model ({chosen!r})")
+    return layer, head

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import Builder, CheckpointError, read_extra
+from ..checkpoint import Builder, read_extra
 from ..config import ConfigError, DecodeConfig
 from ..data.tokenizer import EOS, PAD, Tokenizer
 from ..device import PRECISIONS, decode_batch_tokens, huge_pages, pick_device, resolve_precision
@@ -21,10 +21,11 @@ from ..models.precision import cast_bf16, quantize_int8
 from ..presets import DECODE_LIMITS
 from ..progress import bar as progress_bar
 from ..score import Links
-from .align import hypothesis_links
+from .align import checked_head, hypothesis_links
 from .ensemble import Ensemble, load_models
 from .fast import FusedDecoder, StepOptions, fast_decoder, fusable, search_beams, warm_up
 from .maps import AttentionData, attention_data
+from .prefix import PrefixDecoder, check_prefixes
 from .sampling import Sampler, Sampling
 from .scoring import ForcedScore, force_decoded
 from .search import Hypothesis, greedy_search
@@ -198,7 +199,7 @@ class Translator:
         ways = extra.get("directions")  # a multilingual model's (data/directions.py)
         if isinstance(ways, list) and all(isinstance(x, str) and len(x) <= 40 for x in ways[:1000]):
             translator.directions = ways[:1000]
-        translator.alignment_head = None if chosen is None else _checked_head(chosen, model.cfg, first)
+        translator.alignment_head = None if chosen is None else checked_head(chosen, model.cfg, first)
         return translator
 
     def _head(self) -> tuple[int, int | None]:
@@ -291,11 +292,12 @@ class Translator:
     @torch.no_grad()
     def translate_ids(self, ids: list[list[int]], beam: int | None = None, alpha: float | None = None,
                       nbest: int | None = None, progress: bool = False,
-                      abandoned: Callable[[], set[int]] | None = None, alignments: bool = False
-                      ) -> list[list[Hypothesis]]:
+                      abandoned: Callable[[], set[int]] | None = None, alignments: bool = False,
+                      prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
         """Search for every source (ids with EOS); empty sources give no hypotheses. `abandoned`:
         the indices of `ids` nobody waits for any more (asked every few steps; they stop there).
-        `alignments`: the fused step also keeps where the alignment head attended (for `align`)."""
+        `alignments`: the fused step also keeps where the alignment head attended (for `align`).
+        `prefixes`: target ids each output starts with (decode/prefix.py; not with a shortlist)."""
         d = self.decode_cfg
         beam = d.beam if beam is None else beam
         alpha, nbest = d.alpha if alpha is None else alpha, d.nbest if nbest is None else nbest
@@ -305,6 +307,8 @@ class Translator:
             raise ValueError(f"alpha must be in [0, {DECODE_LIMITS['alpha']}], got {alpha}")
         if not 1 <= nbest <= beam:
             raise ValueError(f"nbest must be in [1, beam={beam}], got {nbest}")
+        if prefixes is not None:
+            check_prefixes(prefixes, ids, d.max_len_a, d.max_len_b, self.shortlist is not None)
         results: list[list[Hypothesis]] = [[] for _ in ids]
         limit = self.model.cfg.max_positions - 1
         if isinstance(self.search_model, FusedDecoder):
@@ -321,6 +325,8 @@ class Translator:
             src = src.to(self.device)
             model = self.search_model if self.shortlist is None else ShortlistDecoder(
                 self.search_model, *self.shortlist.columns(src))
+            if prefixes is not None:  # decode/prefix.py: each output starts with its sentence's prefix
+                model = PrefixDecoder(model, [prefixes[i] for i in batch])
             gone = None if abandoned is None else functools.partial(_gone, abandoned, batch)
             with ctx:
                 if d.sample:  # a draw per token (decode/sampling.py), seeded by each sentence's subwords
@@ -369,11 +375,14 @@ class Translator:
         return attention_data(self.model, self.tokenizer, src, tgt, self.decode_cfg, search)
 
     def translate(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
-                  progress: bool = False, tgt_lang: str | None = None) -> list[str]:
-        """Translate raw sentences; one output line per input line (empty in, empty out); into
-        `tgt_lang` for a multilingual model (see `tagged`; with the beam and α tuned for it)."""
+                  progress: bool = False, tgt_lang: str | None = None, prefixes: list[str] | None = None
+                  ) -> list[str]:
+        """One output line per input line (empty in, empty out); into `tgt_lang` (see `tagged`), each
+        output starting with its line's target `prefixes` text where given (decode/prefix.py)."""
         beam, alpha = self.setting_for(beam, alpha, tgt_lang)
-        hyps = self.translate_ids(self.encode_sources(lines, tgt_lang=tgt_lang), beam, alpha, 1, progress)
+        forced = None if prefixes is None else self.tokenizer.encode_target([p.strip() for p in prefixes])
+        hyps = self.translate_ids(self.encode_sources(lines, tgt_lang=tgt_lang), beam, alpha, 1, progress,
+                                  prefixes=forced)
         return self.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
 
     def compile_now(self) -> float:
@@ -383,15 +392,6 @@ class Translator:
         if not (self.compiled and _casts_itself(self.search_model)):
             return 0.0
         return warm_up(self.translate_ids, self.decode_cfg.beam)
-
-
-def _checked_head(chosen, cfg, path: Path) -> tuple[int, int | None]:
-    """A checkpoint's `alignment` metadata as (layer, head or None), checked against the model."""
-    layer, head = (chosen.get("layer"), chosen.get("head")) if isinstance(chosen, dict) else (None, None)
-    if not (isinstance(layer, int) and 0 <= layer < cfg.n_dec and (head is None or isinstance(head, int) and
-                                                                     0 <= head < cfg.h)):
-        raise CheckpointError(f"{path}: metadata 'alignment' names no head of this model ({chosen!r})")
-    return layer, head
 
 
 def _gone(abandoned: Callable[[], set[int]], batch: list[int], active: torch.Tensor) -> torch.Tensor:
