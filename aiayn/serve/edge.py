@@ -81,6 +81,19 @@ class ConnectionCount:
                 del self.by_address[address]
 
 
+def _admitted(proto, count: ConnectionCount, transport) -> bool:
+    """Count a new connection by its address; one whose address holds its share of the table is
+    closed at once (logged, rate-limited by the server)."""
+    peer = transport.get_extra_info("peername")
+    proto._address = peer[0] if isinstance(peer, tuple) and peer else None
+    proto._counted = count.admit(proto._address)
+    if not proto._counted:
+        connections_log.warning("closed a connection from %s: it holds %d connections, an address's share",
+                                proto._address, count.per_address)
+        transport.close()
+    return proto._counted
+
+
 def edge_protocol(count: ConnectionCount, header_timeout_s: float) -> type:
     """uvicorn's HTTP/1.1 protocol (h11) with a deadline and /health's exemption.
 
@@ -105,15 +118,8 @@ def edge_protocol(count: ConnectionCount, header_timeout_s: float) -> type:
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
-            peer = transport.get_extra_info("peername")
-            self._address = peer[0] if isinstance(peer, tuple) and peer else None
-            self._counted = count.admit(self._address)
-            if not self._counted:  # its address holds its share of the table: closed at once, logged rate-limited
-                connections_log.warning("closed a connection from %s: it holds %d connections, an address's share",
-                            self._address, count.per_address)
-                transport.close()
-                return
-            self._arm()
+            if _admitted(self, count, transport):
+                self._arm()
 
         def connection_lost(self, exc) -> None:
             if getattr(self, "_counted", False):
