@@ -25,6 +25,7 @@ from ..config import ConfigError
 from ..data.tokenizer import EOS
 from ..decode.maps import attention_data
 from ..decode.markup import MarkupError, MarkupLimit, parse, put_back
+from ..decode.prefix import check_prefixes
 from ..decode.translator import Translator
 from ..version import __version__
 from .batcher import Batcher, Overloaded, OverShare
@@ -59,6 +60,8 @@ class TranslateRequest(BaseModel):
                             "(its >>xx<< code, e.g. fra); /health lists them")
     src: str | None = Field(None, max_length=32, description="the source language, where the server holds "
                             "several models (it routes by src and tgt; /health lists the directions)")
+    prefix: list[str] | None = Field(None, description="target text each translation starts with, one per "
+                                      "sentence (\"\": none); the search goes on from it")
     quality: bool = Field(False, description="also each translation's confidence: mean subword log-probability, "
                                              "score, length ratio, repeats, source coverage and a flag "
                                              "(decode/quality.py)")
@@ -238,16 +241,33 @@ async def _translated(req: TranslateRequest, request: Request, t: Translator, ba
     trees = await asyncio.to_thread(_markup, limits, req.sentences) if req.markup else None
     plain = [p for p, _ in trees] if trees else req.sentences
     ids, _ = check_sentences(batcher, limits, plain, _subword_limits(limits, t)[0], beam, req.tgt, t)
+    prefixes = _prefixes(req, ids, t, limits)
     alpha = d.alpha if tuned_alpha is None else tuned_alpha
     began = time.perf_counter()
     texts, scores, links, *signals = await _answer(batcher, limits.timeout_s, lambda: batcher.submit(
-        ids, beam, alpha, _client(request), req.alignments or req.markup, t, req.quality), request)
+        ids, beam, alpha, _client(request), req.alignments or req.markup, t, req.quality, prefixes), request)
     requests_log.info("translate from %s: %d sentence(s), %d subwords, beam %d, %.0f ms", _client(request),
                       len(ids), sum(map(len, ids)), beam, 1000 * (time.perf_counter() - began))
     if trees:
         texts = [put_back(root, text, x) for (_, root), text, x in zip(trees, texts, links)]
     return TranslateResponse(translations=texts, scores=scores, alignments=links if req.alignments else None,
                              quality=signals[0] if signals else None)
+
+
+def _prefixes(req: TranslateRequest, ids: list[list[int]], t: Translator, limits: Limits) -> list[list[int]] | None:
+    """The request's target prefixes as ids, one per sentence, each checked (a 4xx naming it)."""
+    if req.prefix is None:
+        return None
+    if len(req.prefix) != len(req.sentences):
+        raise HTTPException(400, f"{len(req.prefix)} prefixes for {len(req.sentences)} sentences: one each "
+                                 "(\"\": none)")
+    check_size(limits, req.prefix)
+    forced = t.tokenizer.encode_target([p.strip() for p in req.prefix])
+    try:
+        check_prefixes(forced, ids, t.decode_cfg.max_len_a, t.decode_cfg.max_len_b, t.shortlist is not None)
+    except ValueError as e:
+        raise HTTPException(413 if "subwords" in str(e) else 400, str(e)) from None
+    return forced
 
 
 def _subword_limits(limits: Limits, translator: Translator) -> tuple[int, int]:

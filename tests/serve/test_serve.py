@@ -424,3 +424,15 @@ def test_translate_returns_each_translations_quality_when_asked(client, translat
         assert got["mean_logprob"] == pytest.approx(want.mean_logprob, abs=1e-5)
     assert body["quality"][2]["coverage"] is None
     assert client.post("/translate", json={"sentences": sents}).json()["quality"] is None
+
+
+def test_translate_starts_each_translation_with_its_prefix(client, translator):
+    """`"prefix"`: one target text per sentence, as Translator.translate(prefixes=) gives; a count that
+    does not match, or a prefix too long for its output, is one 4xx naming it."""
+    sents, prefixes = ["the dog runs", "a cat", "the woman"], ["der", "", "die frau"]
+    r = client.post("/translate", json={"sentences": sents, "prefix": prefixes})
+    assert r.status_code == 200 and r.json()["translations"] == translator.translate(sents, prefixes=prefixes)
+    r = client.post("/translate", json={"sentences": sents, "prefix": ["der"]})
+    assert r.status_code == 400 and "1 prefixes for 3 sentences" in r.json()["detail"]
+    r = client.post("/translate", json={"sentences": ["a cat"], "prefix": ["der " * 12]})
+    assert r.status_code == 413 and "prefix 1 has" in r.json()["detail"]
