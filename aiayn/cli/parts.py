@@ -45,11 +45,7 @@ class Parts:
             if not same:
                 log.info("%s: made with another model, settings or input: translating anew", self.folder)
                 shutil.rmtree(self.folder)
-        if not self.folder.is_dir():
-            self.folder.mkdir(parents=True)
-            atomic_write(self.folder / "key.json", json.dumps(key, indent=1).encode())
-            write_marker(self.folder, PARTS)
-        done = len(list(self.folder.glob("[0-9]*.json")))
+        done = len(list(self.folder.glob("[0-9]*.json"))) if self.folder.is_dir() else 0
         if done:
             log.info("resuming %s: %d chunk(s) already translated (%s)", output, done, self.folder)
 
@@ -65,6 +61,11 @@ class Parts:
         return record if record.get("input_sha256") == _lines_digest(lines) else None
 
     def put(self, k: int, lines: list[str], record: dict) -> None:
+        """Keep chunk k's record (the folder made with the first: a run that fails before it leaves nothing)."""
+        if not self.folder.is_dir():
+            self.folder.mkdir(parents=True)
+            atomic_write(self.folder / "key.json", json.dumps(self.key, indent=1).encode())
+            write_marker(self.folder, PARTS)
         name = f"{k:06d}.json"
         add_to_marker(self.folder, PARTS, [name])  # listed before it exists: a kill leaves the folder ours
         atomic_write(self.folder / name, json.dumps({**record, "input_sha256": _lines_digest(lines)}).encode())

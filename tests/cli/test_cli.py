@@ -356,7 +356,7 @@ def test_markup_nested_past_its_bound_is_one_line_naming_the_line(trained, tmp_p
 
 @pytest.mark.slow
 def test_a_translation_killed_part_way_resumes_and_gives_the_uninterrupted_bytes(toy_prepared, tmp_path):
-    """`translate -o` of 600 lines in chunks of 40, SIGKILLed in another process once some chunks are
+    """`translate -o` of 300 lines in chunks of 20, SIGKILLed in another process once some chunks are
     kept in OUTPUT.parts/: run again, it translates only the rest and writes what a run never killed
     writes (translations, alignments, quality), then removes the parts; other settings start anew."""
     import signal
@@ -374,13 +374,13 @@ def test_a_translation_killed_part_way_resumes_and_gives_the_uninterrupted_bytes
     torch.manual_seed(0)
     ckpt = tmp_path / "m.safetensors"
     save_weights(ckpt, model_tensors(Transformer(cfg.model)), cfg, tok, 0)
-    lines = (toy_prepared / "valid.en.txt").read_text().splitlines() * 30
+    lines = (toy_prepared / "valid.en.txt").read_text().splitlines() * 15
     (tmp_path / "in").write_text("".join(x + "\n" for x in lines))
 
     def cmd(out: str, *extra: str) -> list[str]:
         return [sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "in"),
                 "-o", str(tmp_path / out), "--alignments", str(tmp_path / f"{out}.al"), "--quality",
-                str(tmp_path / f"{out}.q"), "--chunk-lines", "40", "--precision", "fp32", "--beam", "2", *extra]
+                str(tmp_path / f"{out}.q"), "--chunk-lines", "20", "--precision", "fp32", "--beam", "2", *extra]
 
     subprocess.run(cmd("straight"), check=True, capture_output=True, timeout=300)
     proc = subprocess.Popen(cmd("killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
