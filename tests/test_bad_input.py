@@ -491,7 +491,8 @@ def test_the_flag_sweep_builds_its_workspace_and_finds_no_traceback(tmp_path):
     for verb, row in table.items():  # every case that ran is listed, to compare two sweeps case by case
         assert len(found.get(f"{verb}_accepted", [])) == row["ran"], verb
     assert all(argv[0] == "score" for argv in found.get("score_accepted", []))
-    assert table["score"]["cases"] == 3 * 4 and table["params"]["cases"] == 3 * 2  # --hyp --ref --pcfg --lang
+    # score: --hyp --ref --pcfg --lang, and --checkpoint --src --tgt-lang --alpha --device of its force-decoded scores
+    assert table["score"]["cases"] == 3 * 9 and table["params"]["cases"] == 3 * 2
     assert table["config"]["cases"] == 3 * len(config_keys()) and table["config"]["one_line_errors"] > 100
     assert table["marian"]["cases"] >= 3 * 30 and table["marian"]["one_line_errors"] > 40  # the counts, the ids
     assert all(row["tracebacks"] == 0 for row in table.values())
