@@ -93,6 +93,30 @@ def toy_multilingual(toy_corpus: Path, folder: Path) -> Path:
     return folder
 
 
+def random_translator(spm: Path, max_len_b: int = 12, seed: int = 0):
+    """An untrained Transformer (d_model 32, 2 layers) on a prepared vocabulary, decoding in fp32."""
+    from aiayn.config import DecodeConfig, ModelConfig
+    from aiayn.data.tokenizer import load_tokenizer
+    from aiayn.decode.translator import Translator
+    from aiayn.models.transformer import Transformer
+
+    tok = load_tokenizer(str(spm))
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=len(tok), d_model=32, d_ff=64, h=4, N=2, p_drop=0.0, max_positions=64)
+    return Translator(Transformer(cfg).eval(), tok, DecodeConfig(max_len_b=max_len_b), precision="fp32")
+
+
+def save_translator(translator, path: Path, **extra) -> Path:
+    """`translator`'s model as a checkpoint (its config and vocabulary, `extra` in its metadata)."""
+    from aiayn.checkpoint import model_tensors, save_weights
+    from aiayn.config import Config
+
+    cfg = Config()
+    cfg.model, cfg.decode = translator.model.cfg, translator.decode_cfg
+    save_weights(path, model_tensors(translator.model), cfg, translator.tokenizer, 0, extra)
+    return path
+
+
 def tiny_config(**train):
     from aiayn.config import Config
 

@@ -3,11 +3,9 @@ goes on as the search would from there (greedy: the model's argmax continuation,
 
 import pytest
 import torch
+from conftest import random_translator, save_translator
 
-from aiayn.config import DecodeConfig, ModelConfig
-from aiayn.data.tokenizer import BOS, EOS, Tokenizer
-from aiayn.decode.translator import Translator
-from aiayn.models.transformer import Transformer
+from aiayn.data.tokenizer import BOS, EOS
 
 SOURCES = ["the dog runs", "a big red house near the street", "the woman sits", "blue cat"]
 PREFIXES = ["der hund", "", "die frau sitzt nahe", "ein"]
@@ -15,10 +13,7 @@ PREFIXES = ["der hund", "", "die frau sitzt nahe", "ein"]
 
 @pytest.fixture(scope="module")
 def translator(toy_prepared):
-    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=len(tok), d_model=32, d_ff=64, h=4, N=2, p_drop=0.0, max_positions=64)
-    return Translator(Transformer(cfg).eval(), tok, DecodeConfig(max_len_b=12), precision="fp32")
+    return random_translator(toy_prepared / "spm.model")
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -63,16 +58,9 @@ def test_a_prefix_too_long_for_its_output_is_refused(translator):
 
 
 def test_translate_prefix_takes_a_file_of_prefixes_line_by_line(translator, toy_prepared, tmp_path, capsys):
-    from aiayn.checkpoint import model_tensors, save_weights
     from aiayn.cli import main
-    from aiayn.config import Config
 
-    cfg = Config()
-    cfg.model.vocab_size, cfg.model.d_model, cfg.model.d_ff, cfg.model.h, cfg.model.N = len(translator.tokenizer), \
-        32, 64, 4, 2
-    cfg.model.max_positions = 64
-    ckpt = tmp_path / "m.safetensors"
-    save_weights(ckpt, model_tensors(translator.model), cfg, translator.tokenizer, 0)
+    ckpt = save_translator(translator, tmp_path / "m.safetensors")
     (tmp_path / "in").write_text("".join(s + "\n" for s in SOURCES))
     (tmp_path / "prefix").write_text("".join(s + "\n" for s in PREFIXES))
     assert main(["translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "in"), "--prefix",

@@ -4,14 +4,10 @@ log-probability recovered from a beam score equal to the force-decoded one, and 
 import math
 
 import pytest
-import torch
+from conftest import random_translator, save_translator
 
 from aiayn.cli import main
-from aiayn.config import DecodeConfig, ModelConfig
-from aiayn.data.tokenizer import Tokenizer
 from aiayn.decode.quality import FIELDS, flag, quality, repeats
-from aiayn.decode.translator import Translator
-from aiayn.models.transformer import Transformer
 
 SOURCES = ["the dog runs", "a big red house near the street", "the woman sits", "blue cat", ""]
 
@@ -32,10 +28,7 @@ def test_the_flag_names_every_rule_that_holds():
 
 @pytest.fixture(scope="module")
 def translator(toy_prepared):
-    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=len(tok), d_model=32, d_ff=64, h=4, N=2, p_drop=0.0, max_positions=64)
-    return Translator(Transformer(cfg).eval(), tok, DecodeConfig(max_len_b=10), precision="fp32")
+    return random_translator(toy_prepared / "spm.model", max_len_b=10)
 
 
 def test_the_mean_log_probability_is_the_force_decoded_one(translator):
@@ -54,14 +47,7 @@ def test_the_mean_log_probability_is_the_force_decoded_one(translator):
 
 
 def test_translate_writes_a_row_of_signals_per_line(translator, toy_prepared, tmp_path, capsys):
-    from aiayn.checkpoint import model_tensors, save_weights
-    from aiayn.config import Config
-
-    cfg = Config()
-    cfg.model.vocab_size, cfg.model.d_model, cfg.model.d_ff, cfg.model.h, cfg.model.N = len(translator.tokenizer), \
-        32, 64, 4, 2
-    ckpt = tmp_path / "m.safetensors"
-    save_weights(ckpt, model_tensors(translator.model), cfg, translator.tokenizer, 0)
+    ckpt = save_translator(translator, tmp_path / "m.safetensors")
     (tmp_path / "in").write_text("".join(s + "\n" for s in SOURCES))
     assert main(["translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "in"), "-o", str(tmp_path / "out"),
                  "--quality", str(tmp_path / "q.tsv"), "--precision", "fp32"]) == 0

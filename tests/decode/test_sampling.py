@@ -6,14 +6,14 @@ import math
 
 import pytest
 import torch
+from conftest import random_translator, save_translator
 from scipy import stats
 
 from aiayn.cli import main
-from aiayn.config import DecodeConfig, ModelConfig
-from aiayn.data.tokenizer import BOS, EOS, Tokenizer
+from aiayn.config import DecodeConfig
+from aiayn.data.tokenizer import BOS, EOS
 from aiayn.decode.sampling import Sampler, Sampling, sampling_probs
 from aiayn.decode.translator import Translator
-from aiayn.models.transformer import Transformer
 
 
 def brute(row: list[float], s: Sampling) -> list[float]:
@@ -71,10 +71,8 @@ def test_the_draws_follow_the_distribution():
 
 @pytest.fixture(scope="module")
 def model_and_tok(toy_prepared):
-    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=len(tok), d_model=32, d_ff=64, h=4, N=2, p_drop=0.0, max_positions=64)
-    return Transformer(cfg).eval(), tok
+    t = random_translator(toy_prepared / "spm.model")
+    return t.model, t.tokenizer
 
 
 SOURCES = ["the dog runs", "a big red house near the street", "the woman sits", "blue cat", "the man runs near"]
@@ -108,15 +106,7 @@ def test_a_draws_score_is_the_models_log_probability_of_it(model_and_tok):
 
 
 def test_the_command_line_samples_as_the_translator_does_and_refuses_bad_settings(toy_prepared, tmp_path, capsys):
-    from aiayn.checkpoint import model_tensors, save_weights
-    from aiayn.config import Config
-
-    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
-    cfg = Config()
-    cfg.model.vocab_size, cfg.model.d_model, cfg.model.d_ff, cfg.model.h, cfg.model.N = len(tok), 32, 64, 4, 2
-    torch.manual_seed(0)
-    ckpt = tmp_path / "m.safetensors"
-    save_weights(ckpt, model_tensors(Transformer(cfg.model)), cfg, tok, 0)
+    ckpt = save_translator(random_translator(toy_prepared / "spm.model"), tmp_path / "m.safetensors")
     (tmp_path / "in.txt").write_text("".join(s + "\n" for s in SOURCES))
     assert main(["translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "in.txt"), "--sample", "--seed", "5",
                  "--top-p", "0.9", "--precision", "fp32", "--max-len-b", "12"]) == 0

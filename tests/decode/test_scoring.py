@@ -3,13 +3,12 @@ a reference scores the teacher-forced sum computed here, batched as alone; the c
 
 import pytest
 import torch
+from conftest import random_translator, save_translator
 
 from aiayn.cli import main
-from aiayn.config import DecodeConfig, ModelConfig
-from aiayn.data.tokenizer import BOS, EOS, Tokenizer
+from aiayn.data.tokenizer import BOS, EOS
 from aiayn.decode.beams import length_penalty
 from aiayn.decode.translator import Translator
-from aiayn.models.transformer import Transformer
 
 SOURCES = ["the dog runs", "a big red house near the street", "the woman sits", "blue cat", "the man runs near"]
 TARGETS = ["der hund läuft", "ein großer roter haus nahe straße", "die frau sitzt", "blauer katze", ""]
@@ -17,10 +16,7 @@ TARGETS = ["der hund läuft", "ein großer roter haus nahe straße", "die frau s
 
 @pytest.fixture(scope="module")
 def translator(toy_prepared):
-    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=len(tok), d_model=32, d_ff=64, h=4, N=2, p_drop=0.0, max_positions=64)
-    return Translator(Transformer(cfg).eval(), tok, DecodeConfig(max_len_b=10), precision="fp32")
+    return random_translator(toy_prepared / "spm.model", max_len_b=10)
 
 
 def test_a_searchs_own_output_scores_what_the_search_said(translator):
@@ -51,15 +47,7 @@ def test_a_references_score_is_the_teacher_forced_sum_batched_as_alone(translato
 
 
 def test_the_command_line_prints_one_line_each_and_refuses_misaligned_files(toy_prepared, tmp_path, capsys):
-    from aiayn.checkpoint import model_tensors, save_weights
-    from aiayn.config import Config
-
-    tok = Tokenizer.load(str(toy_prepared / "spm.model"))
-    cfg = Config()
-    cfg.model.vocab_size, cfg.model.d_model, cfg.model.d_ff, cfg.model.h, cfg.model.N = len(tok), 32, 64, 4, 2
-    torch.manual_seed(1)
-    ckpt = tmp_path / "m.safetensors"
-    save_weights(ckpt, model_tensors(Transformer(cfg.model)), cfg, tok, 0)
+    ckpt = save_translator(random_translator(toy_prepared / "spm.model", seed=1), tmp_path / "m.safetensors")
     (tmp_path / "src").write_text("".join(s + "\n" for s in SOURCES))
     (tmp_path / "hyp").write_text("".join(s + "\n" for s in TARGETS))
     assert main(["score", "--checkpoint", str(ckpt), "--src", str(tmp_path / "src"), "--hyp",

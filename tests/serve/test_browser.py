@@ -5,6 +5,7 @@ package (only its driver: the browser is the system's). `.ci/run` installs both;
 test is skipped with the reason.
 """
 
+import contextlib
 import os
 import shutil
 import socket
@@ -32,20 +33,28 @@ def server(toy_prepared):
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=len(tok), d_model=16, d_ff=32, h=2, N=1, p_drop=0.0, max_positions=64)
     translator = Translator(Transformer(cfg), tok, DecodeConfig(max_len_b=6))
-    app = create_app(translator)
+    with running(create_app(translator), uvicorn) as url:
+        yield url, translator
+
+
+@contextlib.contextmanager
+def running(app, uvicorn):
+    """`app` under uvicorn in a thread on a free loopback port; yields its page's URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
-    for _ in range(100):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/", translator
-    srv.should_exit = True
-    thread.join(5)
+    try:
+        for _ in range(100):
+            if srv.started:
+                break
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        srv.should_exit = True
+        thread.join(5)
 
 
 def test_page_translates_and_draws_heatmap(server, tmp_path):
@@ -111,22 +120,12 @@ def test_page_offers_the_directions_of_a_server_of_several_models(toy_prepared, 
         save_weights(paths[-1], model_tensors(Transformer(cfg.model)), cfg, tok, 0,
                      {"languages": {"src": "en", "tgt": tgt}})
     app = create_app(ModelPool(paths, lambda p: Translator.load(p, precision="fp32")))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(100):
-            if srv.started:
-                break
-            time.sleep(0.05)
+    with running(app, uvicorn) as url:
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
             try:
                 page = browser.new_page()
-                page.goto(f"http://127.0.0.1:{port}/")
+                page.goto(url)
                 page.wait_for_function("document.querySelectorAll('#pair option').length == 2", timeout=20_000)
                 options = page.eval_on_selector_all("#pair option", "els => els.map(e => e.value)")
                 visible = page.is_visible("#pair")
@@ -137,8 +136,5 @@ def test_page_offers_the_directions_of_a_server_of_several_models(toy_prepared, 
                 text = page.inner_text(".result .text")
             finally:
                 browser.close()
-    finally:
-        srv.should_exit = True
-        thread.join(5)
     assert options == ["en-de", "en-fr"] and visible
     assert text == Translator.load(paths[1], precision="fp32").translate(["the big dog runs"])[0]
