@@ -86,7 +86,7 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
             best, tokens = pick(model.decode_step(tokens, cache), t >= max_len[active], active)
         scores[active] += best
         out[active, t] = tokens
-        if _aligns(cache):
+        if keeps_attended(cache):
             att[active, t] = cache.attended
         live = tokens != EOS
         wanted = _wanted(abandoned, t, active)
@@ -98,11 +98,11 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
             keep = live.nonzero().squeeze(1)
             cache.reorder(keep, keep)
             active, tokens = active[keep], tokens[keep]
-    return [hypothesis([i for i in row if i not in (PAD, EOS)], s, a if _aligns(cache) else None)
+    return [hypothesis([i for i in row if i not in (PAD, EOS)], s, a if keeps_attended(cache) else None)
             for row, s, a in zip(out.tolist(), scores.tolist(), att.tolist())]
 
 
-def _aligns(cache) -> bool:
+def keeps_attended(cache) -> bool:
     """Whether the decoding state keeps where each row attended (fused.FusedState, alignments asked for)."""
     return getattr(cache, "not_word", None) is not None
 
@@ -128,7 +128,7 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
     scores = torch.full((B, k), float("-inf"), device=dev)
     scores[:, 0] = 0.0  # one live beam at the start
     # Live beams' tokens so far, and, when alignments are asked for, the positions they attended to.
-    hists = [torch.full((B * k, L), PAD, dtype=torch.long, device=dev) for _ in range(1 + _aligns(cache))]
+    hists = [torch.full((B * k, L), PAD, dtype=torch.long, device=dev) for _ in range(1 + keeps_attended(cache))]
     tokens = torch.full((B * k,), BOS, dtype=torch.long, device=dev)
     # The k best finished hypotheses of every sentence, best first, in tensors (float64 scores).
     fin_score = torch.full((B, k), float("-inf"), dtype=torch.float64, device=dev)
@@ -159,7 +159,7 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         if dropped:
             src_rows = src_rows.view(n, k)[keep].view(-1)
             new_scores, new_tok, active = new_scores[keep], new_tok[keep], active[keep]
-        hists = _extended(hists, src_rows, new_tok, cache, t)
+        hists = extended_histories(hists, src_rows, new_tok, cache, t)
         t += 1
         # Beams move only within their sentence, so the encoder side is selected only on a drop.
         cache.reorder(src_rows, keep if dropped else None)
@@ -167,7 +167,7 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
     return finished_hypotheses(fin_score[:, :nbest], [f[:, :nbest] for f in fins])
 
 
-def _extended(hists: list[Tensor], src_rows: Tensor, new_tok: Tensor, cache, t: int) -> list[Tensor]:
+def extended_histories(hists: list[Tensor], src_rows: Tensor, new_tok: Tensor, cache, t: int) -> list[Tensor]:
     """The live beams' histories, each continuing row `src_rows`, with step t's token (and where
     that row attended, when alignments are asked for)."""
     hists = [h.index_select(0, src_rows) for h in hists]

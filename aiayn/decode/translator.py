@@ -22,8 +22,11 @@ from ..presets import DECODE_LIMITS
 from ..progress import bar as progress_bar
 from ..score import Links
 from .align import checked_head, hypothesis_links
+from .constraints import check_constraints, constrained_beam_search, word_starts_mask
 from .ensemble import Ensemble, load_models
 from .fast import FusedDecoder, StepOptions, fast_decoder, fusable, search_beams, warm_up
+from .glossary import Glossary, target_phrases
+from .languages import tag_lines, tuned_by_language
 from .maps import AttentionData, attention_data
 from .prefix import PrefixDecoder, check_prefixes
 from .sampling import Sampler, Sampling
@@ -42,20 +45,6 @@ class Translation:
     score: float
     pieces: list[str]
     ids: list[int]
-
-
-def _tuned_by_language(extra: dict) -> dict[str, tuple[int, float]]:
-    """`aiayn tune`'s choice per target language from a checkpoint's extra (checked: bounded, typed)."""
-    tuned = extra.get("tuned")
-    table = tuned.get("by_language") if isinstance(tuned, dict) else None
-    out: dict[str, tuple[int, float]] = {}
-    for lang, entry in (table.items() if isinstance(table, dict) else []):
-        chosen = entry.get("chosen") if isinstance(entry, dict) else None
-        if (isinstance(lang, str) and len(lang) <= 16 and isinstance(chosen, dict)
-                and isinstance(chosen.get("beam"), int) and 1 <= chosen["beam"] <= DECODE_LIMITS["beam"]
-                and isinstance(chosen.get("alpha"), (int, float)) and 0 <= chosen["alpha"] <= DECODE_LIMITS["alpha"]):
-            out[lang] = (chosen["beam"], float(chosen["alpha"]))
-    return out
 
 
 def _live_heads(model: torch.nn.Module) -> torch.nn.Module:
@@ -195,12 +184,18 @@ class Translator:
         pair = extra.get("languages")
         if isinstance(pair, dict) and all(isinstance(pair.get(k), str) and len(pair[k]) <= 16 for k in ("src", "tgt")):
             translator.languages = (pair["src"], pair["tgt"])
-        translator.tuned_by_language = _tuned_by_language(extra)
+        translator.tuned_by_language = tuned_by_language(extra)
         ways = extra.get("directions")  # a multilingual model's (data/directions.py)
         if isinstance(ways, list) and all(isinstance(x, str) and len(x) <= 40 for x in ways[:1000]):
             translator.directions = ways[:1000]
         translator.alignment_head = None if chosen is None else checked_head(chosen, model.cfg, first)
         return translator
+
+    def word_starts(self) -> torch.Tensor:
+        """(V,) which target tokens may follow a dictated term (constraints.word_starts_mask), computed once."""
+        if getattr(self, "_word_starts", None) is None:
+            self._word_starts = word_starts_mask(self.tokenizer.pieces_list(), self.device)
+        return self._word_starts
 
     def _head(self) -> tuple[int, int | None]:
         """The alignment head: `aiayn align`'s choice, else the last layer's mean (which it usually picks)."""
@@ -240,29 +235,8 @@ class Translator:
         return codes or ([self.languages[1]] if self.languages else [])
 
     def tagged(self, lines: list[str], tgt_lang: str | None) -> list[str]:
-        """The lines as the model reads them for target language `tgt_lang` (`fra` or `>>fra<<`): a
-        multilingual model's tag in front of each non-empty line (`>>fra<<` for Marian's, `<2fr>` for
-        aiayn's: Johnson et al. 2017); a model of one target takes its own and no tag. A language the
-        model does not know: one line naming those it does; none named for an aiayn model of several
-        targets, on a line without its tag: one line asking for it."""
-        codes = getattr(self.tokenizer, "language_codes", [])
-        if tgt_lang is None and isinstance(self.tokenizer, Tokenizer) and codes:  # trained with a tag on every source
-            if len(codes) == 1:
-                tgt_lang = codes[0]
-            elif any(x.strip() and not x.strip().startswith(tuple(map(self.tokenizer.tag, codes))) for x in lines):
-                raise ConfigError(f"this model translates into {', '.join(codes)}: name the target language "
-                                  "(--tgt-lang, the request's \"tgt\", tgt_lang=)")
-        if tgt_lang is None:
-            return lines
-        code = tgt_lang[2:-2] if tgt_lang.startswith(">>") and tgt_lang.endswith("<<") else tgt_lang
-        known = self.target_languages()
-        if code not in known:
-            raise ConfigError(f"target language {tgt_lang!r}: this model translates into "
-                              + (", ".join(known[:40]) + (f" and {len(known) - 40} more" if len(known) > 40 else "")
-                                 if known else "one language its checkpoint does not name (leave out --tgt-lang)"))
-        if not codes:
-            return lines
-        return [f"{self.tokenizer.tag(code)} {line.strip()}" if line.strip() else line for line in lines]
+        """The lines as the model reads them for target language `tgt_lang` (decode/languages.py)."""
+        return tag_lines(self.tokenizer, lines, tgt_lang, self.target_languages())
 
     def encode_sources(self, lines: list[str], first_line: int = 1, tgt_lang: str | None = None) -> list[list[int]]:
         """Subword ids + EOS, tagged for `tgt_lang` (see `tagged`); sources longer than the model
@@ -278,11 +252,15 @@ class Translator:
             out.append(x + [EOS] if x else [])
         return out
 
-    def _batches(self, ids: list[list[int]], max_tokens: int) -> Iterable[list[int]]:
-        order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: len(ids[i]))
+    def _batches(self, ids: list[list[int]], max_tokens: int, apart: list[bool] | None = None
+                 ) -> Iterable[list[int]]:
+        """Sources by length in batches of at most max_tokens (padded); those `apart` marks never
+        share a batch with those it does not."""
+        side = apart or [False] * len(ids)
+        order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: (side[i], len(ids[i])))
         batch: list[int] = []
         for i in order:
-            if batch and (len(batch) + 1) * len(ids[i]) > max_tokens:
+            if batch and ((len(batch) + 1) * len(ids[i]) > max_tokens or side[i] != side[batch[0]]):
                 yield batch
                 batch = []
             batch.append(i)
@@ -293,11 +271,14 @@ class Translator:
     def translate_ids(self, ids: list[list[int]], beam: int | None = None, alpha: float | None = None,
                       nbest: int | None = None, progress: bool = False,
                       abandoned: Callable[[], set[int]] | None = None, alignments: bool = False,
-                      prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+                      prefixes: list[list[int]] | None = None, constraints: list[list[list[int]]] | None = None
+                      ) -> list[list[Hypothesis]]:
         """Search for every source (ids with EOS); empty sources give no hypotheses. `abandoned`:
         the indices of `ids` nobody waits for any more (asked every few steps; they stop there).
         `alignments`: the fused step also keeps where the alignment head attended (for `align`).
-        `prefixes`: target ids each output starts with (decode/prefix.py; not with a shortlist)."""
+        `prefixes`: target ids each output starts with (decode/prefix.py; not with a shortlist).
+        `constraints`: target phrases (ids) each output must hold (decode/constraints.py: beam search
+        over the step in use, never batched with unconstrained sentences, which search as without)."""
         d = self.decode_cfg
         beam = d.beam if beam is None else beam
         alpha, nbest = d.alpha if alpha is None else alpha, d.nbest if nbest is None else nbest
@@ -309,15 +290,18 @@ class Translator:
             raise ValueError(f"nbest must be in [1, beam={beam}], got {nbest}")
         if prefixes is not None:
             check_prefixes(prefixes, ids, d.max_len_a, d.max_len_b, self.shortlist is not None)
+        if constraints is not None:
+            check_constraints(constraints, ids, d.max_len_a, d.max_len_b, prefixes, self.shortlist is not None,
+                              d.sample)
         results: list[list[Hypothesis]] = [[] for _ in ids]
-        limit = self.model.cfg.max_positions - 1
         if isinstance(self.search_model, FusedDecoder):
             self.search_model.align_head = self._head() if alignments else None
         autocast = self.precision == "bf16" and not _casts_itself(self.search_model)
         ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if autocast
                else torch.autocast(self.device.type, enabled=False))  # int8: fp32 around the int8 products
         bar = progress_bar(sum(1 for x in ids if x), "sentence", "translating", progress)
-        for batch in self._batches(ids, decode_batch_tokens(self.device, d.max_tokens)[0]):
+        apart = None if constraints is None else [bool(c) for c in constraints]
+        for batch in self._batches(ids, decode_batch_tokens(self.device, d.max_tokens)[0], apart):
             S = max(len(ids[i]) for i in batch)
             src = torch.full((len(batch), S), PAD, dtype=torch.long)
             for b, i in enumerate(batch):
@@ -328,14 +312,9 @@ class Translator:
             if prefixes is not None:  # decode/prefix.py: each output starts with its sentence's prefix
                 model = PrefixDecoder(model, [prefixes[i] for i in batch])
             gone = None if abandoned is None else functools.partial(_gone, abandoned, batch)
+            cons = [constraints[i] for i in batch] if apart and apart[batch[0]] else None
             with ctx:
-                if d.sample:  # a draw per token (decode/sampling.py), seeded by each sentence's subwords
-                    pick = Sampler(Sampling(d.temperature, d.top_k, d.top_p, d.seed), src)
-                    hyps = [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, limit, gone, pick)]
-                elif beam == 1:
-                    hyps = [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, limit, gone)]
-                else:
-                    hyps = search_beams(model, src, beam, alpha, d.max_len_a, d.max_len_b, nbest, limit, gone)
+                hyps = self._search(model, src, beam, alpha, nbest, gone, cons)
             if isinstance(model, ShortlistDecoder):
                 hyps = model.full_ids(hyps)
             for i, h in zip(batch, hyps):
@@ -343,6 +322,20 @@ class Translator:
             bar.update(len(batch))
         bar.close()
         return results
+
+    def _search(self, model, src: torch.Tensor, beam: int, alpha: float, nbest: int, gone, cons
+                ) -> list[list[Hypothesis]]:
+        """One batch's search: constrained (decode/constraints.py), sampled, greedy or §6.1's beam search."""
+        d, limit = self.decode_cfg, self.model.cfg.max_positions - 1
+        if cons is not None:  # terms the output must hold
+            return constrained_beam_search(model, src, cons, self.word_starts(), beam, alpha, d.max_len_a,
+                                           d.max_len_b, nbest, limit)
+        if d.sample:  # a draw per token (decode/sampling.py), seeded by each sentence's subwords
+            pick = Sampler(Sampling(d.temperature, d.top_k, d.top_p, d.seed), src)
+            return [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, limit, gone, pick)]
+        if beam == 1:
+            return [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, limit, gone)]
+        return search_beams(model, src, beam, alpha, d.max_len_a, d.max_len_b, nbest, limit, gone)
 
     def setting_for(self, beam: int | None, alpha: float | None, tgt_lang: str | None
                     ) -> tuple[int | None, float | None]:
@@ -375,14 +368,18 @@ class Translator:
         return attention_data(self.model, self.tokenizer, src, tgt, self.decode_cfg, search)
 
     def translate(self, lines: list[str], beam: int | None = None, alpha: float | None = None,
-                  progress: bool = False, tgt_lang: str | None = None, prefixes: list[str] | None = None
-                  ) -> list[str]:
+                  progress: bool = False, tgt_lang: str | None = None, prefixes: list[str] | None = None,
+                  glossary: Glossary | None = None, constraints: list[list[str]] | None = None) -> list[str]:
         """One output line per input line (empty in, empty out); into `tgt_lang` (see `tagged`), each
-        output starting with its line's target `prefixes` text where given (decode/prefix.py)."""
+        output starting with its line's target `prefixes` text where given (decode/prefix.py), and
+        holding the `glossary`'s target terms whose source terms the line has and the line's own
+        `constraints` (target texts; decode/glossary.py)."""
         beam, alpha = self.setting_for(beam, alpha, tgt_lang)
         forced = None if prefixes is None else self.tokenizer.encode_target([p.strip() for p in prefixes])
+        terms = None if glossary is None and constraints is None else target_phrases(
+            self.tokenizer, lines, glossary, constraints)
         hyps = self.translate_ids(self.encode_sources(lines, tgt_lang=tgt_lang), beam, alpha, 1, progress,
-                                  prefixes=forced)
+                                  prefixes=forced, constraints=terms)
         return self.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
 
     def compile_now(self) -> float:
