@@ -73,6 +73,10 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     if args.tgt_lang:
         translator.tagged([], args.tgt_lang)  # a language the model does not know: one line, before any work
         translator.tgt_lang = args.tgt_lang
+    if args.glossary:  # a bad line: one line naming it, before any work (decode/glossary.py)
+        from ..decode.glossary import Glossary
+
+        translator.glossary = Glossary.load(args.glossary)
     translator.compile_now()
     if args.output:  # before hours of translation, not after
         check_output_file(args.output, inputs=(args.input, args.ref, args.checkpoint, args.shortlist))
@@ -148,6 +152,7 @@ def _translate_chunks(translator, chunks, args: argparse.Namespace, refs: list[s
 
 def _translate_chunk(translator, chunk: list[str], args: argparse.Namespace, first_line: int) -> dict:
     """One chunk's output lines, target tokens, word links (Pharaoh) and quality rows, as asked."""
+    from ..decode.constraints import ConstraintError, check_constraints
     from ..decode.quality import quality
     from ..score import pharaoh
 
@@ -156,9 +161,16 @@ def _translate_chunk(translator, chunk: list[str], args: argparse.Namespace, fir
     given = getattr(args, "prefixes", None)
     prefixes = None if given is None else translator.tokenizer.encode_target(
         given[first_line - 1:first_line - 1 + len(chunk)])  # decode/prefix.py
+    terms = translator.terms(chunk)  # --glossary's (decode/glossary.py)
+    if terms is not None:
+        d = translator.decode_cfg
+        check_constraints(terms, ids, d.max_len_a, d.max_len_b, prefixes, translator.shortlist is not None,
+                          d.sample, first_line)
     try:
         hyps = translator.translate_ids(ids, beam, alpha, alignments=bool(args.alignments),
-                                        progress=args.input not in (None, "-"), prefixes=prefixes)
+                                        progress=args.input not in (None, "-"), prefixes=prefixes, constraints=terms)
+    except ConstraintError:
+        raise
     except ValueError as e:  # a prefix too long for its output
         raise UserError(f"{args.prefix}: {e}") from None
     record = {"text": _output_lines(translator, hyps), "tokens": sum(len(h[0].tokens) + 1 for h in hyps if h),
@@ -195,7 +207,8 @@ def _parts_key(translator, args: argparse.Namespace) -> dict:
             "shortlist": files(args.shortlist), "decode": dataclasses.asdict(translator.decode_cfg),
             "precision": translator.precision, "step": type(translator.search_model).__name__,
             "tgt_lang": args.tgt_lang, "beam": args.beam, "alpha": args.alpha, "alignments": bool(args.alignments),
-            "quality": bool(args.quality), "chunk_lines": args.chunk_lines, "prefix": files(args.prefix)}
+            "quality": bool(args.quality), "chunk_lines": args.chunk_lines, "prefix": files(args.prefix),
+            "glossary": files(args.glossary)}
 
 
 def _output_lines(translator, hyps: list) -> list[str]:
@@ -305,6 +318,10 @@ def add_translate(sub) -> None:
     p.add_argument("--prefix", metavar="FILE",
                    help="target text each translation must start with, one line per input line (empty: none); the "
                         "search goes on from it (decode/prefix.py)")
+    p.add_argument("--glossary", metavar="FILE",
+                   help="a TSV of `source term<TAB>target term` lines: where a line holds a source term (whole words, "
+                        "any case) its translation holds the target term, by constrained beam search "
+                        "(decode/constraints.py)")
     p.add_argument("--quality", metavar="FILE",
                    help="a TSV of each translation's confidence: mean subword log-probability, the search's score, "
                         "length ratio, repeats, source coverage by the alignment head, and a flag for a likely failure "

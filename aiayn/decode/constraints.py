@@ -34,21 +34,22 @@ class ConstraintError(AiaynError):
 
 def check_constraints(constraints: list[list[list[int]]], ids: list[list[int]], max_len_a: float,
                       max_len_b: int, prefixes: list[list[int]] | None = None, shortlist: bool = False,
-                      sampling: bool = False) -> None:
+                      sampling: bool = False, first: int = 1) -> None:
     """One list of phrases per source (ids with EOS): at most MAX_PHRASES each, none empty, and
     together (with the sentence's prefix) no longer than the longest output §6.1 allows it; not with
-    a shortlist (its columns are not the vocabulary's) nor with sampling (the search is a beam's)."""
+    a shortlist (its columns are not the vocabulary's) nor with sampling (the search is a beam's).
+    Errors name the sentence by its number, `first` being the first's."""
     if any(constraints) and (shortlist or sampling):
         raise ConstraintError("terms the output must hold need beam search over the whole vocabulary: "
-                              f"translate without {'--shortlist' if shortlist else '--sampling'}")
+                              "translate without " + ("--shortlist" if shortlist else "--sample"))
     if len(constraints) != len(ids):
         raise ConstraintError(f"{len(constraints)} constraint lists for {len(ids)} sources")
-    for n, (cs, x) in enumerate(zip(constraints, ids), 1):
+    for n, (cs, x) in enumerate(zip(constraints, ids), first):
         if len(cs) > MAX_PHRASES:
             raise ConstraintError(f"sentence {n} has {len(cs)} constraints; at most {MAX_PHRASES}")
         if any(not c or any(i in (PAD, BOS, EOS) for i in c) for c in cs):
             raise ConstraintError(f"sentence {n}: a constraint is empty or holds a special symbol")
-        owed = sum(len(c) for c in unique_phrases(cs)) + (len(prefixes[n - 1]) if prefixes else 0)
+        owed = sum(len(c) for c in unique_phrases(cs)) + (len(prefixes[n - first]) if prefixes else 0)
         most = int(max_len_a * max(len(x) - 1, 0) + max_len_b)
         if cs and owed > most:
             raise ConstraintError(f"sentence {n}: its constraints need {owed} subwords; its output may have at "

@@ -9,6 +9,16 @@ from ..data.tokenizer import Tokenizer
 from ..presets import DECODE_LIMITS
 
 
+def recorded_languages(extra: dict) -> tuple[tuple[str, str] | None, list[str], dict[str, tuple[int, float]]]:
+    """What a checkpoint's extra records of its languages (checked: bounded, typed): the (source,
+    target) pair, a multilingual model's directions (data/directions.py) and tune's setting per target."""
+    pair, ways = extra.get("languages"), extra.get("directions")
+    ok = isinstance(pair, dict) and all(isinstance(pair.get(k), str) and len(pair[k]) <= 16 for k in ("src", "tgt"))
+    directions = ways[:1000] if isinstance(ways, list) and all(
+        isinstance(x, str) and len(x) <= 40 for x in ways[:1000]) else []
+    return ((pair["src"], pair["tgt"]) if ok else None), directions, tuned_by_language(extra)
+
+
 def tuned_by_language(extra: dict) -> dict[str, tuple[int, float]]:
     """`aiayn tune`'s choice per target language from a checkpoint's extra (checked: bounded, typed)."""
     tuned = extra.get("tuned")

@@ -2,7 +2,9 @@
 model translates plain sentences, §6.1): tags (`<b>…</b>`, `<a href=…>…</a>`), placeholders
 (`<x id=1/>`) and Markdown's `**…**` and `` `…` `` are taken out, the text is translated, and each
 tag is put back around the target words aligned to the source words it wrapped (the hull of their
-positions). Output is well-formed by construction: tags are placed as a tree whose children keep
+positions). An element marked as HTML marks what is not to be translated, `translate="no"` (names,
+code, URLs, numbers: `<span translate="no">…</span>`), is taken out whole and put back as a
+placeholder, copied verbatim. Output is well-formed by construction: tags are placed as a tree whose children keep
 their source order and stay inside their parent (a span that would cross another is clipped, an
 empty one wraps nothing), and every placeholder appears exactly once.
 """
@@ -22,6 +24,7 @@ _TOKEN = re.compile(r"<(/?)([A-Za-z][\w:.-]*)((?:\s[^<>]*?)?)(/?)>|\*\*|`")
 MAX_DEPTH = 64  # tags nested inside each other, at most
 MAX_TAG = 1000  # characters of one tag, at most
 _LONG_TAG = re.compile(rf"<[/A-Za-z][^<>]{{{MAX_TAG}}}")
+_NO_TRANSLATE = re.compile(r"""\stranslate\s*=\s*(["']?)no\1(?![\w-])""", re.IGNORECASE)  # HTML's translate="no"
 
 
 class MarkupError(AiaynError):
@@ -51,14 +54,18 @@ def parse(line: str) -> tuple[str, Node]:
     if long := _LONG_TAG.search(line):
         raise MarkupLimit(f"a tag longer than {MAX_TAG} characters at character {long.start() + 1}")
     offset = 0  # characters of plain text so far
-    for m in _TOKEN.finditer(line):
+    while m := _TOKEN.search(line, pos):
         plain.append(line[pos:m.start()])
         offset += m.start() - pos
         pos = m.end()
         text = m.group(0)
         name = m.group(2) or text
         parent = stack[-1][0] if stack else root
-        if m.group(4):  # <x/>: a placeholder before the next word
+        if not m.group(1) and not m.group(4) and _NO_TRANSLATE.search(m.group(3) or ""):
+            pos = _element_end(line, m, name)  # kept whole, as a placeholder: copied, never translated
+            parent.children.append(Node(line[m.start():pos], ""))
+            pending.append((parent.children[-1], offset, "at"))
+        elif m.group(4):  # <x/>: a placeholder before the next word
             parent.children.append(Node(text, ""))
             pending.append((parent.children[-1], offset, "at"))
         elif m.group(1) or (text in ("**", "`") and stack and stack[-1][1] == name):
@@ -80,6 +87,18 @@ def parse(line: str) -> tuple[str, Node]:
     text = "".join(plain)
     _spans(text, pending)
     return " ".join(text.split()), root
+
+
+def _element_end(line: str, start: re.Match, name: str) -> int:
+    """Where the element `start` opens (tag `name`) ends: after its matching closing tag."""
+    depth, pos = 1, start.end()
+    while m := _TOKEN.search(line, pos):
+        pos = m.end()
+        if m.group(2) == name and not m.group(4):
+            depth += -1 if m.group(1) else 1
+            if depth == 0:
+                return pos
+    raise MarkupError(f"{start.group(0)} is never closed")
 
 
 def _spans(text: str, pending: list) -> None:
@@ -161,7 +180,7 @@ def translate_markup(translator, lines: list[str]) -> list[str]:
         except MarkupError as e:
             raise MarkupError(f"line {n}: {e}") from None
     ids = translator.encode_sources([plain for plain, _ in parsed])
-    hyps = translator.translate_ids(ids, alignments=True)
+    hyps = translator.translate_ids(ids, alignments=True, constraints=translator.terms([p for p, _ in parsed]))
     texts = translator.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
     return [put_back(root, text, links) for (_, root), text, links in zip(parsed, texts, translator.align(ids, hyps))]
 

@@ -26,7 +26,7 @@ from .constraints import check_constraints, constrained_beam_search, word_starts
 from .ensemble import Ensemble, load_models
 from .fast import FusedDecoder, StepOptions, fast_decoder, fusable, search_beams, warm_up
 from .glossary import Glossary, target_phrases
-from .languages import tag_lines, tuned_by_language
+from .languages import recorded_languages, tag_lines
 from .maps import AttentionData, attention_data
 from .prefix import PrefixDecoder, check_prefixes
 from .sampling import Sampler, Sampling
@@ -108,6 +108,7 @@ class Translator:
         self.tgt_lang: str | None = None  # the target language sources are tagged for when a call names none
         self.directions: list[str] = []  # a multilingual model's trained directions ("en-de"), when it names them
         self.tuned_by_language: dict[str, tuple[int, float]] = {}  # `aiayn tune`'s (beam, α) per target language
+        self.glossary: Glossary | None = None  # terms every call holds to unless it gives its own (decode/glossary.py)
 
     def use_shortlist(self, shortlist: Shortlist | str | Path | None) -> None:
         """Decode over each sentence's shortlist of target subwords (shortlist.py; None: the whole
@@ -181,15 +182,18 @@ class Translator:
         first = Path(path if isinstance(path, (str, Path)) else list(path)[0])
         extra = read_extra(first) if first.is_file() else {}
         chosen = extra.get("alignment")
-        pair = extra.get("languages")
-        if isinstance(pair, dict) and all(isinstance(pair.get(k), str) and len(pair[k]) <= 16 for k in ("src", "tgt")):
-            translator.languages = (pair["src"], pair["tgt"])
-        translator.tuned_by_language = tuned_by_language(extra)
-        ways = extra.get("directions")  # a multilingual model's (data/directions.py)
-        if isinstance(ways, list) and all(isinstance(x, str) and len(x) <= 40 for x in ways[:1000]):
-            translator.directions = ways[:1000]
+        translator.languages, translator.directions, translator.tuned_by_language = recorded_languages(extra)
         translator.alignment_head = None if chosen is None else checked_head(chosen, model.cfg, first)
         return translator
+
+    def terms(self, lines: list[str], glossary: Glossary | None = None, constraints: list[list[str]] | None = None
+              ) -> list[list[list[int]]] | None:
+        """The target phrases each line's output must hold (glossary.target_phrases; `glossary` None:
+        the translator's), or None where there are none to hold."""
+        glossary = glossary or self.glossary
+        if glossary is None and constraints is None:
+            return None
+        return target_phrases(self.tokenizer, lines, glossary, constraints)
 
     def word_starts(self) -> torch.Tensor:
         """(V,) which target tokens may follow a dictated term (constraints.word_starts_mask), computed once."""
@@ -353,7 +357,8 @@ class Translator:
         """The `nbest` best translations of each line, best first, with their scores (beam search:
         log-probability / lp(|Y|), §6.1; greedy, beam=1: log-probability); empty line, empty list."""
         beam, alpha = self.setting_for(beam, alpha, tgt_lang)
-        hyps = self.translate_ids(self.encode_sources(lines, tgt_lang=tgt_lang), beam, alpha, nbest)
+        hyps = self.translate_ids(self.encode_sources(lines, tgt_lang=tgt_lang), beam, alpha, nbest,
+                                  constraints=self.terms(lines))
         out = []
         for hs in hyps:
             texts = self.tokenizer.decode([h.tokens for h in hs]) if hs else []
@@ -372,14 +377,12 @@ class Translator:
                   glossary: Glossary | None = None, constraints: list[list[str]] | None = None) -> list[str]:
         """One output line per input line (empty in, empty out); into `tgt_lang` (see `tagged`), each
         output starting with its line's target `prefixes` text where given (decode/prefix.py), and
-        holding the `glossary`'s target terms whose source terms the line has and the line's own
-        `constraints` (target texts; decode/glossary.py)."""
+        holding the `glossary`'s (default: the translator's) target terms whose source terms the line
+        has and the line's own `constraints` (target texts; decode/glossary.py)."""
         beam, alpha = self.setting_for(beam, alpha, tgt_lang)
         forced = None if prefixes is None else self.tokenizer.encode_target([p.strip() for p in prefixes])
-        terms = None if glossary is None and constraints is None else target_phrases(
-            self.tokenizer, lines, glossary, constraints)
         hyps = self.translate_ids(self.encode_sources(lines, tgt_lang=tgt_lang), beam, alpha, 1, progress,
-                                  prefixes=forced, constraints=terms)
+                                  prefixes=forced, constraints=self.terms(lines, glossary, constraints))
         return self.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
 
     def compile_now(self) -> float:

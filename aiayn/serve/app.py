@@ -23,6 +23,8 @@ from pydantic import BaseModel, Field
 
 from ..config import ConfigError
 from ..data.tokenizer import EOS
+from ..decode.constraints import MAX_PHRASES, ConstraintError, check_constraints
+from ..decode.glossary import Glossary, GlossaryError
 from ..decode.maps import attention_data
 from ..decode.markup import MarkupError, MarkupLimit, parse, put_back
 from ..decode.prefix import check_prefixes
@@ -47,6 +49,9 @@ log = logging.getLogger("aiayn")
 requests_log = logging.getLogger("aiayn.requests")  # one line a request, rate-limited (edge.RateLimited)
 
 
+MAX_REQUEST_TERMS = 1000  # glossary entries one request may send
+
+
 class TranslateRequest(BaseModel):
     sentences: list[str] = Field(..., description="sentences to translate, one per item")
     beam: int | None = Field(None, ge=1, description="beam size (default from the checkpoint, 4)")
@@ -62,6 +67,11 @@ class TranslateRequest(BaseModel):
                             "several models (it routes by src and tgt; /health lists the directions)")
     prefix: list[str] | None = Field(None, description="target text each translation starts with, one per "
                                       "sentence (\"\": none); the search goes on from it")
+    glossary: list[list[str]] | None = Field(None, max_length=MAX_REQUEST_TERMS, description="[source term, "
+                                              "target term] pairs: a sentence holding a source term (whole words, "
+                                              "any case) is translated with its target term (decode/glossary.py)")
+    constraints: list[list[str]] | None = Field(None, description="target terms each translation must hold, one "
+                                                "list per sentence ([]: none)")
     quality: bool = Field(False, description="also each translation's confidence: mean subword log-probability, "
                                              "score, length ratio, repeats, source coverage and a flag "
                                              "(decode/quality.py)")
@@ -242,10 +252,11 @@ async def _translated(req: TranslateRequest, request: Request, t: Translator, ba
     plain = [p for p, _ in trees] if trees else req.sentences
     ids, _ = check_sentences(batcher, limits, plain, _subword_limits(limits, t)[0], beam, req.tgt, t)
     prefixes = _prefixes(req, ids, t, limits)
+    terms = _terms(req, plain, ids, prefixes, t)
     alpha = d.alpha if tuned_alpha is None else tuned_alpha
     began = time.perf_counter()
     texts, scores, links, *signals = await _answer(batcher, limits.timeout_s, lambda: batcher.submit(
-        ids, beam, alpha, _client(request), req.alignments or req.markup, t, req.quality, prefixes), request)
+        ids, beam, alpha, _client(request), req.alignments or req.markup, t, req.quality, prefixes, terms), request)
     requests_log.info("translate from %s: %d sentence(s), %d subwords, beam %d, %.0f ms", _client(request),
                       len(ids), sum(map(len, ids)), beam, 1000 * (time.perf_counter() - began))
     if trees:
@@ -268,6 +279,26 @@ def _prefixes(req: TranslateRequest, ids: list[list[int]], t: Translator, limits
     except ValueError as e:
         raise HTTPException(413 if "subwords" in str(e) else 400, str(e)) from None
     return forced
+
+
+def _terms(req: TranslateRequest, plain: list[str], ids: list[list[int]], prefixes: list[list[int]] | None,
+           t: Translator) -> list[list[list[int]]] | None:
+    """The target phrases each sentence must hold (the request's glossary, else the server's, and its
+    constraints), each checked: a 4xx naming the entry or the sentence."""
+    if req.constraints is not None and len(req.constraints) != len(req.sentences):
+        raise HTTPException(400, f"{len(req.constraints)} constraint lists for {len(req.sentences)} sentences: "
+                                 "one each ([]: none)")
+    if any(len(c) > MAX_PHRASES for c in req.constraints or []):
+        raise HTTPException(413, f"more than {MAX_PHRASES} constraints for one sentence")
+    try:
+        given = None if req.glossary is None else Glossary.from_pairs(req.glossary, "glossary entry")
+        terms = t.terms(plain, given, req.constraints)
+        if terms is not None:
+            d = t.decode_cfg
+            check_constraints(terms, ids, d.max_len_a, d.max_len_b, prefixes, t.shortlist is not None, d.sample, 0)
+    except (GlossaryError, ConstraintError) as e:
+        raise HTTPException(413 if "subwords" in str(e) or "at most" in str(e) else 400, str(e)) from None
+    return terms
 
 
 def _subword_limits(limits: Limits, translator: Translator) -> tuple[int, int]:

@@ -44,6 +44,7 @@ class Job:
     client: str | None = None  # who asked (the share of the work one client may hold)
     translator: Translator | None = None  # the model it is for (a server of many: serve/pool.py); None: the batcher's
     prefixes: list[list[int]] | None = None  # target ids each translation starts with (decode/prefix.py)
+    constraints: list[list[list[int]]] | None = None  # target phrases each must hold (decode/constraints.py)
     start: float = field(default_factory=time.monotonic)
     future: Future = field(default_factory=Future)
     done: int = 0  # sentences translated so far
@@ -150,7 +151,8 @@ class Batcher:
 
     def submit(self, sentences: list[str] | list[list[int]], beam: int, alpha: float,
                client: str | None = None, alignments: bool = False, translator: Translator | None = None,
-               quality: bool = False, prefixes: list[list[int]] | None = None) -> Future:
+               quality: bool = False, prefixes: list[list[int]] | None = None,
+               constraints: list[list[list[int]]] | None = None) -> Future:
         """Queue sentences (text, or ids from `encode_sources`) for translation by `translator` (default
         the batcher's); raises Overloaded when the queue is full (OverShare when this client's part of
         it is). The future's result is (texts, scores, alignments: Pharaoh word links per sentence, or
@@ -158,7 +160,7 @@ class Batcher:
         t = translator or self.translator
         ids = t.encode_sources(sentences) if sentences and isinstance(sentences[0], str) else list(sentences)
         return self._enqueue(Job(ids=ids, options=(beam, alpha, alignments, quality), costs=self.price(ids, beam, t),
-                                 client=client, translator=t, prefixes=prefixes))
+                                 client=client, translator=t, prefixes=prefixes, constraints=constraints))
 
     def call(self, fn: Callable[[], Any], work: int = 1, client: str | None = None) -> Future:
         """Queue another use of the model (e.g. attention maps, priced as `work`), run by the worker
@@ -288,9 +290,11 @@ class Batcher:
         start = time.perf_counter()
         # a request that gives up during the chunk stops costing within a few decoder steps
         forced = [p for job, a, b in chunk for p in (job.prefixes[a:b] if job.prefixes else [[]] * (b - a))]
+        terms = [c for job, a, b in chunk for c in (job.constraints[a:b] if job.constraints else [[]] * (b - a))]
         hyps = t.translate_ids(ids, beam=beam, alpha=alpha, nbest=1,
                                abandoned=lambda: {i for i, job in enumerate(owner) if job.future.cancelled()},
-                               alignments=align or signals, prefixes=forced if any(forced) else None)
+                               alignments=align or signals, prefixes=forced if any(forced) else None,
+                               constraints=terms if any(terms) else None)
         texts = t.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
         scores = [h[0].score if h else None for h in hyps]
         word_links = t.align(ids, hyps) if align or signals else []

@@ -117,3 +117,52 @@ def test_terms_are_held_on_the_other_precisions_paths(translator, precision):
     out = other.translate(SOURCES, constraints=TERMS)
     for text, terms in zip(out, TERMS):
         assert all(f" {t} " in f" {text} " for t in terms)
+
+
+def test_translate_glossary_holds_its_terms_from_the_command_line_and_names_a_bad_line(translator, tmp_path, capsys):
+    from conftest import save_translator
+
+    from aiayn.cli import main
+    from aiayn.decode.glossary import Glossary
+
+    ckpt = save_translator(translator, tmp_path / "m.safetensors")
+    (tmp_path / "in").write_text("".join(s + "\n" for s in SOURCES))
+    (tmp_path / "g.tsv").write_text("dog runs\thund läuft\ncat\tkatze\nsmall dog\tkleiner hund\n")
+    args = ["translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "in"), "--precision", "fp32",
+            "--max-len-b", "16", "--glossary", str(tmp_path / "g.tsv")]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == translator.translate(SOURCES, glossary=Glossary.load(tmp_path / "g.tsv"))
+    assert "hund läuft" in out[0] and "kleiner hund" in out[5]  # the lines holding source terms
+    assert main(args + ["-o", str(tmp_path / "out")]) == 0  # the resumable path: the same lines
+    assert (tmp_path / "out").read_text().splitlines() == out
+    capsys.readouterr()
+    (tmp_path / "g.tsv").write_text("dog\thund\ncat katze\n")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "g.tsv line 2: 1 tab-separated fields" in err[0]
+
+
+def test_the_server_takes_a_glossary_and_constraints_per_request(translator):
+    from fastapi.testclient import TestClient
+
+    from aiayn.serve.app import Limits, create_app
+
+    with TestClient(create_app(translator, Limits())) as client:
+        sents = ["the dog runs", "a big cat", "the woman"]
+        glossary = [["dog", "hund"], ["cat", "katze"]]
+        r = client.post("/translate", json={"sentences": sents, "glossary": glossary,
+                                            "constraints": [[], ["roter"], []]})
+        assert r.status_code == 200
+        assert r.json()["translations"] == translator.translate(
+            sents, glossary=Glossary.from_pairs(glossary), constraints=[[], ["roter"], []])
+        got = r.json()["translations"]
+        assert "hund" in got[0].split() and {"katze", "roter"} <= set(got[1].split())
+        for body, code, says in [
+            ({"sentences": sents, "constraints": [["x"]]}, 400, "1 constraint lists for 3 sentences"),
+            ({"sentences": sents, "glossary": [["dog"]]}, 400, "glossary entry 1: not a"),
+            ({"sentences": ["a cat"], "constraints": [["hund " * 30]]}, 413, "sentence 0: its constraints need"),
+            ({"sentences": ["a cat"], "constraints": [["кошка"]]}, 400, "has characters"),
+        ]:
+            r = client.post("/translate", json=body)
+            assert r.status_code == code and says in r.json()["detail"], (body, r.json())

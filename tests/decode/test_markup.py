@@ -151,3 +151,23 @@ def test_parsing_costs_time_linear_in_the_length_of_adversarial_markup():
 
     small, large = cost(1_000, 100), cost(100_000, 1)
     assert large < 5 * small, (small, large)
+
+
+def test_an_element_marked_translate_no_is_copied_verbatim_once_and_never_seen_by_the_model(toy_prepared):
+    from conftest import random_translator
+
+    from aiayn.decode.markup import put_back, translate_markup
+
+    kept = '<span translate="no">Save <b>As</b> &amp; https://x.y/?a=1</span>'
+    text, root = parse(f"click {kept} to keep <b>the</b> file")
+    assert text == "click to keep the file"  # the model reads the rest only
+    for links in ("0-0 1-1 2-2 3-3 4-4", "", "4-0 0-4"):
+        out = put_back(root, "a b c d e", links)
+        assert out.count(kept) == 1 and well_formed(out) == []
+    assert parse("<code translate='NO'>x = 1</code> runs")[0] == "runs"
+    assert parse('a <i translate="yes">b</i>')[0] == "a b"  # only "no" keeps a span
+    with pytest.raises(MarkupError, match="never closed"):
+        parse('a <span translate="no">b')
+    t = random_translator(toy_prepared / "spm.model")
+    line = 'the dog <span translate="no">Rex_42 <i>ø</i></span> runs'
+    assert translate_markup(t, [line])[0].count('<span translate="no">Rex_42 <i>ø</i></span>') == 1
