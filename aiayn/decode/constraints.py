@@ -23,7 +23,7 @@ from torch import Tensor
 from ..data.tokenizer import BOS, EOS, PAD
 from ..errors import AiaynError
 from .beams import Hypothesis, finished_hypotheses, length_penalty, max_lengths, merge_finished, open_sentences
-from .search import IncrementalDecoder, extended_histories, keeps_attended
+from .search import Abandoned, IncrementalDecoder, extended_histories, keeps_attended, still_wanted
 
 MAX_PHRASES = 32  # target phrases one sentence may be held to (a bit each in the progress mask)
 
@@ -170,10 +170,12 @@ def _allocate(score: Tensor, bank: Tensor, live: Tensor, k: int, banks: int) -> 
 
 def constrained_beam_search(model: IncrementalDecoder, src: Tensor, constraints: list[list[list[int]]],
                             word_starts: Tensor, beam: int = 4, alpha: float = 0.6, max_len_a: float = 1.0,
-                            max_len_b: int = 50, nbest: int = 1, limit: int = 1023) -> list[list[Hypothesis]]:
+                            max_len_b: int = 50, nbest: int = 1, limit: int = 1023,
+                            abandoned: Abandoned | None = None) -> list[list[Hypothesis]]:
     """Beam search (§6.1's: lp(|Y|), its maximum length and stopping rule) over src (B, S) whose
     every output holds each of its sentence's `constraints` (check_constraints first); `word_starts`
-    is word_starts_mask's. Returns the `nbest` best hypotheses per sentence."""
+    is word_starts_mask's; sentences `abandoned` names leave as search.beam_search's do. Returns the
+    `nbest` best hypotheses per sentence."""
     B, k, dev = src.size(0), beam, src.device
     max_len = max_lengths(src, max_len_a, max_len_b, limit)
     L = int(max_len.max()) + 1
@@ -215,6 +217,7 @@ def constrained_beam_search(model: IncrementalDecoder, src: Tensor, constraints:
         new_tok, src_rows = flat[0].gather(1, kept), (row_base + kept // M).view(-1)
         keep = open_sentences(fin_score[active, nbest - 1], new_scores.max(1).values, bound_lp[active],
                               t >= max_len[active])
+        keep = keep if (wanted := still_wanted(abandoned, t, active[keep])) is None else keep[wanted]
         if not keep.numel():
             break
         state = [x.gather(1, kept).view(-1) for x in flat[1:5]]

@@ -56,7 +56,7 @@ ABANDON_EVERY = 8  # steps between two looks at `abandoned`
 LOOK_EVERY = 4  # steps between two looks at which sentences are done, off a CPU (ABANDON_EVERY's divisor)
 
 
-def _wanted(abandoned: Abandoned | None, t: int, active: Tensor) -> Tensor | None:
+def still_wanted(abandoned: Abandoned | None, t: int, active: Tensor) -> Tensor | None:
     """Every ABANDON_EVERY steps, which active sentences someone still waits for (None: all)."""
     if abandoned is None or t % ABANDON_EVERY != ABANDON_EVERY - 1:
         return None
@@ -89,7 +89,7 @@ def greedy_search(model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0
         if keeps_attended(cache):
             att[active, t] = cache.attended
         live = tokens != EOS
-        wanted = _wanted(abandoned, t, active)
+        wanted = still_wanted(abandoned, t, active)
         if wanted is not None:
             live &= wanted
         if not live.any():
@@ -152,7 +152,7 @@ def beam_search(model: IncrementalDecoder, src: Tensor, beam: int = 4, alpha: fl
         if t % look_every == look_every - 1 or t >= L - 1:  # the last step always looks: all are done
             keep = open_sentences(fin_score[active, nbest - 1], new_scores[:, 0], bound_lp[active],
                                   t >= max_len[active])
-            keep = keep if (wanted := _wanted(abandoned, t, active[keep])) is None else keep[wanted]
+            keep = keep if (wanted := still_wanted(abandoned, t, active[keep])) is None else keep[wanted]
             if not keep.numel():
                 break
         dropped = keep is not None and keep.numel() < n

@@ -333,7 +333,7 @@ class Translator:
         d, limit = self.decode_cfg, self.model.cfg.max_positions - 1
         if cons is not None:  # terms the output must hold
             return constrained_beam_search(model, src, cons, self.word_starts(), beam, alpha, d.max_len_a,
-                                           d.max_len_b, nbest, limit)
+                                           d.max_len_b, nbest, limit, gone)
         if d.sample:  # a draw per token (decode/sampling.py), seeded by each sentence's subwords
             pick = Sampler(Sampling(d.temperature, d.top_k, d.top_p, d.seed), src)
             return [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, limit, gone, pick)]

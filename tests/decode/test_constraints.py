@@ -166,3 +166,25 @@ def test_the_server_takes_a_glossary_and_constraints_per_request(translator):
         ]:
             r = client.post("/translate", json=body)
             assert r.status_code == code and says in r.json()["detail"], (body, r.json())
+
+
+def test_abandoned_constrained_sentences_leave_within_a_few_steps():
+    from aiayn.decode.search import ABANDON_EVERY
+
+    class Counting:
+        def __init__(self, model):
+            self.model, self.steps = model, 0
+
+        def start_decoding(self, src, group=1):
+            return self.model.start_decoding(src, group)
+
+        def decode_step(self, tokens, cache):
+            self.steps += 1
+            return self.model.decode_step(tokens, cache)
+
+    model = Counting(random_model(vocab=7, seed=1))
+    src = torch.tensor([[4, 5, 6, EOS]])
+    every = torch.ones(7, dtype=torch.bool)
+    gone = constrained_beam_search(model, src, [[[4, 5]]], every, beam=2, max_len_a=0, max_len_b=40,
+                                   abandoned=lambda ids: torch.ones_like(ids, dtype=torch.bool))
+    assert model.steps == ABANDON_EVERY and gone == [[]]
