@@ -65,7 +65,8 @@ def test_translation_batches_are_the_decoding_machines(toy_prepared, tmp_path, m
     ckpt = list_checkpoints(tmp_path / "run")[-1]
     sizes = []
     batches = Translator._batches
-    monkeypatch.setattr(Translator, "_batches", lambda self, ids, n: sizes.append(n) or batches(self, ids, n))
+    monkeypatch.setattr(Translator, "_batches",
+                        lambda self, ids, n, apart=None: sizes.append(n) or batches(self, ids, n, apart))
     Translator.load(ckpt, device="cpu").translate(["the dog"])
     Translator.load(ckpt, device="cpu", max_tokens=64).translate(["the dog"])
     assert sizes == [4096, 64]

@@ -318,10 +318,8 @@ def add_translate(sub) -> None:
     p.add_argument("--prefix", metavar="FILE",
                    help="target text each translation must start with, one line per input line (empty: none); the "
                         "search goes on from it (decode/prefix.py)")
-    p.add_argument("--glossary", metavar="FILE",
-                   help="a TSV of `source term<TAB>target term` lines: where a line holds a source term (whole words, "
-                        "any case) its translation holds the target term, by constrained beam search "
-                        "(decode/constraints.py)")
+    p.add_argument("--glossary", metavar="FILE", help="TSV lines `source term<TAB>target term`: a line holding a "
+                   "source term (whole words, any case) is translated with its target term (constrained beam search)")
     p.add_argument("--quality", metavar="FILE",
                    help="a TSV of each translation's confidence: mean subword log-probability, the search's score, "
                         "length ratio, repeats, source coverage by the alignment head, and a flag for a likely failure "

@@ -195,15 +195,8 @@ def constrained_beam_search(model: IncrementalDecoder, src: Tensor, constraints:
     bound_lp = length_penalty(max_len.double() + 1, alpha)
     for t in range(L):
         n = active.numel()
-        lp = _next_lprobs(model.decode_step(tokens, cache), prog, ph, word_starts, (t >= max_len[active]), k)
-        tok, tok_lp = _candidates(lp, prog, ph, k)
-        cur, pos, done, just, met = _advance(tok, prog, ph, k)
-        owed = ph.total.repeat_interleave(k)[:, None] - met
-        left = (max_len[active] - (t + 1)).repeat_interleave(k)[:, None]
-        cand = scores.view(-1, 1) + tok_lp
-        cand = torch.where((tok == EOS) | (owed <= left), cand, float("-inf")).view(n, -1)  # (n, k·M)
-        M = tok.size(1)
-        flat = [x.view(n, -1) for x in (tok, cur, pos, done, just, met)]
+        cand, flat = _scored(model.decode_step(tokens, cache), scores, prog, ph, word_starts, max_len[active], t)
+        M = flat[0].size(1) // k
         top_scores, top_idx = cand.topk(k, dim=1)  # those ending among the k best finish
         is_eos = (flat[0].gather(1, top_idx) == EOS) & torch.isfinite(top_scores)
         row_base = torch.arange(n, device=dev)[:, None] * k
@@ -231,6 +224,21 @@ def constrained_beam_search(model: IncrementalDecoder, src: Tensor, constraints:
         cache.reorder(src_rows, keep if keep.numel() < n else None)
         scores, tokens = new_scores, new_tok.view(-1)
     return finished_hypotheses(fin_score[:, :nbest], [f[:, :nbest] for f in fins])
+
+
+def _scored(logits: Tensor, scores: Tensor, prog: _Progress, ph: _Phrases, word_starts: Tensor, max_len: Tensor,
+            t: int) -> tuple[Tensor, list[Tensor]]:
+    """Step t's candidates of each sentence, (n, k·M): their scores (-inf where a candidate may not be
+    taken, or too few steps are left to write what it still owes), and [token, phrase in progress,
+    position, complete mask, just completed, bank] of each."""
+    n, k = scores.shape
+    lp = _next_lprobs(logits, prog, ph, word_starts, t >= max_len, k)
+    tok, tok_lp = _candidates(lp, prog, ph, k)
+    cur, pos, done, just, met = _advance(tok, prog, ph, k)
+    owed = ph.total.repeat_interleave(k)[:, None] - met
+    left = (max_len - (t + 1)).repeat_interleave(k)[:, None]
+    cand = torch.where((tok == EOS) | (owed <= left), scores.view(-1, 1) + tok_lp, float("-inf"))
+    return cand.view(n, -1), [x.reshape(n, -1) for x in (tok, cur, pos, done, just, met)]
 
 
 def _next_lprobs(logits: Tensor, prog: _Progress, ph: _Phrases, word_starts: Tensor, at_max: Tensor,

@@ -191,15 +191,13 @@ class Translator:
         """The target phrases each line's output must hold (glossary.target_phrases; `glossary` None:
         the translator's), or None where there are none to hold."""
         glossary = glossary or self.glossary
-        if glossary is None and constraints is None:
-            return None
-        return target_phrases(self.tokenizer, lines, glossary, constraints)
+        return None if glossary is None and constraints is None else target_phrases(self.tokenizer, lines,
+                                                                                     glossary, constraints)
 
+    @functools.cached_property
     def word_starts(self) -> torch.Tensor:
-        """(V,) which target tokens may follow a dictated term (constraints.word_starts_mask), computed once."""
-        if getattr(self, "_word_starts", None) is None:
-            self._word_starts = word_starts_mask(self.tokenizer.pieces_list(), self.device)
-        return self._word_starts
+        """(V,) which target tokens may follow a dictated term (constraints.word_starts_mask)."""
+        return word_starts_mask(self.tokenizer.pieces_list(), self.device)
 
     def _head(self) -> tuple[int, int | None]:
         """The alignment head: `aiayn align`'s choice, else the last layer's mean (which it usually picks)."""
@@ -297,6 +295,8 @@ class Translator:
         if constraints is not None:
             check_constraints(constraints, ids, d.max_len_a, d.max_len_b, prefixes, self.shortlist is not None,
                               d.sample)
+            log.debug("constrained beam search (decode/constraints.py) over the %s step: %d of %d sentences",
+                      "fused eager" if self.step == "graphed" else self.step, sum(map(bool, constraints)), len(ids))
         results: list[list[Hypothesis]] = [[] for _ in ids]
         if isinstance(self.search_model, FusedDecoder):
             self.search_model.align_head = self._head() if alignments else None
@@ -332,7 +332,7 @@ class Translator:
         """One batch's search: constrained (decode/constraints.py), sampled, greedy or §6.1's beam search."""
         d, limit = self.decode_cfg, self.model.cfg.max_positions - 1
         if cons is not None:  # terms the output must hold
-            return constrained_beam_search(model, src, cons, self.word_starts(), beam, alpha, d.max_len_a,
+            return constrained_beam_search(model, src, cons, self.word_starts, beam, alpha, d.max_len_a,
                                            d.max_len_b, nbest, limit, gone)
         if d.sample:  # a draw per token (decode/sampling.py), seeded by each sentence's subwords
             pick = Sampler(Sampling(d.temperature, d.top_k, d.top_p, d.seed), src)
