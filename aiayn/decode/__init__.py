@@ -1,15 +1,16 @@
 """§6.1's search: raw text in, translations out.
 
 Read first: translator.py (`Translator`), then search.py (greedy and beam search over any
-`IncrementalDecoder`), beams.py (their bookkeeping), sampling.py (drawn translations) and fast/
-(the fused decoder step).
+`IncrementalDecoder`), beams.py (their bookkeeping), sampling.py (drawn translations), constraints.py
+and glossary.py (terms the output must hold) and fast/ (the fused decoder step).
 """
 
 from ..doors import lazy
 
 __all__ = [
-    "AttentionData", "Ensemble", "Hypothesis", "Sampling", "Shortlist", "Translation", "Translator", "attention_data",
-    "beam_search", "greedy_search", "length_penalty", "translate_markup", "translate_paragraphs", "tune"
+    "AttentionData", "Ensemble", "Glossary", "Hypothesis", "Sampling", "Shortlist", "Translation", "Translator",
+    "attention_data", "beam_search", "constrained_beam_search", "greedy_search", "length_penalty", "translate_markup",
+    "translate_paragraphs", "tune"
 ]
 __getattr__, __dir__ = lazy(__name__, {
     "Translator": "translator",
@@ -22,6 +23,8 @@ __getattr__, __dir__ = lazy(__name__, {
     "AttentionData": "maps",
     "attention_data": "maps",
     "Ensemble": "ensemble",
+    "Glossary": "glossary",
+    "constrained_beam_search": "constraints",
     "Shortlist": "shortlist",
     "tune": "tune",
     "translate_markup": "markup",

@@ -164,6 +164,13 @@ def test_a_poisoned_sentence_fails_its_request_alone(server):
     answers = asyncio.run(go())
     assert [r.status_code for r in answers] == [200] * 5 + [422], [r.text for r in answers]
     assert "sentences" in answers[-1].text and "1" in json.dumps(answers[-1].json()["detail"][0]["loc"])
+    # over a real socket, beside them: a glossary and constraints held (decode/constraints.py), a bad one refused
+    r = httpx.post(url + "/translate", json={"sentences": ["the dog runs", "a cat"], "glossary": [["dog", "hund"]],
+                                             "constraints": [[], ["roter haus"]]}, timeout=30)
+    assert r.status_code == 200 and "hund" in r.json()["translations"][0].split()
+    assert "roter haus" in r.json()["translations"][1]
+    r = httpx.post(url + "/translate", json={"sentences": ["a cat"], "glossary": [["cat", "a", "b"]]}, timeout=30)
+    assert r.status_code == 400 and "glossary entry 1" in r.json()["detail"]
 
 
 def _peak_rss_mb(pid: int) -> float:
