@@ -116,4 +116,4 @@ MODEL_LIMITS = {"vocab_size": 1 << 21, "d_model": 1 << 14, "d_ff": 1 << 17, "h":
                 "N_dec": 1 << 8, "d_k": 1 << 14, "d_v": 1 << 14, "max_positions": 1 << 16, "conv_kernel": 1 << 8,
                 "conv_channels": 1 << 14, "pad_id": 1 << 21}
 TRAIN_LIMITS = {"threads": 1 << 10, "seed": (1 << 32) - 1}  # a million OpenMP threads crashed the process
-DECODE_LIMITS = {"beam": 1 << 10, "alpha": 10.0, "max_len_a": 1 << 10, "max_len_b": 1 << 16}
+DECODE_LIMITS = {"beam": 1 << 10, "constraint_beam": 1 << 10, "alpha": 10.0, "max_len_a": 1 << 10, "max_len_b": 1 << 16}

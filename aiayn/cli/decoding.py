@@ -27,9 +27,10 @@ log = logging.getLogger("aiayn")
 
 
 STREAM_LINES = 5000  # sources translated at a time: batches sort within them (bf16 results depend on the batch)
-_DECODE_FLAGS = {"decode.beam": "--beam", "decode.alpha": "--alpha", "decode.max_len_b": "--max-len-b",
-                 "decode.nbest": "--nbest", "decode.max_tokens": "--max-tokens", "decode.temperature": "--temperature",
-                 "decode.top_k": "--top-k", "decode.top_p": "--top-p", "decode.sample": "--sample"}
+_DECODE_FLAGS = {"decode.beam": "--beam", "decode.constraint_beam": "--constraint-beam", "decode.alpha": "--alpha",
+                 "decode.max_len_b": "--max-len-b", "decode.nbest": "--nbest", "decode.max_tokens": "--max-tokens",
+                 "decode.temperature": "--temperature", "decode.top_k": "--top-k", "decode.top_p": "--top-p",
+                 "decode.sample": "--sample"}
 
 
 def _interactive(translator, output: str | None) -> None:
@@ -60,6 +61,7 @@ def cmd_translate(args: argparse.Namespace, extra: list[str]) -> None:
     if args.document:
         need("pysbd", "document")  # before the model is loaded
     overrides = {k: v for k, v in {"beam": args.beam, "alpha": args.alpha, "max_len_b": args.max_len_b,
+                                   "constraint_beam": args.constraint_beam,
                                    "nbest": args.nbest, "max_tokens": args.max_tokens, "step": args.step,
                                    "sample": args.sample or None, "temperature": args.temperature,
                                    "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}.items()
@@ -325,6 +327,7 @@ def add_translate(sub) -> None:
                         "length ratio, repeats, source coverage by the alignment head, and a flag for a likely failure "
                         "(its rule: decode/quality.py)")
     p.add_argument("--beam", type=int, help="beam size (default 4; 1 = greedy)")
+    p.add_argument("--constraint-beam", type=int, help="beam of the lines holding --glossary terms (default 2 x beam)")
     p.add_argument("--sample", action="store_true",
                    help="draw each next token from the model's distribution instead of searching (back-translation; "
                         "the same sentence gets the same draw alone or in a batch, for one --seed)")

@@ -331,9 +331,9 @@ class Translator:
                 ) -> list[list[Hypothesis]]:
         """One batch's search: constrained (decode/constraints.py), sampled, greedy or §6.1's beam search."""
         d, limit = self.decode_cfg, self.model.cfg.max_positions - 1
-        if cons is not None:  # terms the output must hold
-            return constrained_beam_search(model, src, cons, self.word_starts, beam, alpha, d.max_len_a,
-                                           d.max_len_b, nbest, limit, gone)
+        if cons is not None:  # terms the output must hold, with a wider beam (decode.constraint_beam)
+            return constrained_beam_search(model, src, cons, self.word_starts, max(d.constraint_beam or 2 * beam,
+                                           nbest), alpha, d.max_len_a, d.max_len_b, nbest, limit, gone)
         if d.sample:  # a draw per token (decode/sampling.py), seeded by each sentence's subwords
             pick = Sampler(Sampling(d.temperature, d.top_k, d.top_p, d.seed), src)
             return [[h] for h in greedy_search(model, src, d.max_len_a, d.max_len_b, limit, gone, pick)]

@@ -159,7 +159,11 @@ class Batcher:
         None if not asked for; with `quality`, a 4th: each translation's signals, decode/quality.py)."""
         t = translator or self.translator
         ids = t.encode_sources(sentences) if sentences and isinstance(sentences[0], str) else list(sentences)
-        return self._enqueue(Job(ids=ids, options=(beam, alpha, alignments, quality), costs=self.price(ids, beam, t),
+        costs = self.price(ids, beam, t)
+        if constraints:  # decoded with decode.constraint_beam's rows
+            wide = self.price(ids, max(t.decode_cfg.constraint_beam or 2 * beam, 1), t)
+            costs = [w if c else x for x, w, c in zip(costs, wide, constraints)]
+        return self._enqueue(Job(ids=ids, options=(beam, alpha, alignments, quality), costs=costs,
                                  client=client, translator=t, prefixes=prefixes, constraints=constraints))
 
     def call(self, fn: Callable[[], Any], work: int = 1, client: str | None = None) -> Future:

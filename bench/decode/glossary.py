@@ -12,9 +12,9 @@ spelling). On test2016 and test2017:
 - the glossary file path: the whole lexicon as a TSV (decode/glossary.py), every sentence
   translated with it; sentences no entry matches must come out as they do without it.
 
-A term is used when it appears in the output as whole words (cased as dictated). Speed: beam 4,
-sentences/s of the sentences with natural terms, with and without them, alternating repetitions,
-medians.
+A term is used when it appears in the output as whole words (cased as dictated). Beam 4; sentences
+with terms search with decode.constraint_beam (default 8). Speed: sentences/s of the sentences with
+natural terms, with and without them, alternating repetitions, medians.
 
     .venv/bin/python bench/decode/glossary.py [--checkpoint CKPT] [--data PREPARED] [--corpus DIR] [--reps 3]
 """
@@ -167,7 +167,8 @@ def main() -> None:
                     for x in ("en", "de")))
     glossary = Glossary.from_pairs([[a, b] for a, b in lex.items()], "lexicon entry")
     result = {"what": __doc__.split("\n")[0], "cpu": cpu_meta(), "checkpoint": str(ckpt), "precision": t.precision,
-              "step": t.step, "lexicon_entries": len(lex), "decode": {"beam": 4, "alpha": 0.6}, "sets": {}}
+              "step": t.step, "lexicon_entries": len(lex), "sets": {},
+              "decode": {"beam": 4, "alpha": 0.6, "constraint_beam": t.decode_cfg.constraint_beam or 8}}
     for k, split in enumerate(("test_2016_flickr", "test_2017_flickr")):
         src = (data / f"{split}.en.txt").read_text().splitlines()
         ref = (data / f"{split}.de.txt").read_text().splitlines()

@@ -188,3 +188,19 @@ def test_abandoned_constrained_sentences_leave_within_a_few_steps():
     gone = constrained_beam_search(model, src, [[[4, 5]]], every, beam=2, max_len_a=0, max_len_b=40,
                                    abandoned=lambda ids: torch.ones_like(ids, dtype=torch.bool))
     assert model.steps == ABANDON_EVERY and gone == [[]]
+
+
+def test_sentences_with_terms_search_with_the_constraint_beam_default_twice_the_beam(translator):
+    import dataclasses
+
+    from aiayn.decode.translator import Translator
+
+    ids = translator.encode_sources(SOURCES[:1])
+    phrases = target_phrases(translator.tokenizer, SOURCES[:1], constraints=TERMS[:1])
+    src = torch.tensor(ids)
+    for setting, beam in ((0, 8), (5, 5), (3, 3)):
+        t = Translator(translator.model, translator.tokenizer,
+                       dataclasses.replace(translator.decode_cfg, constraint_beam=setting), precision="fp32")
+        got = t.translate_ids(ids, beam=4, constraints=phrases)[0][0]
+        want = constrained_beam_search(t.search_model, src, phrases, t.word_starts, beam=beam, max_len_b=16)[0][0]
+        assert got.tokens == want.tokens and got.score == pytest.approx(want.score, abs=1e-6)
