@@ -6,7 +6,8 @@ spelling). On test2016 and test2017:
 
 - natural terms: for each sentence, the lexicon entries whose English word it holds and whose
   German word its reference holds — the reference's own translation; BLEU of those sentences with
-  the terms dictated (Translator.translate(constraints=)) against without;
+  the terms dictated (Translator.translate(constraints=)) against without (sacreBLEU's paired
+  bootstrap, 1,000 resamples);
 - unnatural terms: for each sentence holding a lexicon word, a wrong-but-dictated term (another
   entry's German word, or two of them as a phrase), so obedience is tested, not luck;
 - the glossary file path: the whole lexicon as a TSV (decode/glossary.py), every sentence
@@ -42,6 +43,7 @@ from benchdata import ROOT, cpu_meta, prepared_data, trained_checkpoint  # noqa:
 
 from aiayn.decode.glossary import Glossary  # noqa: E402
 from aiayn.decode.translator import Translator  # noqa: E402
+from aiayn.evidence.stats import paired_bootstrap  # noqa: E402
 
 WORD = re.compile(r"\w+")
 
@@ -133,6 +135,7 @@ def measure(t: Translator, src: list[str], ref: list[str], lex: dict[str, str], 
         "natural": {"sentences": len(nat), "terms": n_asked, "used": n_used, "rate": round(n_used / n_asked, 4),
                     "used_without_glossary": use_rate([plain[i] for i in nat], [natural[i] for i in nat])[0],
                     "bleu_without": round(bleu_without.score, 2), "bleu_with": round(bleu_with.score, 2),
+                    "bleu_paired_bootstrap": paired_bootstrap([plain[i] for i in nat], with_terms, refs[0]),
                     "chrf_without": round(sacrebleu.corpus_chrf([plain[i] for i in nat], refs).score, 2),
                     "chrf_with": round(sacrebleu.corpus_chrf(with_terms, refs).score, 2)},
         "unnatural": {"sentences": len(unn), "terms": u_asked, "used": u_used, "rate": round(u_used / u_asked, 4),
