@@ -49,7 +49,8 @@ class Glossary:
         """A TSV file of `source<TAB>target` lines (size bounded; a bad line: one line naming it)."""
         text = read_bounded(path, MAX_GLOSSARY_BYTES)
         entries = []
-        for n, line in enumerate(text.splitlines(), 1):
+        for n, line in enumerate(text.split("\n"), 1):  # one entry a "\n" line (a term may hold U+2028)
+            line = line.removesuffix("\r")
             if not line.strip() or line.startswith("#"):
                 continue
             fields = line.split("\t")

@@ -204,3 +204,9 @@ def test_sentences_with_terms_search_with_the_constraint_beam_default_twice_the_
         got = t.translate_ids(ids, beam=4, constraints=phrases)[0][0]
         want = constrained_beam_search(t.search_model, src, phrases, t.word_starts, beam=beam, max_len_b=16)[0][0]
         assert got.tokens == want.tokens and got.score == pytest.approx(want.score, abs=1e-6)
+
+
+def test_a_glossary_line_ends_at_a_newline_only(tmp_path):
+    (tmp_path / "g.tsv").write_bytes("a\u2028b\tc\r\ndog\thund\n".encode())
+    g = Glossary.load(tmp_path / "g.tsv")
+    assert [(e.source, e.target) for e in g.entries] == [("a b", "c"), ("dog", "hund")]  # whitespace as one space
