@@ -81,6 +81,8 @@ def template(toy_prepared, tmp_path_factory) -> Path:
     lines(w / "in-badutf8.txt", b"a dog\n\xc3\x28 runs\n")
     lines(w / "out.txt", "KEEP ME\n")
     lines(w / "two.txt", "a\nb\n")
+    lines(w / "bad-glossary.tsv", "dog\thund\ncat katze\n")
+    lines(w / "glossary-badutf8.tsv", b"dog\thund\ncat\t\xff\n")
     lines(w / "one.txt", "a\n")
     (w / "prepared").symlink_to(toy_prepared)
     (w / "precious/sub").mkdir(parents=True)  # a folder aiayn did not write: never cleared
@@ -198,6 +200,12 @@ CLI_CASES = [
     ("negative max length", T + ["--max-len-b", "-5"], ["max_len_b", "-5"]),
     ("nbest larger than the beam", T + ["--nbest", "5"], ["decode.nbest", "5"]),
     ("zero tokens per batch", T + ["--max-tokens", "0"], ["decode.max_tokens", "positive"]),
+    # terms the user dictates (decode/glossary.py, decode/constraints.py)
+    ("glossary line without a tab", T + ["--glossary", "{w}/bad-glossary.tsv"],
+     ["bad-glossary.tsv line 2", "1 tab-separated fields"]),
+    ("glossary of invalid UTF-8", T + ["--glossary", "{w}/glossary-badutf8.tsv"], ["glossary-badutf8.tsv", "UTF-8"]),
+    ("missing glossary", T + ["--glossary", "{w}/no-glossary.tsv"], ["no-glossary.tsv"]),
+    ("negative constraint beam", T + ["--constraint-beam", "-1"], ["decode.constraint_beam", ">= 0"]),
     ("input of invalid UTF-8", T[:3] + ["--input", "{w}/in-badutf8.txt", "--output", "{w}/out.txt"],
      ["in-badutf8.txt:2", "invalid UTF-8"]),
     ("average of a run without checkpoints", ["average", "{w}/empty-dir", "-o", "{w}/avg.safetensors"],
@@ -461,6 +469,14 @@ HTTP_CASES = [
     ("invalid UTF-8 body", b'{"sentences": ["\xff\xfe"]}', 400, "parsing the body"),
     ("lone surrogate", b'{"sentences": ["a dog", "\\ud800"]}', 422, "not valid Unicode"),
     ("over-long in subwords", json.dumps({"sentences": ["a " * 400]}).encode(), 413, "subwords"),
+    ("glossary entry that is no pair", b'{"sentences": ["a dog"], "glossary": [["dog"]]}', 400, "glossary entry 1"),
+    ("glossary of too many entries", json.dumps({"sentences": ["a"], "glossary": [["a", "b"]] * 1001}).encode(),
+     422, "glossary"),
+    ("constraints for other sentences", b'{"sentences": ["a dog"], "constraints": [[], []]}', 400, "constraint lists"),
+    ("constraint term too long", json.dumps({"sentences": ["a dog"], "constraints": [["x" * 300]]}).encode(),
+     400, "constraint 1"),
+    ("too many constraints", json.dumps({"sentences": ["a dog"], "constraints": [["x"] * 40]}).encode(),
+     413, "more than 32"),
 ]
 
 
