@@ -182,9 +182,6 @@ def constrained_beam_search(model: IncrementalDecoder, src: Tensor, constraints:
     cache = model.start_decoding(src, group=k)
     ph, prog = _Phrases(constraints, dev), _Progress(B * k, dev)
     banks = int(ph.total.max()) + 1
-    first = ph.tok[:, :, 0]
-    word_starts = word_starts.clone()
-    word_starts[first[first >= 0]] = True  # a phrase may follow another at once
     active = torch.arange(B, device=dev)
     scores = torch.full((B, k), float("-inf"), device=dev)
     scores[:, 0] = 0.0
@@ -251,7 +248,11 @@ def _next_lprobs(logits: Tensor, prog: _Progress, ph: _Phrases, word_starts: Ten
     lp[:, BOS] = float("-inf")
     all_met = prog.done == ph.full.repeat_interleave(k)
     lp[:, EOS] = torch.where(all_met, lp[:, EOS], float("-inf"))
-    lp = lp.masked_fill(prog.just[:, None] & ~word_starts[None], float("-inf"))
+    if prog.just.any():  # after a completed phrase: a word's start, or the first token of one of its own phrases
+        rows = prog.just.nonzero().squeeze(1)
+        ok = word_starts.expand(rows.numel(), -1).clone()
+        ok.scatter_(1, ph.tok[rows // k, :, 0].clamp(min=0), True)  # (-1: none, PAD, never taken anyway)
+        lp[rows] = lp[rows].masked_fill(~ok, float("-inf"))
     only_eos = at_max.repeat_interleave(k)
     if only_eos.any():
         eos = lp[only_eos, EOS]

@@ -210,3 +210,21 @@ def test_a_glossary_line_ends_at_a_newline_only(tmp_path):
     (tmp_path / "g.tsv").write_bytes("a\u2028b\tc\r\ndog\thund\n".encode())
     g = Glossary.load(tmp_path / "g.tsv")
     assert [(e.source, e.target) for e in g.entries] == [("a b", "c"), ("dog", "hund")]  # whitespace as one space
+
+
+def test_what_may_follow_a_completed_phrase_is_each_sentences_own():
+    """After a phrase only a word's start may follow, or the first token of one of the sentence's own
+    phrases (token 5 starts no word here): a sentence batched with one whose phrase starts with 5
+    searches as alone, and still writes its own phrases."""
+    model = random_model(vocab=7, seed=6)  # one where b would take 5 after its phrase if a's first tokens counted
+    starts = torch.tensor([True, True, True, True, True, False, True])  # 5: inside a word
+    a, b = torch.tensor([[4, 5, 6, EOS]]), torch.tensor([[6, 4, EOS, 0]])
+    pa, pb = [[4], [5, 6]], [[6]]
+    both = constrained_beam_search(model, torch.cat([a, b]), [pa, pb], starts, beam=3, max_len_a=0, max_len_b=5)
+    alone = [constrained_beam_search(model, x, [p], starts, beam=3, max_len_a=0, max_len_b=5)[0]
+             for x, p in ((a, pa), (b[:, :3], pb))]
+    assert [h[0].tokens for h in both] == [h[0].tokens for h in alone]
+    assert holds(both[0][0].tokens, [4]) and holds(both[0][0].tokens, [5, 6]) and holds(both[1][0].tokens, [6])
+    seq = both[1][0].tokens  # b's own phrase, 6, is never followed by 5 (a's first token, not b's)
+    first = seq.index(6)
+    assert first + 1 == len(seq) or seq[first + 1] != 5
