@@ -380,7 +380,8 @@ def test_a_translation_killed_part_way_resumes_and_gives_the_uninterrupted_bytes
     def cmd(out: str, *extra: str) -> list[str]:
         return [sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(ckpt), "-i", str(tmp_path / "in"),
                 "-o", str(tmp_path / out), "--alignments", str(tmp_path / f"{out}.al"), "--quality",
-                str(tmp_path / f"{out}.q"), "--chunk-lines", "20", "--precision", "fp32", "--beam", "2", "--max-len-b", "10", *extra]
+                str(tmp_path / f"{out}.q"), "--chunk-lines", "20", "--precision", "fp32", "--beam", "2",
+                "--max-len-b", "10", *extra]
 
     subprocess.run(cmd("straight"), check=True, capture_output=True, timeout=300)
     proc = subprocess.Popen(cmd("killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
