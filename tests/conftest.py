@@ -31,6 +31,17 @@ requires_vnni = pytest.mark.skipif(not int8_products(), reason="torch._int_mm ne
                                    "AVX-VNNI), which this CPU lacks (or ONEDNN_MAX_CPU_ISA bars): aiayn takes fbgemm's "
                                    "kernel here")
 
+def pytest_collection_modifyitems(items: list) -> None:
+    """The modules with the most end-to-end (`slow`) tests first, each module's tests in their order:
+    xdist hands whole modules to its workers in this order, and a heavy module taken last (training/
+    sorts last) kept one worker busy minutes after the other had finished."""
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[item.module.__name__] = slow.get(item.module.__name__, 0) + (item.get_closest_marker("slow") is not None)
+    order = {name: i for i, name in enumerate(slow)}
+    items.sort(key=lambda item: (-slow[item.module.__name__], order[item.module.__name__]))
+
+
 # Multi30k lives beside the repository (../shared/data/multi30k); AIAYN_DATA overrides it.
 DATA_DIR = Path(os.environ.get("AIAYN_DATA", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
 
