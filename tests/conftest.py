@@ -35,11 +35,14 @@ def pytest_collection_modifyitems(items: list) -> None:
     """The modules with the most end-to-end (`slow`) tests first, each module's tests in their order:
     xdist hands whole modules to its workers in this order, and a heavy module taken last (training/
     sorts last) kept one worker busy minutes after the other had finished."""
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+
     slow: dict[str, int] = {}
     for item in items:
-        slow[item.module.__name__] = slow.get(item.module.__name__, 0) + (item.get_closest_marker("slow") is not None)
+        slow[module(item)] = slow.get(module(item), 0) + (item.get_closest_marker("slow") is not None)
     order = {name: i for i, name in enumerate(slow)}
-    items.sort(key=lambda item: (-slow[item.module.__name__], order[item.module.__name__]))
+    items.sort(key=lambda item: (-slow[module(item)], order[module(item)]))
 
 
 # Multi30k lives beside the repository (../shared/data/multi30k); AIAYN_DATA overrides it.

@@ -57,6 +57,10 @@ def main() -> None:
     if args.worker:
         print("RESULT " + json.dumps(worker(args)))
         return
+    if not args.checkpoint.is_file() or not args.src.is_file():
+        raise SystemExit(f"no such file: {args.checkpoint if not args.checkpoint.is_file() else args.src}")
+    if args.sentences < 1 or args.threads < 1 or args.top < 1:
+        raise SystemExit("--sentences, --threads and --top must be at least 1")
     rows = []
     for precision in args.precisions.split(","):
         cmd = [sys.executable, __file__, "--worker", precision, "--checkpoint", str(args.checkpoint), "--src",
