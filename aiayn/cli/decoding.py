@@ -251,6 +251,7 @@ def _document(translator, lines: list[str], args: argparse.Namespace) -> None:
 
 def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: choose beam size and alpha on the validation set; write them into a copy of the checkpoint."""
+    from ..checkpoint import read_extra
     from ..decode.tune import tune
 
     beams, alphas = parse_numbers(args.beams, int, "--beams"), parse_numbers(args.alphas, float, "--alphas")
@@ -259,12 +260,24 @@ def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(f"--beams must be in [1, {most_beam}] and --alphas in [0, {most_alpha:g}]; "
                         f"got {args.beams}, {args.alphas}")
     refuse_parser(args.checkpoint, "tune")
+    precisions = None if args.precisions == "auto" else tuple(x for x in args.precisions.split(",") if x != "none")
+    if precisions is not None and any(p not in ("fp32", "bf16", "int8") for p in precisions):
+        raise UserError(f"--precisions: auto, none, or a comma-separated list of fp32, bf16, int8; "
+                        f"got {args.precisions}")
+    if not 0 <= args.precision_tolerance <= 100:
+        raise UserError(f"--precision-tolerance must be in [0, 100] BLEU, got {args.precision_tolerance}")
     best, points, out = tune(args.checkpoint, args.data, beams, alphas, args.sentences, args.precision, args.output,
-                             args.device)
+                             args.device, precisions, args.precision_tolerance)
     print(f"{'beam':>4} {'alpha':>5} {'valid BLEU':>10} {'BP':>6}")
     for p in points:
         mark = "  <- chosen" if p is best else ""
         print(f"{p.beam:>4} {p.alpha:>5.2f} {p.bleu:>10.2f} {p.bp:>6.3f}{mark}")
+    choice = read_extra(out)["tuned"].get("precision_choice")
+    if choice:
+        print(f"{'precision':>9} {'valid BLEU':>10} {'sentences/s':>11}")
+        for r in choice["measured"]:
+            mark = "  <- auto takes it on this processor class" if r["precision"] == choice["chosen"] else ""
+            print(f"{r['precision']:>9} {r['bleu']:>10.2f} {r['sentences_per_s']:>11.1f}{mark}")
     print(f"beam {best.beam}, alpha {best.alpha:g} -> {out} (translate, serve and Translator use them by default)")
 
 
@@ -363,7 +376,14 @@ def add_tune(sub) -> None:
     p.add_argument("--beams", default="2,4,6", help="beam sizes to try (default 2,4,6)")
     p.add_argument("--alphas", default="0,0.3,0.6,1,1.5,2", help="length penalties to try (default 0,0.3,0.6,1,1.5,2)")
     p.add_argument("--sentences", type=int, default=0, help="only the first N validation sentences (0: all)")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"], default="auto",
+                   help="the grid's precision (auto: the default rule, then --precisions are timed)")
+    p.add_argument("--precisions", default="auto",
+                   help="with --precision auto, precisions timed at the chosen setting, the fastest within "
+                        "--precision-tolerance recorded for auto on this processor class (auto: those it runs "
+                        "natively; none: no choice)")
+    p.add_argument("--precision-tolerance", type=float, default=0.3,
+                   help="validation BLEU a faster precision may lose against the grid's (default 0.3)")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
     p.add_argument("-o", "--output", help="the tuned copy (default: CHECKPOINT.tuned.safetensors)")
     p.set_defaults(func=cmd_tune)

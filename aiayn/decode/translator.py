@@ -33,6 +33,7 @@ from .sampling import Sampler, Sampling
 from .scoring import ForcedScore, force_decoded
 from .search import Hypothesis, greedy_search
 from .shortlist import Shortlist, ShortlistDecoder, ShortlistError, vocabulary_id
+from .tuned_precision import tuned_precision
 
 log = logging.getLogger("aiayn")
 
@@ -176,11 +177,12 @@ class Translator:
         cfg.decode.validate()
         if cfg.decode.beam > len(tokenizer):
             raise ConfigError(f"decode.beam ({cfg.decode.beam}) is larger than the vocabulary ({len(tokenizer)})")
+        first = Path(path if isinstance(path, (str, Path)) else list(path)[0])
+        extra = read_extra(first) if first.is_file() else {}
+        precision = tuned_precision(precision, extra, dev)  # auto: tune's choice for this processor class
         translator = cls(model, tokenizer, cfg.decode, dev, precision, compiled=compiled)
         translator.data_max_len = cfg.data.max_len  # the training length: a server's default sentence limit
         translator.use_shortlist(shortlist)
-        first = Path(path if isinstance(path, (str, Path)) else list(path)[0])
-        extra = read_extra(first) if first.is_file() else {}
         chosen = extra.get("alignment")
         translator.languages, translator.directions, translator.tuned_by_language = recorded_languages(extra)
         translator.alignment_head = None if chosen is None else checked_head(chosen, model.cfg, first)

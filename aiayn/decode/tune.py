@@ -26,9 +26,11 @@ from ..checkpoint import (
 from ..config import ConfigError, DecodeConfig
 from ..data.prepare import check_vocabulary, load_manifest, read_text
 from ..data.text import DataError
+from ..device import pick_device, resolve_precision
 from ..files import read_json
 from ..progress import bar as progress_bar
 from .translator import Translator
+from .tuned_precision import MARGIN, TOLERANCE, Measured, candidates, choice_record, choose_precision, measure
 
 log = logging.getLogger("aiayn")
 BEAMS = (2, 4, 6)
@@ -95,11 +97,41 @@ def _grid(translator: Translator, src: list[str], ref: list[str], beams: tuple[i
     return points
 
 
+def _choose_precision(translator: Translator, sets: dict, grids: dict, precisions: tuple[str, ...] | None,
+                      tolerance: float) -> dict | None:
+    """Time each precision on the validation sets at each set's chosen (beam, α); the record of the
+    choice (tuned_precision.choice_record), or None when there is nothing to choose between."""
+    wanted = candidates(translator.device) if precisions is None else list(precisions)
+    wanted = [translator.precision] + [p for p in dict.fromkeys(wanted) if p != translator.precision]
+    if len(wanted) < 2:
+        return None
+    each = {p: translator if p == translator.precision else
+            Translator(translator.model, translator.tokenizer, translator.decode_cfg, precision=p, quiet=True)
+            for p in wanted}
+    each = {t.precision: t for t in each.values()}  # what runs (int8 refused on a CPU without AVX2 is fp32)
+    totals: dict[str, list[float]] = {p: [0.0, 0.0, 0] for p in each}
+    for lang, (src, ref) in sets.items():
+        best = choose(grids[lang], DecodeConfig())
+        for r in measure(each, src, ref, best.beam, best.alpha, tgt_lang=lang or None):
+            totals[r.precision][0] += r.bleu / len(sets)
+            totals[r.precision][1] += r.seconds
+            totals[r.precision][2] += len(src)
+    rows = [Measured(p, round(b, 2), round(s, 3), round(n / max(s, 1e-9), 1)) for p, (b, s, n) in totals.items()]
+    chosen = choose_precision(rows, translator.precision, tolerance, MARGIN)
+    for r in rows:
+        log.info("precision %s at the chosen setting: valid BLEU %.2f, %.1f sentences/s%s", r.precision, r.bleu,
+                 r.sentences_per_s, "  <- auto takes it on this processor class" if r.precision == chosen else "")
+    return choice_record(rows, translator.precision, chosen, tolerance, MARGIN)
+
+
 def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tuple[int, ...] = BEAMS,
          alphas: tuple[float, ...] = ALPHAS, sentences: int = 0, precision: str = "auto",
-         out: str | Path | None = None, device: str | None = None) -> tuple[Point, list[Point], Path]:
+         out: str | Path | None = None, device: str | None = None, precisions: tuple[str, ...] | None = None,
+         tolerance: float = TOLERANCE) -> tuple[Point, list[Point], Path]:
     """Grid-search beam × α on the validation set; write `out` (default: CHECKPOINT.tuned.safetensors)
-    with the chosen settings. Returns (chosen, every point, the written file)."""
+    with the chosen settings. With `precision` auto, the precisions to time at the chosen setting
+    (`precisions`; None: those the device runs natively; (): none), the fastest within `tolerance`
+    BLEU of the grid's recorded for `auto` (tuned_precision.py). Returns (chosen, every point, the file)."""
 
     checkpoint = Path(checkpoint)
     refuse_folder(checkpoint)
@@ -112,7 +144,11 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
         raise DataError(f"{checkpoint}: no readable run.json beside it (or one folder up) to find its data; "
                         "pass --data PREPARED_DIR")
     manifest = load_manifest(data_dir)
-    translator = Translator.load(checkpoint, device=device, precision=precision)
+    dev = pick_device(device)
+    choosing = precision == "auto"
+    # the grid runs in the default rule's precision, never an earlier tuning's choice
+    precision = resolve_precision(precision, dev)[0] if choosing else precision
+    translator = Translator.load(checkpoint, device=dev, precision=precision)
     check_vocabulary(translator.tokenizer.proto, data_dir)
     if max(beams) > len(translator.tokenizer):
         raise ConfigError(f"beam size {max(beams)} (--beams, `beams`) is larger than the model's vocabulary "
@@ -126,6 +162,7 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
                         round(sum(g[i].bp for g in grids.values()) / len(grids), 3))
                   for i, p in enumerate(next(iter(grids.values())))]
     best = choose(points, DecodeConfig())
+    choice = _choose_precision(translator, sets, grids, precisions, tolerance) if choosing else None
     tensors, meta = read_weights(checkpoint)
     cfg = read_meta(meta, checkpoint)[0]
     step, extra = meta_step(meta, checkpoint), meta_extra(meta, checkpoint)
@@ -135,6 +172,8 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
     extra["tuned"] = {"valid": str(valid), "sentences": sum(len(s) for s, _ in sets.values()),
                       "precision": translator.precision, "points": [p.__dict__ for p in points],
                       "chosen": best.__dict__}
+    if choice is not None:
+        extra["tuned"]["precision_choice"] = choice
     if len(grids) > 1 or "" not in grids:  # many directions: a setting for each target language
         extra["tuned"]["by_language"] = {lang: {"points": [p.__dict__ for p in g],
                                                 "chosen": choose(g, DecodeConfig()).__dict__}

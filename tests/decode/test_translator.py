@@ -252,3 +252,71 @@ def test_an_isa_limit_gets_its_own_inductor_cache(monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/mine")
     inductor_cache()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
+
+
+def test_the_precision_rule_takes_the_fastest_within_the_tolerance():
+    from aiayn.decode.tuned_precision import Measured, choose_precision
+
+    def rows(*spec):
+        return [Measured(p, b, s, 100 / s) for p, b, s in spec]
+    ref = ("fp32", 30.0, 10.0)
+    assert choose_precision(rows(ref, ("int8", 29.8, 8.0)), "fp32") == "int8"  # -0.2 BLEU, 20 % faster
+    assert choose_precision(rows(ref, ("int8", 29.6, 8.0)), "fp32") == "fp32"  # -0.4 BLEU: too much lost
+    assert choose_precision(rows(ref, ("int8", 30.5, 9.7)), "fp32") == "fp32"  # 3 % faster: inside the margin
+    assert choose_precision(rows(ref, ("int8", 30.0, 8.0), ("bf16", 30.0, 7.0)), "fp32") == "bf16"
+    assert choose_precision(rows(ref, ("int8", 30.0, 8.0), ("bf16", 25.0, 7.0)), "fp32") == "int8"
+    assert choose_precision(rows(ref, ("int8", 29.6, 8.0)), "fp32", tolerance=0.5) == "int8"
+
+
+@requires_int8
+def test_tune_times_each_precision_and_auto_takes_its_choice_on_this_processor_class(trained, tmp_path, capsys):
+    from aiayn.decode.tuned_precision import Measured, choose_precision, machine
+
+    ckpt, data = trained
+    out = tmp_path / "tuned.safetensors"
+    assert main(["tune", "--checkpoint", str(ckpt), "--beams", "2", "--alphas", "0.6", "--precisions", "fp32,int8",
+                 "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    extra = json.loads(read_weights(out)[1]["extra"])
+    choice = extra["tuned"]["precision_choice"]
+    rows = [Measured(**r) for r in choice["measured"]]
+    reference = resolve_precision("auto", CPU)[0]
+    assert choice["reference"] == reference and {r.precision for r in rows} == {reference, "fp32", "int8"}
+    assert choice["chosen"] == choose_precision(rows, reference, 0.3, 0.05) and "<- auto takes it" in printed
+    src, ref = (data / "valid.en.txt").read_text().splitlines(), (data / "valid.de.txt").read_text().splitlines()
+    for r in rows:  # every recorded BLEU, scored again here
+        text = Translator.load(ckpt, precision=r.precision).translate(src, beam=2, alpha=0.6)
+        assert round(sacrebleu.BLEU().corpus_score(text, [ref]).score, 2) == r.bleu
+    assert choice["class"] == machine()["class"]
+    assert Translator.load(out).precision == choice["chosen"]  # auto on this processor class: tune's choice
+    assert Translator.load(out, precision="fp32").precision == "fp32"  # an explicit precision wins
+
+
+def test_auto_ignores_a_precision_chosen_on_another_processor_class(trained, tmp_path):
+    from aiayn.checkpoint import read_meta, save_weights
+    from aiayn.decode.tuned_precision import machine, recorded
+
+    ckpt, _ = trained
+    tensors, meta = read_weights(ckpt)
+    cfg = read_meta(meta, ckpt)[0]
+    t = Translator.load(ckpt)
+    here = machine()
+    for cls, want in ((here["class"], "int8" if int8_kernel() else resolve_precision("auto", CPU)[0]),
+                      ("AVX-512 BF16 (elsewhere)", resolve_precision("auto", CPU)[0])):
+        path = tmp_path / f"{len(cls)}.safetensors"
+        choice = {"chosen": "int8", "reference": "fp32", "class": cls, "int8_kernel": here["int8_kernel"],
+                  "cpu": "a machine", "measured": []}
+        save_weights(path, tensors, cfg, t.tokenizer, 1, {"tuned": {"precision_choice": choice}})
+        assert Translator.load(path).precision == want
+        assert (recorded({"tuned": {"precision_choice": choice}}, CPU)[0] is None) == (cls != here["class"])
+    for damaged in ({"tuned": "x"}, {"tuned": {"precision_choice": {"chosen": "fp64"}}}, {}):
+        assert recorded(damaged, CPU)[0] is None
+
+
+def test_tune_precision_flags_bad_input_gets_one_line(trained, capsys):
+    ckpt, _ = trained
+    for args, message in ((["--precisions", "fp32,int4"], "--precisions: auto, none, or"),
+                          (["--precision-tolerance", "-1"], "--precision-tolerance must be in [0, 100]")):
+        assert main(["tune", "--checkpoint", str(ckpt), *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
