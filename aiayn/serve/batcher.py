@@ -94,7 +94,8 @@ class Batcher:
     """One worker thread owns the model. It takes work in chunks of about `chunk_s` seconds (from
     the rate it has measured; at most `chunk_work`, and the key/value memory of `chunk_bytes`),
     fills a chunk with waiting requests of the same options, and goes round the requests in turn,
-    so a long request delays a short one by about one chunk, not by its whole length. The queue is
+    so a long request delays a short one by about one chunk, not by its whole length; inside one long
+    sentence (a chunk however long), short newcomers are let in after chunk_s (_let_in). The queue is
     weighed in sentences and in work; a request that gave up leaves its chunk within a few decoder
     steps and costs nothing more."""
 
@@ -116,6 +117,9 @@ class Batcher:
         self.started: dict[int, float] = {}  # id(job) -> when it was queued, for the jobs not yet gone
         self.rate = 1_000.0  # work per second, a running estimate (Retry-After, the size of a chunk); it starts
         # low, so the first chunks are short on a large model, and grows with what the worker measures
+        self._turn = time.perf_counter()  # when the chunk under way began its turn (or last let others in)
+        self._aside_s = 0.0  # seconds spent on short requests let in during chunks (not the chunk's own rate)
+        self._letting_in = False
         self.worker = threading.Thread(target=self._work, daemon=True, name="aiayn-batcher")
         self.worker.start()
 
@@ -264,6 +268,49 @@ class Batcher:
             self._leave(job)
         _complete(job.future, error=error)
 
+    def _let_in(self, running: set[int], paused: Translator) -> None:
+        """Called from inside a chunk's search every few decoder steps: once the chunk has had its turn
+        (chunk_s), requests that came meanwhile and fit in one chunk's work are translated here, on the
+        same thread, the chunk's search paused on the stack around them; then it has another turn. So
+        a short request waits about chunk_s behind one long sentence at a wide beam, not its whole length."""
+        if self._letting_in or time.perf_counter() - self._turn < self.chunk_s:
+            return
+        try:
+            while True:
+                self.active.append(self.jobs.get_nowait())
+        except queue.Empty:
+            pass
+        budget = max(1, int(self.rate * self.chunk_s))
+        short = [j for j in self.active if id(j) not in running and not j.future.done() and j.left()[1] <= budget]
+        if not short:
+            return
+        self._letting_in, start = True, time.perf_counter()
+        head = paused.search_model
+        kept = getattr(head, "align_head", None)  # the paused search's (translate_ids sets it per call)
+        try:
+            while short:
+                first = short[0]
+                part = [(first, 0, 1)] if first.call is not None else [
+                    (j, j.done, j.size) for j in short
+                    if j.call is None and j.options == first.options and j.translator is first.translator]
+                try:
+                    self._run(part)
+                except Exception as e:
+                    log.exception("server worker: %s", e)
+                    for job, *_ in part:
+                        self._fail(job, e)
+                for job, *_ in part:
+                    if job in self.active and (job.future.done() or job.done >= job.size):
+                        self._leave(job)
+                done = {id(job) for job, *_ in part}
+                short = [j for j in short if id(j) not in done]
+        finally:
+            if hasattr(head, "align_head"):
+                head.align_head = kept
+            self._letting_in = False
+            self._aside_s += time.perf_counter() - start
+            self._turn = time.perf_counter()
+
     def _run(self, chunk: list[tuple[Job, int, int]]) -> None:
         head = chunk[0][0]
         if head.call is not None:
@@ -291,12 +338,18 @@ class Batcher:
         ids = [x for job, a, b in chunk for x in job.ids[a:b]]
         owner = [job for job, a, b in chunk for _ in range(a, b)]
         beam, alpha, align, signals = chunk[0][0].options
-        start = time.perf_counter()
-        # a request that gives up during the chunk stops costing within a few decoder steps
+        start, aside = time.perf_counter(), self._aside_s
+        if not self._letting_in:
+            self._turn = start
+        running = {id(job) for job, _, _ in chunk}
+
+        def abandoned() -> set[int]:  # every few decoder steps: short newcomers are let in (_let_in), and
+            self._let_in(running, t)  # a request that gave up during the chunk stops costing
+            return {i for i, job in enumerate(owner) if job.future.cancelled()}
         forced = [p for job, a, b in chunk for p in (job.prefixes[a:b] if job.prefixes else [[]] * (b - a))]
         terms = [c for job, a, b in chunk for c in (job.constraints[a:b] if job.constraints else [[]] * (b - a))]
         hyps = t.translate_ids(ids, beam=beam, alpha=alpha, nbest=1,
-                               abandoned=lambda: {i for i, job in enumerate(owner) if job.future.cancelled()},
+                               abandoned=abandoned,
                                alignments=align or signals, prefixes=forced if any(forced) else None,
                                constraints=terms if any(terms) else None)
         texts = t.tokenizer.decode([h[0].tokens if h else [] for h in hyps])
@@ -307,7 +360,8 @@ class Batcher:
         qualities = [_json_safe(asdict(quality(x, h[0] if h else None, n, lk, beam, alpha)))
                      for x, h, n, lk in zip(ids, hyps, words, word_links)] if signals else []
         work = sum(job.cost(i) for job, a, b in chunk for i in range(a, b))
-        self.rate = 0.8 * self.rate + 0.2 * work / max(time.perf_counter() - start, 1e-6)
+        own = time.perf_counter() - start - (self._aside_s - aside)  # less what was let in meanwhile
+        self.rate = 0.8 * self.rate + 0.2 * work / max(own, 1e-6)
         i = 0
         for job, a, b in chunk:
             job.texts += texts[i:i + b - a]
