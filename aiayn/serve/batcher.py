@@ -268,11 +268,12 @@ class Batcher:
             self._leave(job)
         _complete(job.future, error=error)
 
-    def _let_in(self, running: set[int], paused: Translator) -> None:
+    def _let_in(self, running: set[int], paused: Translator, paused_work: int) -> None:
         """Called from inside a chunk's search every few decoder steps: once the chunk has had its turn
-        (chunk_s), requests that came meanwhile and fit in one chunk's work are translated here, on the
-        same thread, the chunk's search paused on the stack around them; then it has another turn. So
-        a short request waits about chunk_s behind one long sentence at a wide beam, not its whole length."""
+        (chunk_s), requests that came meanwhile and are short (at most one chunk's work at the measured
+        rate, or a quarter of the paused chunk's) are translated here, on the same thread, the chunk's
+        search paused on the stack around them; then it has another turn. So a short request waits
+        about chunk_s behind one long sentence at a wide beam, not its whole length."""
         if self._letting_in or time.perf_counter() - self._turn < self.chunk_s:
             return
         try:
@@ -280,10 +281,11 @@ class Batcher:
                 self.active.append(self.jobs.get_nowait())
         except queue.Empty:
             pass
-        budget = max(1, int(self.rate * self.chunk_s))
+        budget = max(1, int(self.rate * self.chunk_s), paused_work // 4)  # short ones measure the rate low
         short = [j for j in self.active if id(j) not in running and not j.future.done() and j.left()[1] <= budget]
         if not short:
             return
+        log.debug("%d short requests let in during a chunk of %d work", len(short), paused_work)
         self._letting_in, start = True, time.perf_counter()
         head = paused.search_model
         kept = getattr(head, "align_head", None)  # the paused search's (translate_ids sets it per call)
@@ -342,9 +344,10 @@ class Batcher:
         if not self._letting_in:
             self._turn = start
         running = {id(job) for job, _, _ in chunk}
+        work = sum(job.cost(i) for job, a, b in chunk for i in range(a, b))
 
         def abandoned() -> set[int]:  # every few decoder steps: short newcomers are let in (_let_in), and
-            self._let_in(running, t)  # a request that gave up during the chunk stops costing
+            self._let_in(running, t, work)  # a request that gave up during the chunk stops costing
             return {i for i, job in enumerate(owner) if job.future.cancelled()}
         forced = [p for job, a, b in chunk for p in (job.prefixes[a:b] if job.prefixes else [[]] * (b - a))]
         terms = [c for job, a, b in chunk for c in (job.constraints[a:b] if job.constraints else [[]] * (b - a))]
@@ -359,7 +362,6 @@ class Batcher:
         words = [len(x.split()) for x in t.tokenizer.decode([x[:-1] for x in ids])] if signals else []
         qualities = [_json_safe(asdict(quality(x, h[0] if h else None, n, lk, beam, alpha)))
                      for x, h, n, lk in zip(ids, hyps, words, word_links)] if signals else []
-        work = sum(job.cost(i) for job, a, b in chunk for i in range(a, b))
         own = time.perf_counter() - start - (self._aside_s - aside)  # less what was let in meanwhile
         self.rate = 0.8 * self.rate + 0.2 * work / max(own, 1e-6)
         i = 0
