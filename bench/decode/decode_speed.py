@@ -70,8 +70,9 @@ def ct2_translate(translator, sp, src: list[str], beam: int, alpha: float) -> tu
     return [sp.decode(h) for h in hyps], sum(len(h) + 1 for h in hyps)
 
 
-# -modules: the same precision with the decoder step through the modules, not fusedstep
-SYSTEMS = ("aiayn-fp32", "aiayn-bf16", "aiayn-int8", "hf-generate-fp32", "ct2-float32", "ct2-int8",
+# -modules: the same precision with the decoder step through the modules, not fusedstep; aiayn-auto: what
+# --precision auto runs for this checkpoint here (on a tuned one, tune's choice for this processor class)
+SYSTEMS = ("aiayn-auto", "aiayn-fp32", "aiayn-bf16", "aiayn-int8", "hf-generate-fp32", "ct2-float32", "ct2-int8",
            "aiayn-fp32-modules", "aiayn-bf16-modules", "aiayn-int8-modules",
            "aiayn-fp32-compiled", "aiayn-bf16-compiled", "aiayn-int8-compiled",
            "aiayn-int8-shortlist", "aiayn-int8-compiled-shortlist", "aiayn-bf16-shortlist")
