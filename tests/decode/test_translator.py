@@ -260,8 +260,8 @@ def test_the_precision_rule_takes_the_fastest_within_the_tolerance():
     def rows(*spec):
         return [Measured(p, b, s, 100 / s) for p, b, s in spec]
     ref = ("fp32", 30.0, 10.0)
-    assert choose_precision(rows(ref, ("int8", 29.8, 8.0)), "fp32") == "int8"  # -0.2 BLEU, 20 % faster
-    assert choose_precision(rows(ref, ("int8", 29.6, 8.0)), "fp32") == "fp32"  # -0.4 BLEU: too much lost
+    assert choose_precision(rows(ref, ("int8", 29.85, 8.0)), "fp32") == "int8"  # -0.15 BLEU, 20 % faster
+    assert choose_precision(rows(ref, ("int8", 29.7, 8.0)), "fp32") == "fp32"  # -0.3 BLEU: too much lost
     assert choose_precision(rows(ref, ("int8", 30.5, 9.7)), "fp32") == "fp32"  # 3 % faster: inside the margin
     assert choose_precision(rows(ref, ("int8", 30.0, 8.0), ("bf16", 30.0, 7.0)), "fp32") == "bf16"
     assert choose_precision(rows(ref, ("int8", 30.0, 8.0), ("bf16", 25.0, 7.0)), "fp32") == "int8"
@@ -282,7 +282,7 @@ def test_tune_times_each_precision_and_auto_takes_its_choice_on_this_processor_c
     rows = [Measured(**r) for r in choice["measured"]]
     reference = resolve_precision("auto", CPU)[0]
     assert choice["reference"] == reference and {r.precision for r in rows} == {reference, "fp32", "int8"}
-    assert choice["chosen"] == choose_precision(rows, reference, 0.3, 0.05) and "<- auto takes it" in printed
+    assert choice["chosen"] == choose_precision(rows, reference, 0.2, 0.05) and "<- auto takes it" in printed
     src, ref = (data / "valid.en.txt").read_text().splitlines(), (data / "valid.de.txt").read_text().splitlines()
     for r in rows:  # every recorded BLEU, scored again here
         text = Translator.load(ckpt, precision=r.precision).translate(src, beam=2, alpha=0.6)
