@@ -253,6 +253,7 @@ def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
     """§6.1: choose beam size and alpha on the validation set; write them into a copy of the checkpoint."""
     from ..checkpoint import read_extra
     from ..decode.tune import tune
+    from ..decode.tuned_precision import parse_precisions
 
     beams, alphas = parse_numbers(args.beams, int, "--beams"), parse_numbers(args.alphas, float, "--alphas")
     most_beam, most_alpha = DECODE_LIMITS["beam"], DECODE_LIMITS["alpha"]
@@ -260,12 +261,7 @@ def cmd_tune(args: argparse.Namespace, extra: list[str]) -> None:
         raise UserError(f"--beams must be in [1, {most_beam}] and --alphas in [0, {most_alpha:g}]; "
                         f"got {args.beams}, {args.alphas}")
     refuse_parser(args.checkpoint, "tune")
-    precisions = None if args.precisions == "auto" else tuple(x for x in args.precisions.split(",") if x != "none")
-    if precisions is not None and any(p not in ("fp32", "bf16", "int8") for p in precisions):
-        raise UserError(f"--precisions: auto, none, or a comma-separated list of fp32, bf16, int8; "
-                        f"got {args.precisions}")
-    if not 0 <= args.precision_tolerance <= 100:
-        raise UserError(f"--precision-tolerance must be in [0, 100] BLEU, got {args.precision_tolerance}")
+    precisions = parse_precisions(args.precisions, args.precision_tolerance)
     best, points, out = tune(args.checkpoint, args.data, beams, alphas, args.sentences, args.precision, args.output,
                              args.device, precisions, args.precision_tolerance)
     print(f"{'beam':>4} {'alpha':>5} {'valid BLEU':>10} {'BP':>6}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -160,13 +160,11 @@ class Translator:
         from the first); decode_overrides are DecodeConfig fields (beam, alpha, max_len_a, max_len_b,
         nbest, max_tokens). device None: CUDA when available, else the CPU.
         shortlist: a file of `aiayn shortlist` (see use_shortlist). build: checkpoint.load_checkpoint's."""
-        import dataclasses
-
-        fields = [f.name for f in dataclasses.fields(DecodeConfig)]
-        unknown = [k for k in decode_overrides if k not in fields]
+        names = [f.name for f in fields(DecodeConfig)]
+        unknown = [k for k in decode_overrides if k not in names]
         if unknown:
             raise TypeError(f"Translator.load() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
-                            f"decoding settings are: {', '.join(fields)}")
+                            f"decoding settings are: {', '.join(names)}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         dev = pick_device(device)
@@ -178,8 +176,8 @@ class Translator:
         if cfg.decode.beam > len(tokenizer):
             raise ConfigError(f"decode.beam ({cfg.decode.beam}) is larger than the vocabulary ({len(tokenizer)})")
         first = Path(path if isinstance(path, (str, Path)) else list(path)[0])
-        extra = read_extra(first) if first.is_file() else {}
-        precision = tuned_precision(precision, extra, dev)  # auto: tune's choice for this processor class
+        extra = read_extra(first) if first.is_file() else {}  # auto: tune's choice for this processor class
+        precision = tuned_precision(precision, extra, dev)
         translator = cls(model, tokenizer, cfg.decode, dev, precision, compiled=compiled)
         translator.data_max_len = cfg.data.max_len  # the training length: a server's default sentence limit
         translator.use_shortlist(shortlist)

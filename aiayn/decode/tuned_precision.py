@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 import sacrebleu
 import torch
 
+from ..config import ConfigError
 from ..device import cpu_class, cpu_label, int8_kernel, native_bf16
 
 log = logging.getLogger("aiayn")
@@ -38,6 +39,16 @@ def candidates(device: torch.device) -> list[str]:
     if device.type == "cuda":
         return ["fp32", "bf16"] if torch.cuda.is_bf16_supported(including_emulation=False) else ["fp32"]
     return ["fp32"] + (["bf16"] if native_bf16() else []) + (["int8"] if int8_kernel() else [])
+
+
+def parse_precisions(text: str, tolerance: float) -> tuple[str, ...] | None:
+    """tune's --precisions (auto: None; none: ()) and --precision-tolerance, checked."""
+    precisions = None if text == "auto" else tuple(x for x in text.split(",") if x != "none")
+    if precisions is not None and any(p not in ("fp32", "bf16", "int8") for p in precisions):
+        raise ConfigError(f"--precisions: auto, none, or a comma-separated list of fp32, bf16, int8; got {text}")
+    if not 0 <= tolerance <= 100:
+        raise ConfigError(f"--precision-tolerance must be in [0, 100] BLEU, got {tolerance}")
+    return precisions
 
 
 def machine() -> dict:
