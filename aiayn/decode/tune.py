@@ -109,6 +109,8 @@ def _choose_precision(translator: Translator, sets: dict, grids: dict, precision
             Translator(translator.model, translator.tokenizer, translator.decode_cfg, precision=p, quiet=True)
             for p in wanted}
     each = {t.precision: t for t in each.values()}  # what runs (int8 refused on a CPU without AVX2 is fp32)
+    if len(each) < 2:
+        return None
     totals: dict[str, list[float]] = {p: [0.0, 0.0, 0] for p in each}
     for lang, (src, ref) in sets.items():
         best = choose(grids[lang], DecodeConfig())
@@ -121,7 +123,7 @@ def _choose_precision(translator: Translator, sets: dict, grids: dict, precision
     for r in rows:
         log.info("precision %s at the chosen setting: valid BLEU %.2f, %.1f sentences/s%s", r.precision, r.bleu,
                  r.sentences_per_s, "  <- auto takes it on this processor class" if r.precision == chosen else "")
-    return choice_record(rows, translator.precision, chosen, tolerance, MARGIN)
+    return choice_record(rows, translator.precision, chosen, tolerance, MARGIN, translator.device)
 
 
 def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tuple[int, ...] = BEAMS,

@@ -51,8 +51,12 @@ def parse_precisions(text: str, tolerance: float) -> tuple[str, ...] | None:
     return precisions
 
 
-def machine() -> dict:
-    """What a choice is valid for: the device's class, as `recorded` compares it."""
+def machine(device: torch.device | None = None) -> dict:
+    """What a choice is valid for: the device's class, as `recorded` compares it (a GPU: its name and
+    compute capability; a CPU: its vector class and int8 kernel)."""
+    if device is not None and device.type == "cuda":
+        name, (major, minor) = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
+        return {"class": f"cuda sm_{major}{minor}", "int8_kernel": None, "cpu": name}
     info = cpu_class()
     return {"class": info["class"], "int8_kernel": int8_kernel(), "cpu": cpu_label(info)}
 
@@ -87,9 +91,10 @@ def measure(translators: dict, src: list[str], ref: list[str], beam: int, alpha:
             for p, s in seconds.items()]
 
 
-def choice_record(rows: list[Measured], reference: str, chosen: str, tolerance: float, margin: float) -> dict:
+def choice_record(rows: list[Measured], reference: str, chosen: str, tolerance: float, margin: float,
+                  device: torch.device | None = None) -> dict:
     """What tune writes into the checkpoint's extra["tuned"]["precision_choice"]."""
-    return {"chosen": chosen, "reference": reference, "tolerance": tolerance, "margin": margin, **machine(),
+    return {"chosen": chosen, "reference": reference, "tolerance": tolerance, "margin": margin, **machine(device),
             "measured": [asdict(r) for r in rows]}
 
 
@@ -99,7 +104,7 @@ def recorded(extra: dict, device: torch.device) -> tuple[str | None, str]:
     rec = tuned.get("precision_choice") if isinstance(tuned, dict) else None
     if not isinstance(rec, dict) or rec.get("chosen") not in ("fp32", "bf16", "int8"):
         return None, "no precision chosen on validation"
-    here = machine() if device.type == "cpu" else {"class": "cuda", "int8_kernel": None}
+    here = machine(device)
     if (rec.get("class"), rec.get("int8_kernel")) != (here["class"], here["int8_kernel"]):
         return None, (f"tune chose {rec['chosen']} on another processor class ({str(rec.get('cpu'))[:80]}); "
                       f"this one is {here.get('cpu', here['class'])}")

@@ -320,3 +320,25 @@ def test_tune_precision_flags_bad_input_gets_one_line(trained, capsys):
         assert main(["tune", "--checkpoint", str(ckpt), *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+def test_the_precisions_timed_and_the_choice_taken_follow_the_processors_flags(monkeypatch):
+    """Injected processors: an AVX-512 BF16 + VNNI CPU times fp32, bf16 and int8; an AVX2 one fp32 and
+    int8; one without AVX2 fp32 only. A choice recorded on the first applies there and not on the second."""
+    from aiayn.decode import tuned_precision as tp
+
+    def as_cpu(cls, kernel, bf16):
+        monkeypatch.setattr(tp, "native_bf16", lambda: ["avx512_bf16"] if bf16 else [])
+        monkeypatch.setattr(tp, "int8_kernel", lambda: kernel)
+        monkeypatch.setattr(tp, "cpu_class", lambda: {"class": cls, "cpu": "EPYC", "cpu_family": 26, "cpu_model": 2})
+    as_cpu("AVX-512 BF16", "int_mm", True)
+    assert tp.candidates(CPU) == ["fp32", "bf16", "int8"]
+    rows = [tp.Measured("fp32", 30, 10, 100), tp.Measured("bf16", 30, 6, 166)]
+    rec = {"tuned": {"precision_choice": tp.choice_record(rows, "fp32", "bf16", 0.2, 0.05)}}
+    assert tp.recorded(rec, CPU)[0] == "bf16" and tp.tuned_precision("auto", rec, CPU) == "bf16"
+    assert tp.tuned_precision("fp32", rec, CPU) == "fp32"
+    as_cpu("AVX2", "fbgemm", False)
+    assert tp.candidates(CPU) == ["fp32", "int8"]
+    assert tp.recorded(rec, CPU)[0] is None and tp.tuned_precision("auto", rec, CPU) == "auto"
+    as_cpu("pre-AVX2", None, False)
+    assert tp.candidates(CPU) == ["fp32"]
