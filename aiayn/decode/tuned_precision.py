@@ -108,7 +108,8 @@ def recorded(extra: dict, device: torch.device) -> tuple[str | None, str]:
     if (rec.get("class"), rec.get("int8_kernel")) != (here["class"], here["int8_kernel"]):
         return None, (f"tune chose {rec['chosen']} on another processor class ({str(rec.get('cpu'))[:80]}); "
                       f"this one is {here.get('cpu', here['class'])}")
-    rows = {r.get("precision"): r for r in rec.get("measured", []) if isinstance(r, dict)}
+    measured = rec.get("measured") if isinstance(rec.get("measured"), list) else []
+    rows = {r.get("precision"): r for r in measured[:8] if isinstance(r, dict)}
     mine, ref = rows.get(rec["chosen"], {}), rows.get(rec.get("reference"), {})
     return rec["chosen"], (f"auto: chosen by aiayn tune on validation on this processor class "
                            f"(BLEU {mine.get('bleu')} vs {rec.get('reference')} {ref.get('bleu')}, "

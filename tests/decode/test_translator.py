@@ -311,6 +311,8 @@ def test_auto_ignores_a_precision_chosen_on_another_processor_class(trained, tmp
         assert (recorded({"tuned": {"precision_choice": choice}}, CPU)[0] is None) == (cls != here["class"])
     for damaged in ({"tuned": "x"}, {"tuned": {"precision_choice": {"chosen": "fp64"}}}, {}):
         assert recorded(damaged, CPU)[0] is None
+    odd = {"chosen": "fp32", "class": here["class"], "int8_kernel": here["int8_kernel"], "measured": 7}
+    assert recorded({"tuned": {"precision_choice": odd}}, CPU)[0] == "fp32"  # a damaged table is not a traceback
 
 
 def test_tune_precision_flags_bad_input_gets_one_line(trained, capsys):
