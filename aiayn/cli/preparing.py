@@ -42,6 +42,8 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
         return
     check_prepared_output(args.out)  # before any download or reading
     if args.pairs:  # many directions, one model (data/directions.py)
+        if args.synthetic:
+            raise UserError("--synthetic adds back-translated pairs to one pair's data: not with --pairs")
         _prepare_directions(args, extra, cfg)
         return
     args.src, args.tgt = _languages(args)
@@ -49,7 +51,8 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
     manifest = prepare(splits, Path(args.out), args.src, args.tgt, _vocabulary_size(args, extra, cfg),
                        cfg.data.max_len,
                        cfg.data.strict or args.strict, cfg.train.seed, dedup=cfg.data.dedup,
-                       max_ratio=cfg.data.max_ratio, vocabulary=_vocabulary_of(args.tokenizer_from))
+                       max_ratio=cfg.data.max_ratio, vocabulary=_vocabulary_of(args.tokenizer_from),
+                       corpora=_synthetic(args), train_weight=args.train_weight)
     print(_summary(manifest, Path(args.out)))
 
 
@@ -68,6 +71,31 @@ def _prepare_directions(args: argparse.Namespace, extra: list[str], cfg: Config)
                             cfg.data.vocab_temperature)
     print(_summary({**manifest, "splits": {k: v for k, v in manifest["splits"].items() if k in ("train", "valid")}},
                    Path(args.out)) + f"; directions {', '.join(manifest['settings']['directions'])}")
+
+
+def _synthetic(args: argparse.Namespace) -> tuple:
+    """--synthetic SRC_FILE,TGT_FILE (repeatable) with --synthetic-weight (one for all, or one each):
+    back-translated corpora, their sources tagged <BT> unless --no-bt-tag (data/mixing.py)."""
+    from ..data.mixing import TrainingCorpus
+
+    given, weights = args.synthetic or [], args.synthetic_weight or [1.0]
+    if len(weights) not in (1, len(given)):
+        raise UserError(f"--synthetic-weight: give one weight for every --synthetic corpus or one each; got "
+                        f"{len(weights)} for {len(given)}")
+    out = []
+    for k, value in enumerate(given, 1):
+        src, sep, tgt = value.partition(",")
+        if not sep:
+            raise UserError(f"--synthetic {value}: give SRC_FILE,TGT_FILE (the back-translated source, the genuine "
+                            "target)")
+        for f in (src, tgt):
+            if not Path(f).is_file():
+                raise UserError(f"--synthetic: file not found: {f}")
+        out.append(TrainingCorpus(f"synthetic{k}", Path(src), Path(tgt), weights[0 if len(weights) == 1 else k - 1],
+                                  synthetic=True, tag=not args.no_bt_tag))
+    if (args.synthetic_weight or args.no_bt_tag) and not out:
+        raise UserError("--synthetic-weight and --no-bt-tag are about --synthetic corpora: there are none")
+    return tuple(out)
 
 
 def _pair_splits(args: argparse.Namespace, src: str, tgt: str) -> dict[str, tuple[Path, Path]]:
@@ -246,6 +274,16 @@ def add_prepare(sub) -> None:
     p.add_argument("--tokenizer-from", metavar="CKPT",
                    help="encode with this checkpoint's vocabulary instead of learning one (to fine-tune it: "
                         "train --init-from CKPT)")
+    p.add_argument("--synthetic", action="append", metavar="SRC_FILE,TGT_FILE",
+                   help="back-translated pairs (a synthetic source, a genuine target) added to the training split, "
+                        "repeatable; their sources start with a <BT> tag (Caswell et al. 2019)")
+    p.add_argument("--synthetic-weight", action="append", type=float, metavar="W",
+                   help="each synthetic corpus's share of an epoch: W x its pairs (2: every pair twice, 0.5: a "
+                        "fresh half each epoch); one for all or one per --synthetic (default 1)")
+    p.add_argument("--train-weight", type=float, default=1.0, metavar="W",
+                   help="the genuine parallel corpus's weight against --synthetic ones (2: upsampled twice; "
+                        "default 1)")
+    p.add_argument("--no-bt-tag", action="store_true", help="--synthetic sources untagged (no <BT>)")
     p.add_argument("--strict", action="store_true",
                    help="fail on an empty line (instead of dropping the pair) and on a vocabulary smaller than "
                         "asked (instead of a warning)")

@@ -30,13 +30,17 @@ def subword_links(words: set[tuple[int, int]], src_pieces: list[str], tgt_pieces
 
 
 def reference_links(data, tokenizer) -> Links:
-    """The split's reference alignments (data: batches.TokenData), one block of subword links per pair."""
+    """The split's reference alignments (data: batches.TokenData), one block of subword links per pair.
+    A source's leading tag (`<BT>`, tokenizer.markers) is no word: nothing links to it."""
     start = time.perf_counter()
     src_ids = [data.src(i).tolist() for i in range(len(data))]
     tgt_ids = [data.tgt(i).tolist() for i in range(len(data))]
+    markers = getattr(tokenizer, "markers", frozenset())
+    lead = [1 if s and s[0] in markers else 0 for s in src_ids]
+    src_ids = [s[k:] for s, k in zip(src_ids, lead)]
     words = ibm_align([s.split() for s in tokenizer.decode(src_ids)], [t.split() for t in tokenizer.decode(tgt_ids)])
-    per = [subword_links(w, tokenizer.id_to_piece(s), tokenizer.id_to_piece(t))
-           for w, s, t in zip(words, src_ids, tgt_ids)]
+    per = [subword_links(w, tokenizer.id_to_piece(s), tokenizer.id_to_piece(t)) + np.array([k, 0], np.int32)
+           for w, s, t, k in zip(words, src_ids, tgt_ids, lead)]
     offsets = np.cumsum([0] + [len(p) for p in per])
     log.info("reference alignments of %d training pairs (IBM Model 2, grow-diag-final-and): %d subword links in %.0fs",
              len(per), offsets[-1], time.perf_counter() - start)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .alignments import Links, alignment_targets
+from .mixing import load_corpora
 from .text import DataError
 from .tokenizer import BOS, EOS, PAD
 
@@ -39,6 +40,10 @@ class TokenData:
         if self.directions is not None and self.directions.shape != (len(self.src_lens),):
             raise DataError(f"{mixed}: {self.directions.shape} directions for {len(self.src_lens)} pairs; "
                             "re-run `aiayn prepare`")
+        # several weighted corpora (prepare --synthetic, data/mixing.py): each pair's corpus, each corpus's weight
+        self.corpora = load_corpora(Path(data_dir), split, len(self.src_lens))
+        if self.corpora is not None and self.directions is not None:
+            raise DataError(f"{data_dir}: both directions and weighted corpora in one split; re-run `aiayn prepare`")
 
     def __len__(self) -> int:
         return len(self.src_lens)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import re
 import shutil
@@ -21,15 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from ..files import digest
-from .prepare import (
-    check_prepared_output,
-    clean_split,
-    encode_split,
-    kept_lines,
-    learn_vocabulary,
-    prepared,
-    sized_vocabulary,
-)
+from .mixing import draw_parts
+from .passes import clean_split, concatenate_split, encode_split, kept_lines, part_of_pairs
+from .prepare import check_prepared_output, learn_vocabulary, prepared, sized_vocabulary
 from .text import DataError
 from .tokenizer import Tokenizer
 
@@ -95,43 +88,7 @@ def epoch_pool(directions: np.ndarray, temperature: float, seed: int, epoch: int
         return None
     ids, counts = np.unique(directions, return_counts=True)
     want = quotas({int(k): int(n) for k, n in zip(ids, counts)}, temperature, len(directions))
-    rng = np.random.default_rng([seed, epoch, 7])  # its own stream: the batch order's is make_batches'
-    parts = []
-    for k in ids:
-        mine = np.flatnonzero(directions == k)
-        q = want[int(k)]
-        reps = [rng.permutation(mine) for _ in range(math.ceil(q / len(mine)))]
-        parts.append(np.concatenate(reps)[:q])
-    return np.concatenate(parts)
-
-
-def concatenate_split(folder: Path, name: str, parts: list[str]) -> None:
-    """One split's token arrays from those of its parts (each direction's), offsets shifted, in
-    blocks; the parts' files removed."""
-    for side in ("src", "tgt"):
-        offs = [np.load(folder / f"{p}.{side}.off.npy", mmap_mode="r") for p in parts]
-        toks = [np.load(folder / f"{p}.{side}.tok.npy", mmap_mode="r") for p in parts]
-        n_tok, n_pairs = sum(len(t) for t in toks), sum(len(o) - 1 for o in offs)
-        tok_out = np.lib.format.open_memmap(folder / f"{name}.{side}.tok.npy", "w+", np.int32, (n_tok,))
-        off_out = np.lib.format.open_memmap(folder / f"{name}.{side}.off.npy", "w+", np.int64, (n_pairs + 1,))
-        off_out[0], at, pairs = 0, 0, 0
-        for t, o in zip(toks, offs):
-            for a in range(0, len(t), 1 << 22):
-                tok_out[at + a:at + min(len(t), a + (1 << 22))] = t[a:a + (1 << 22)]
-            off_out[pairs + 1:pairs + len(o)] = np.asarray(o[1:]) + at
-            at, pairs = at + len(t), pairs + len(o) - 1
-        tok_out.flush()
-        off_out.flush()
-        del tok_out, off_out, offs, toks
-        for p in parts:
-            for kind in ("tok", "off"):
-                (folder / f"{p}.{side}.{kind}.npy").unlink()
-
-
-def direction_of_pairs(counts: list[int]) -> np.ndarray:
-    """The direction index of every pair of a concatenated split, from each part's pair count."""
-    return np.fromiter(itertools.chain.from_iterable(itertools.repeat(k, n) for k, n in enumerate(counts)),
-                       dtype=np.int16, count=sum(counts))
+    return draw_parts(directions, want, np.random.default_rng([seed, epoch, 7]))  # its own stream: not make_batches'
 
 
 # -- preparing many directions -------------------------------------------------------------
@@ -194,7 +151,7 @@ def _build_many(directions: dict[tuple[str, str], Splits], folder: Path, new: Pa
                                             settings["max_ratio"] if split == "train" else 0.0, threads,
                                             prefix=(tok.tag_id(t_lang),)))
         concatenate_split(new, split, parts)
-        np.save(new / f"{split}.direction.npy", direction_of_pairs([stats[p]["pairs"] for p in parts]))
+        np.save(new / f"{split}.direction.npy", part_of_pairs([stats[p]["pairs"] for p in parts]))
         stats[split] = {k: sum(stats[p].get(k, 0) for p in parts) for k in stats[parts[0]] if k.endswith(
             ("pairs", "pairs_in", "tokens")) or k.startswith("dropped")} | {"directions": names}
     for key, entry in stats.items():

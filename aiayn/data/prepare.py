@@ -12,157 +12,23 @@ import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
-from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from ..files import FileError, atomic_write, check_output_folder, digest, lock_data, new_folder, owned, read_json
-from .text import DataError, iter_pairs, read_lines
+from .mixing import BT_TAG, TrainingCorpus, check_weight
+from .passes import clean_split, concatenate_split, encode_split, kept_lines, part_of_pairs, peak_gb
+from .text import DataError, read_lines
 from .tokenizer import SplitTokenizer, Tokenizer, read_tokenizer
 
 log = logging.getLogger("aiayn")
 FORMAT_VERSION = 1
-
-# -- the prepared cache --------------------------------------------------------------------
-_CHUNK = 20_000  # pairs encoded at a time: memory stays flat whatever the corpus size
-
-
-def peak_gb() -> float:
-    """This process's peak resident memory so far, in GB (0 where the platform does not say)."""
-    try:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    except (ImportError, OSError):
-        return 0.0
-
-
-def _pair_hash(s: str, t: str) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{s}\n{t}".encode(), digest_size=8).digest(), "little")
-
-
-def clean_split(src: Path, tgt: Path, folder: Path, name: str, strict: bool, dedup: bool
-                 ) -> tuple[dict, np.ndarray | None]:
-    """Pass 1: stream a split's valid pairs to folder/NAME.src and NAME.tgt, one clean line each.
-    Returns its counts and, with `dedup`, the mask of pairs seen for the first time (8 bytes of
-    hash per pair in memory, not the text)."""
-    counts: dict = {}
-    hashes = array("Q")
-    n = 0
-    with open(folder / f"{name}.src", "w", encoding="utf-8", newline="\n") as fs, \
-            open(folder / f"{name}.tgt", "w", encoding="utf-8", newline="\n") as ft:
-        for s, t in tqdm(iter_pairs(src, tgt, strict, counts), desc=f"reading {name}", unit=" pairs",
-                         disable=None, leave=False):
-            fs.write(s + "\n")
-            ft.write(t + "\n")
-            n += 1
-            if dedup:
-                hashes.append(_pair_hash(s, t))
-    counts = {"pairs_in": n + counts["dropped_empty"], "dropped_empty": counts["dropped_empty"]}
-    if not dedup:
-        return counts, None
-    h = np.frombuffer(hashes, dtype=np.uint64)
-    _, first = np.unique(h, return_index=True)
-    keep = np.zeros(len(h), dtype=bool)
-    keep[first] = True
-    counts["dropped_duplicate"] = int(len(h) - len(first))
-    return counts, keep
-
-
-def _read_clean(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8", newline="\n") as f:
-        for line in f:
-            yield line[:-1]
-
-
-def kept_lines(path: Path, keep: np.ndarray | None) -> Iterator[str]:
-    lines = _read_clean(path)
-    return lines if keep is None else (x for x, k in zip(lines, keep) if k)
-
-
-def _chunks(folder: Path, name: str, keep: np.ndarray | None) -> Iterator[tuple[list[str], list[str]]]:
-    src, tgt = kept_lines(folder / f"{name}.src", keep), kept_lines(folder / f"{name}.tgt", keep)
-    while True:
-        s = list(itertools.islice(src, _CHUNK))
-        if not s:
-            return
-        yield s, list(itertools.islice(tgt, len(s)))
-
-
-def _save_npy(path: Path, raw: Path, n: int, dtype: type = np.int32) -> None:
-    """A .npy file of n values from a raw file, copied in blocks (never whole in memory)."""
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (n,)}
-    with open(path, "wb") as f, open(raw, "rb") as r:
-        np.lib.format.write_array_header_1_0(f, header)
-        shutil.copyfileobj(r, f, 1 << 22)
-
-
-_CHARS_PER_SUBWORD = 1024  # far above SentencePiece's longest piece (16 characters)
-
-
-def encode_split(tok: Tokenizer, folder: Path, name: str, keep: np.ndarray | None, out: Path, max_len: int,
-                 max_ratio: float, threads: int, prefix: tuple[int, ...] = ()) -> dict:
-    """Pass 2: encode a split in chunks with `threads` threads, drop pairs too long for max_len
-    (+ EOS, + BOS/EOS) and, with max_ratio, pairs whose lengths differ more than that factor;
-    write the ids as flat int32 arrays with int64 offsets, as TokenData reads them. `prefix`: ids
-    in front of every source (a target-language tag, data/directions.py)."""
-    counts = {"dropped_too_long": 0, **({"dropped_ratio": 0} if max_ratio else {})}
-    sides = ("src", "tgt")
-    raws = {(side, kind): folder / f"{name}.{side}.{kind}.raw" for side in sides for kind in ("tok", "off")}
-    files = {key: open(path, "wb") for key, path in raws.items()}
-    ends = {side: 0 for side in sides}  # tokens written so far: offsets are written as they come
-    pairs = 0
-    try:
-        for side in sides:
-            np.zeros(1, dtype=np.int64).tofile(files[side, "off"])
-        total = int(keep.sum()) if keep is not None else None
-        with tqdm(total=total, desc=f"encoding {name}", unit=" pairs", disable=None, leave=False) as bar:
-            for s_lines, t_lines in _chunks(folder, name, keep):
-                # A line of over _CHARS_PER_SUBWORD x max_len characters has more than max_len subwords
-                # (short of pages of blanks): dropped unencoded (a 100 MB line took 5 GB to encode).
-                huge = np.array([max(len(a), len(b)) > _CHARS_PER_SUBWORD * max_len
-                                 for a, b in zip(s_lines, t_lines)], dtype=bool)
-                if huge.any():
-                    s_lines = ["" if h else x for x, h in zip(s_lines, huge)]
-                    t_lines = ["" if h else x for x, h in zip(t_lines, huge)]
-                s_ids = tok.encode(s_lines, threads)
-                if prefix:
-                    s_ids = [list(prefix) + x if x else x for x in s_ids]
-                t_ids = tok.encode_target(t_lines, threads)
-                ls = np.fromiter(map(len, s_ids), dtype=np.int64, count=len(s_ids))
-                lt = np.fromiter(map(len, t_ids), dtype=np.int64, count=len(t_ids))
-                ok = (ls + 1 <= max_len) & (lt + 2 <= max_len) & ~huge
-                counts["dropped_too_long"] += int((~ok).sum())
-                if max_ratio:
-                    wild = ok & (np.maximum(ls, lt) > max_ratio * np.maximum(np.minimum(ls, lt), 1))
-                    counts["dropped_ratio"] += int(wild.sum())
-                    ok &= ~wild
-                for ids, n, side in ((s_ids, ls, "src"), (t_ids, lt, "tgt")):
-                    flat = itertools.chain.from_iterable(x for x, k in zip(ids, ok) if k)
-                    np.fromiter(flat, dtype=np.int32, count=int(n[ok].sum())).tofile(files[side, "tok"])
-                    ends_here = ends[side] + np.cumsum(n[ok])
-                    ends_here.tofile(files[side, "off"])
-                    ends[side] = int(ends_here[-1]) if len(ends_here) else ends[side]
-                pairs += int(ok.sum())
-                bar.update(len(s_lines))
-    finally:
-        for f in files.values():
-            f.close()
-    for side in sides:
-        _save_npy(out / f"{name}.{side}.tok.npy", raws[side, "tok"], ends[side])
-        _save_npy(out / f"{name}.{side}.off.npy", raws[side, "off"], pairs + 1, np.int64)
-        raws[side, "tok"].unlink()
-        raws[side, "off"].unlink()
-        counts[f"{side}_tokens"] = ends[side]
-    counts["pairs"] = pairs
-    return counts
-
 
 PREPARED = "prepare"  # the kind in a prepared folder's marker (files.MARKER): only such a folder is replaced
 
@@ -199,6 +65,7 @@ def prepare(
     splits: dict[str, tuple[str | Path, str | Path]], out: str | Path, src_lang: str, tgt_lang: str,
     vocab_size: int = 0, max_len: int = 256, strict: bool = False, seed: int = 1,
     dedup: bool = True, max_ratio: float = 3.0, task: Task | None = None, vocabulary: bytes | None = None,
+    corpora: tuple[TrainingCorpus, ...] = (), train_weight: float = 1.0,
 ) -> dict:
     """Validate, learn the joint vocabulary on train, and cache every split, in bounded memory.
 
@@ -211,8 +78,9 @@ def prepare(
     leaves the old cache as it was, a trainer that memory-maps it keeps reading the old files, and a folder
     in use by a trainer or holding files prepare did not write is refused. `task`: beyond translation
     (§6.3's parsing: parsing/treebank_data.py). `vocabulary`: a checkpoint's tokenizer (--tokenizer-from)
-    instead of a learned one; `vocab_size` 0: sized to the training text (vocabulary_size_for). Returns the
-    manifest (one of the same inputs and settings in `out`: reused).
+    instead of a learned one; `vocab_size` 0: sized to the training text (vocabulary_size_for). `corpora`:
+    more training corpora (back-translated: data/mixing.py), weighed against the parallel one's
+    `train_weight`. Returns the manifest (one of the same inputs and settings in `out`: reused).
     """
     splits = {name: (Path(s), Path(t)) for name, (s, t) in splits.items()}
     task = task or Task()
@@ -232,10 +100,14 @@ def prepare(
 
     inputs = {name: {"src": recorded(s), "tgt": recorded(t), "src_sha256": digest(s), "tgt_sha256": digest(t)}
               for name, (s, t) in splits.items()}
+    corpora = tuple(corpora)
+    settings.update(_corpus_settings(corpora, train_weight))  # (absent for one corpus: earlier manifests match)
+    inputs.update({f"train.{c.name}": {"src": str(c.src), "tgt": str(c.tgt), "src_sha256": digest(c.src),
+                                       "tgt_sha256": digest(c.tgt)} for c in corpora})
 
     def build(folder: Path, new: Path) -> dict:
         stats, tok = _build(splits, folder, new, src_lang, tgt_lang, vocab_size, max_len, strict, seed,
-                            symbols, dedup, max_ratio, vocabulary)
+                            symbols, dedup, max_ratio, vocabulary, (corpora, train_weight))
         if task.on_build is not None:
             task.on_build()
         if carry is not None:
@@ -244,6 +116,29 @@ def prepare(
                 "tests": [n for n in splits if n not in ("train", "valid")]}
 
     return prepared(out, settings, inputs, build)
+
+
+PARALLEL = "parallel"  # the name of the genuine training corpus among several
+
+
+def _corpus_settings(corpora: tuple[TrainingCorpus, ...], train_weight: float) -> dict:
+    """The manifest's record of the training corpora and their weights; {} for one corpus."""
+    check_weight(train_weight, "the parallel corpus (--train-weight)")
+    if not corpora:
+        if train_weight != 1:
+            raise DataError("--train-weight weighs the parallel corpus against others (--synthetic): there are none")
+        return {}
+    names = [PARALLEL] + [c.name for c in corpora]
+    for c in corpora:
+        check_weight(c.weight, f"{c.name} ({c.src})")
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", c.name) or names.count(c.name) > 1:
+            raise DataError(f"a training corpus needs a name of its own (lower-case letters, digits, _), "
+                            f"got {c.name!r}")
+    if train_weight == 0 and all(c.weight == 0 for c in corpora):
+        raise DataError("every training corpus has weight 0: an epoch would hold no pairs")
+    return {"corpora": [{"name": PARALLEL, "weight": train_weight, "synthetic": False, "tag": None}]
+            + [{"name": c.name, "weight": c.weight, "synthetic": c.synthetic,
+                "tag": BT_TAG if c.synthetic and c.tag else None} for c in corpora]}
 
 
 def prepared(out: Path, settings: dict, inputs: dict, build: Callable[[Path, Path], dict]) -> dict:
@@ -289,11 +184,12 @@ def sized_vocabulary(texts: list[tuple[Path, np.ndarray | None]]) -> int:
 
 
 def learn_vocabulary(text: Iterator[str], vocab_size: int, seed: int, strict: bool, what: str,
-                     symbols: tuple[str, ...] = (), languages: tuple[str, ...] = ()) -> Tokenizer:
+                     symbols: tuple[str, ...] = (), languages: tuple[str, ...] = (), markers: tuple[str, ...] = ()
+                     ) -> Tokenizer:
     """§5.1's joint BPE vocabulary on `text` (`what`: its sentences, for the log); one smaller than
     asked is a warning, or with `strict` an error."""
     log.info("learning a joint BPE vocabulary of %d on %s sentences (a sample of at most 2M)", vocab_size, what)
-    tok = Tokenizer.train(text, vocab_size, seed, symbols, languages)
+    tok = Tokenizer.train(text, vocab_size, seed, symbols, languages, markers)
     if len(tok) < vocab_size:
         short = (f"the joint vocabulary has {len(tok)} subwords, fewer than the {vocab_size} asked for "
                  "(data.vocab_size): the training text holds no more merges")
@@ -305,31 +201,43 @@ def learn_vocabulary(text: Iterator[str], vocab_size: int, seed: int, strict: bo
 
 def _build(splits: dict[str, tuple[Path, Path]], folder: Path, new: Path, src_lang: str, tgt_lang: str,
            vocab_size: int, max_len: int, strict: bool, seed: int, symbols: tuple[str, ...], dedup: bool,
-           max_ratio: float, vocabulary: bytes | None = None) -> tuple[dict[str, dict], Tokenizer | SplitTokenizer]:
-    """Passes 1 and 2 of `prepare`: clean text in `folder`, the cache in `new`."""
+           max_ratio: float, vocabulary: bytes | None = None,
+           mix: tuple[tuple[TrainingCorpus, ...], float] = ((), 1.0)
+           ) -> tuple[dict[str, dict], Tokenizer | SplitTokenizer]:
+    """Passes 1 and 2 of `prepare`: clean text in `folder`, the cache in `new`; `mix`: more training
+    corpora and the parallel one's weight."""
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     stats: dict[str, dict] = {}
     keeps: dict[str, np.ndarray | None] = {}
-    for name, (s, t) in splits.items():
-        stats[name], keeps[name] = clean_split(s, t, folder, name, strict, dedup and name == "train")
+    corpora = mix[0]
+    for name, (s, t) in [*splits.items(), *((f"train.{c.name}", (c.src, c.tgt)) for c in corpora)]:
+        stats[name], keeps[name] = clean_split(s, t, folder, name, strict, dedup and name.split(".")[0] == "train")
     log.debug("read and checked every split; peak memory %.2f GB", peak_gb())
     kept = stats["train"]["pairs_in"] - stats["train"]["dropped_empty"] - stats["train"].get("dropped_duplicate", 0)
     if not kept:
         raise DataError(f"{splits['train'][0]}: no sentence pairs to learn from "
                         f"({stats['train']['dropped_empty']} dropped as empty)")
+    tagged = any(c.synthetic and c.tag for c in corpora)
     if vocabulary is not None:
         tok = read_tokenizer(vocabulary)
         log.info("encoding in the given vocabulary of %d subwords (not learning one)", len(tok))
+        if tagged and tok.control_id(BT_TAG) is None:
+            raise DataError(f"the given vocabulary has no {BT_TAG} piece to tag synthetic sources with: learn one "
+                            "(leave out --tokenizer-from) or pass --no-bt-tag")
     else:
-        texts = [(folder / f"train.{side}", keeps["train"]) for side in ("src", "tgt")]
+        texts = [(folder / f"{key}.{side}", keeps[key]) for key in ["train", *(f"train.{c.name}" for c in corpora)]
+                 for side in ("src", "tgt")]
         text = itertools.chain.from_iterable(kept_lines(p, k) for p, k in texts)
-        tok = learn_vocabulary(text, vocab_size or sized_vocabulary(texts), seed, strict, f"{kept} + {kept}",
-                               symbols=tuple(sorted(symbols)))
+        tok = learn_vocabulary(text, vocab_size or sized_vocabulary(texts), seed, strict,
+                               f"{len(texts) // 2} corpora of training" if corpora else f"{kept} + {kept}",
+                               symbols=tuple(sorted(symbols)), markers=(BT_TAG,) if tagged else ())
     log.debug("vocabulary learned; peak memory %.2f GB", peak_gb())
     (new / "spm.model").write_bytes(tok.proto)
     for name in splits:
         entry = stats[name]
-        if name in ("train", "valid"):
+        if name == "train" and corpora:
+            stats[name] = entry = _encode_corpora(tok, folder, new, stats, keeps, mix, max_len, max_ratio, threads)
+        elif name in ("train", "valid"):
             entry.update(encode_split(tok, folder, name, keeps[name], new, max_len,
                                        max_ratio if name == "train" else 0.0, threads))
         if name != "train":  # raw text for translation and BLEU (every non-empty pair kept)
@@ -339,6 +247,30 @@ def _build(splits: dict[str, tuple[Path, Path]], folder: Path, new: Path, src_la
         log.info("%s: %s", name, ", ".join(f"{k}={v}" for k, v in entry.items()))
         log.debug("%s written; peak memory %.2f GB", name, peak_gb())
     return stats, tok
+
+
+def _encode_corpora(tok: Tokenizer | SplitTokenizer, folder: Path, new: Path, stats: dict[str, dict], keeps: dict,
+                    mix: tuple[tuple[TrainingCorpus, ...], float], max_len: int, max_ratio: float, threads: int
+                    ) -> dict:
+    """Pass 2 of a train split of several corpora: each encoded as a part (a tagged one with `<BT>`
+    before every source), joined into one split with each pair's corpus and the corpora's weights
+    beside it (data/mixing.py). The parts' counts go into `stats`; returns the split's sums."""
+    corpora, train_weight = mix
+    for side in ("src", "tgt"):
+        (folder / f"train.{side}").rename(folder / f"train.{PARALLEL}.{side}")
+    stats[f"train.{PARALLEL}"], keeps[f"train.{PARALLEL}"] = dict(stats["train"]), keeps["train"]
+    parts = [f"train.{PARALLEL}"] + [f"train.{c.name}" for c in corpora]
+    prefixes = [()] + [(tok.control_id(BT_TAG),) if c.synthetic and c.tag else () for c in corpora]
+    for part, prefix in zip(parts, prefixes):
+        stats[part].update(encode_split(tok, folder, part, keeps[part], new, max_len, max_ratio, threads,
+                                        prefix=prefix))
+    concatenate_split(new, "train", parts)
+    np.save(new / "train.corpus.npy", part_of_pairs([stats[p]["pairs"] for p in parts]))
+    np.save(new / "train.corpus_weights.npy", np.array([train_weight] + [c.weight for c in corpora], np.float64))
+    for part in parts:
+        log.info("%s: %s", part, ", ".join(f"{k}={v}" for k, v in stats[part].items()))
+    total = {k: sum(stats[p].get(k, 0) for p in parts) for k in stats[parts[0]]}
+    return total | {"corpora": [p.split(".", 1)[1] for p in parts]}
 
 
 def check_vocabulary(proto: bytes, data_dir: Path) -> None:

@@ -49,17 +49,20 @@ class Tokenizer:
             raise TokenizerError("SentencePiece model must use ids pad=0, unk=1, bos=2, eos=3")
         self._codes = {p[2:-1]: i for i in range(len(self)) if self.sp.is_control(i)
                        and _TAG.fullmatch(p := self.sp.id_to_piece(i))}  # language code -> its tag's id
+        # the control pieces a source may start with (language tags, `<BT>`): never a source word
+        self.markers = frozenset(i for i in range(len(self)) if self.sp.is_control(i) and i not in (PAD, BOS, EOS))
 
     @classmethod
     def train(cls, sentences: Iterable[str], vocab_size: int, seed: int = 1, symbols: tuple[str, ...] = (),
-              languages: tuple[str, ...] = ()) -> Tokenizer:
+              languages: tuple[str, ...] = (), markers: tuple[str, ...] = ()) -> Tokenizer:
         """Learn a joint BPE model on source+target training text; `symbols` are always one piece
         (the labelled brackets of linearized trees, §6.3); `languages`: a target-language tag `<2xx>`
         for each (Johnson et al. 2017), a control piece that text never produces (only `encode`'s
-        leading tag does)."""
+        leading tag does); `markers`: more control pieces (`<BT>`, data/mixing.py)."""
         buf = io.BytesIO()
         extra: dict = {"user_defined_symbols": list(symbols)} if symbols else {}
-        extra.update({"control_symbols": [language_tag(x) for x in languages]} if languages else {})
+        controls = [language_tag(x) for x in languages] + list(markers)
+        extra.update({"control_symbols": controls} if controls else {})
         try:
             spm.SentencePieceTrainer.train(**extra,
                 sentence_iterator=iter(sentences), model_writer=buf, model_type="bpe",
@@ -91,6 +94,11 @@ class Tokenizer:
     def tag_id(self, code: str) -> int:
         """The id of target language `code`'s tag."""
         return self._codes[code]
+
+    def control_id(self, piece: str) -> int | None:
+        """The id of control piece `piece` (`<BT>`) in this vocabulary, None where it has none."""
+        i = self.sp.piece_to_id(piece)
+        return i if i in self.markers and self.sp.id_to_piece(i) == piece else None
 
     def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
         """Source ids; a leading `<2xx>` of this vocabulary's languages is cut off and is its own id."""
@@ -153,6 +161,8 @@ class SplitTokenizer:
         self.source_proto, self.target_proto = source, target
         self._pieces, self.marian_ids = list(pieces), list(marian_ids)
         self._ids = {p: i for i, p in reversed(list(enumerate(self._pieces)))}  # first row wins (<pad>: PAD)
+        self.markers = frozenset(i for i, p in enumerate(self._pieces) if p.startswith(">>") and p.endswith("<<")
+                                 and len(p) > 4)  # language codes: never a source word
         self.proto = json.dumps({"format": SPLIT_FORMAT, "source_spm": base64.b64encode(source).decode(),
                                  "target_spm": base64.b64encode(target).decode(), "pieces": self._pieces,
                                  "marian_ids": self.marian_ids}, ensure_ascii=False).encode()
@@ -172,6 +182,10 @@ class SplitTokenizer:
     def tag(self, code: str) -> str:
         """The text that asks for target language `code` in front of a source line (as MarianTokenizer)."""
         return f">>{code}<<"
+
+    def control_id(self, piece: str) -> int | None:
+        """None: a Marian vocabulary has no control pieces of aiayn's (`<BT>`)."""
+        return None
 
     def encode(self, texts: list[str], threads: int = 1) -> list[list[int]]:
         """Source ids, as MarianTokenizer makes them: a leading `>>xx<<` is cut off before

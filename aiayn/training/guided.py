@@ -36,9 +36,6 @@ def setup(cfg: Config, model: torch.nn.Module, data, tokenizer) -> None:
     if not -n <= cfg.train.guided_layer < n or not 0 <= cfg.train.guided_head < h:
         raise ConfigError(f"train.guided_layer {cfg.train.guided_layer} / guided_head {cfg.train.guided_head}: "
                           f"the decoder has layers -{n}..{n - 1} and heads 0..{h - 1}")
-    if getattr(data, "directions", None) is not None:
-        raise ConfigError("train.guided_alignment: not on data of several directions yet (the reference links would "
-                          "count each source's language tag as a word); prepare one pair to guide its attention")
     data.links = reference_links(data, tokenizer)
 
 

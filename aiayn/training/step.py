@@ -16,6 +16,7 @@ from torch import nn
 from ..config import Config
 from ..data.batches import Batch, TokenData, bucket_length, collate, make_batches
 from ..data.directions import epoch_pool
+from ..data.mixing import corpus_pool
 from ..data.tokenizer import Tokenizer
 from ..decode.translator import Translator
 from ..device import autocast
@@ -90,9 +91,12 @@ def bucketed_shapes(inputs: tuple[torch.Tensor, ...]) -> None:
 
 def epoch_batches(data: TokenData, cfg: Config, epoch: int) -> list[np.ndarray]:
     """The epoch's batches in training order; they depend only on (seed, epoch, max_tokens, data);
-    many directions are mixed at data.mix_temperature (data/directions.epoch_pool)."""
+    many directions are mixed at data.mix_temperature (data/directions.epoch_pool), weighted corpora by
+    their weights (data/mixing.corpus_pool)."""
     pool = None if data.directions is None else epoch_pool(data.directions, cfg.data.mix_temperature,
                                                            cfg.train.seed, epoch)
+    if data.corpora is not None:
+        pool = corpus_pool(*data.corpora, cfg.train.seed, epoch)
     return make_batches(data.src_lens, data.tgt_lens, cfg.data.max_tokens, cfg.train.seed, epoch, pool)
 
 

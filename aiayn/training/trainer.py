@@ -86,6 +86,14 @@ class Trainer:
         tags = self.cfg.model.tag_input  # §6.3 option: part-of-speech tags beside the words (tagger.py)
         self.train_data = TokenData(self.data_dir, "train", tags)
         self.valid_data = TokenData(self.data_dir, "valid", tags)
+        if self.train_data.corpora is not None:  # prepare --synthetic: what an epoch draws (data/mixing.py)
+            labels, weights = self.train_data.corpora
+            listed = self.manifest["settings"].get("corpora")
+            listed = listed if isinstance(listed, list) else []
+            names = [str(c.get("name")) if isinstance(c, dict) else "?" for c in listed]
+            log.info("training corpora, weighted: %s", ", ".join(
+                f"{names[k] if k < len(names) else k} {int((labels == k).sum()):,} pairs x {w:g}"
+                for k, w in enumerate(weights.tolist())))
         self._batches: tuple[int, list[np.ndarray]] | None = None
         self.per_update = self._batches_per_update()
         self.progress = Progress(batching=self.batching())

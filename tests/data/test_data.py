@@ -176,7 +176,7 @@ def test_streaming_prepare_equals_encoding_the_kept_pairs_whole(tmp_path, monkey
     """The chunked, two-pass prepare against a second path: every kept pair encoded at once with
     the learned vocabulary. Duplicates, an over-long pair and a wild length ratio are dropped and
     counted (in train only); chunk borders fall everywhere."""
-    from aiayn.data import prepare as data
+    from aiayn.data import passes as data
 
     monkeypatch.setattr(data, "_CHUNK", 7)
     en, de = list(SENTS_EN), list(SENTS_DE)
