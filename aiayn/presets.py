@@ -100,6 +100,18 @@ PRESETS["multi30k-conv"] = {**PRESETS["multi30k"], "model.arch": "conv", "model.
                             "model.conv_kernel": 3, "model.conv_channels": 256, "model.p_drop": 0.2,
                             "train.lr_scale": 1.0, "train.peak_lr": 1e-3, "train.clip_norm": 0.1}
 
+# Students for sequence-level distillation (Kim & Rush 2016; `aiayn distill`; not in the paper): the
+# teacher's width with a deep encoder and a one-layer decoder, because a translation's time is the
+# decoder's, run once per output token, while the encoder runs once per sentence (Kasai et al. 2021,
+# "Deep Encoder, Shallow Decoder"; Bergamot's students: 6 encoder layers, 2 decoder layers). Guided
+# alignment is on (λ 0.05 on the one decoder layer's head 0), so alignments and markup read a trained
+# head; `aiayn distill` builds the shortlist their decoding takes (`translate --shortlist`).
+# `student` is sized for the `multi30k` teacher; `student-tiny` halves its width for more speed.
+_STUDENT = {"model.N": 6, "model.N_dec": 1, "train.guided_alignment": 0.05, "train.guided_layer": -1,
+            "train.guided_head": 0}
+PRESETS["student"] = {**PRESETS["multi30k"], **_STUDENT}
+PRESETS["student-tiny"] = {**PRESETS["student"], "model.d_model": 128, "model.d_ff": 512, "model.p_drop": 0.1}
+
 # The paper's parameter counts (Table 3, millions), for `aiayn params`.
 PAPER_PARAMS_M: dict[str, float] = {
     "base": 65, "big": 213, "table3-B-dk16": 58, "table3-B-dk32": 60, "table3-C-N2": 36,

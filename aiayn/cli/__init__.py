@@ -10,7 +10,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from ..errors import AiaynError
-from . import analysis, decoding, evidence, preparing, scoring, serving, training
+from . import analysis, decoding, distilling, evidence, preparing, scoring, serving, training
 from .common import checkpoint_problem, config_epilog, input_problem
 
 log = logging.getLogger("aiayn")
@@ -20,7 +20,8 @@ __all__ = ["VERBS", "main"]
 VERBS = {
     "params": training.add_params, "prepare": preparing.add_prepare, "train": training.add_train,
     "average": training.add_average, "translate": decoding.add_translate, "tune": decoding.add_tune,
-    "shortlist": preparing.add_shortlist, "score": scoring.add_score, "parse": decoding.add_parse,
+    "shortlist": preparing.add_shortlist, "distill": distilling.add_distill, "score": scoring.add_score,
+    "parse": decoding.add_parse,
     "plot": analysis.add_plot, "heads": analysis.add_heads, "align": analysis.add_align,
     "serve": serving.add_serve, "export": serving.add_export, "import": serving.add_import,
     "config": training.add_config, "reproduce": evidence.add_reproduce,

@@ -46,8 +46,8 @@ def cmd_prepare(args: argparse.Namespace, extra: list[str]) -> None:
             raise UserError("--synthetic adds back-translated pairs to one pair's data: not with --pairs")
         _prepare_directions(args, extra, cfg)
         return
-    args.src, args.tgt = _languages(args)
-    splits = _pair_splits(args, args.src, args.tgt)
+    args.src, args.tgt = languages(args)
+    splits = pair_splits(args, args.src, args.tgt)
     manifest = prepare(splits, Path(args.out), args.src, args.tgt, _vocabulary_size(args, extra, cfg),
                        cfg.data.max_len,
                        cfg.data.strict or args.strict, cfg.train.seed, dedup=cfg.data.dedup,
@@ -65,7 +65,7 @@ def _prepare_directions(args: argparse.Namespace, extra: list[str], cfg: Config)
     if args.train and "," in args.train or args.valid and "," in args.valid:
         raise UserError("--pairs finds each language's files by its suffix: give split prefixes (--train train), "
                         "not SRC_FILE,TGT_FILE")
-    directions = {(s, t): _pair_splits(args, s, t) for s, t in parse_directions(args.pairs)}
+    directions = {(s, t): pair_splits(args, s, t) for s, t in parse_directions(args.pairs)}
     manifest = prepare_many(directions, Path(args.out), _vocabulary_size(args, extra, cfg), cfg.data.max_len,
                             cfg.data.strict or args.strict, cfg.train.seed, cfg.data.dedup, cfg.data.max_ratio,
                             cfg.data.vocab_temperature)
@@ -98,7 +98,7 @@ def _synthetic(args: argparse.Namespace) -> tuple:
     return tuple(out)
 
 
-def _pair_splits(args: argparse.Namespace, src: str, tgt: str) -> dict[str, tuple[Path, Path]]:
+def pair_splits(args: argparse.Namespace, src: str, tgt: str) -> dict[str, tuple[Path, Path]]:
     """The files of one direction's splits: a --corpus's (fetched or checked), or --data-dir's and
     --train/--valid/--test's (prefixes with language suffixes, or SRC_FILE,TGT_FILE)."""
     from ..data.corpora import CORPORA, cache_dir, check_mirror, fetch_multi30k, fetch_wmt14, verify_multi30k
@@ -194,7 +194,7 @@ def _suffix(path: str) -> str | None:
     return lang if _LANG.fullmatch(lang) and lang.lower() not in _NOT_LANG else None
 
 
-def _languages(args: argparse.Namespace) -> tuple[str, str]:
+def languages(args: argparse.Namespace) -> tuple[str, str]:
     """--src and --tgt; where either is left out and --train names its two files, their suffixes
     (--train train.en,train.de: en -> de). Else one line naming the suffixes found beside --train."""
     if args.src and args.tgt:
@@ -237,9 +237,8 @@ def _test_name(value: str, src: str, splits: dict) -> str:
     return name
 
 
-def add_prepare(sub) -> None:
-    """`aiayn prepare` and its flags."""
-    p = sub.add_parser("prepare", help="validate parallel text, learn joint BPE, cache subwords")
+def corpus_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that name one pair's corpus files (prepare's, distill's): found as pair_splits finds them."""
     p.add_argument("--data-dir", help="folder with {split}.{lang}[.gz] files")
     p.add_argument("--corpus", choices=["multi30k", "wmt14-en-de"],
                    help="a public corpus, downloaded unless --data-dir or its environment variable (AIAYN_MULTI30K, "
@@ -248,6 +247,18 @@ def add_prepare(sub) -> None:
     p.add_argument("--trust-local", action="store_true",
                    help="--corpus with a local copy: use files whose checksum differs from the published one "
                         "(refused otherwise)")
+    p.add_argument("--src", help="source language suffix, e.g. en (default: that of --train SRC_FILE,TGT_FILE's "
+                                 "first file)")
+    p.add_argument("--tgt", help="target language suffix, e.g. de (default: the second file's)")
+    p.add_argument("--train", help="train split name/prefix, or SRC_FILE,TGT_FILE")
+    p.add_argument("--valid", help="validation split name/prefix, or SRC_FILE,TGT_FILE")
+    p.add_argument("--test", action="append", help="test split (repeatable)")
+
+
+def add_prepare(sub) -> None:
+    """`aiayn prepare` and its flags."""
+    p = sub.add_parser("prepare", help="validate parallel text, learn joint BPE, cache subwords")
+    corpus_flags(p)
     p.add_argument("--task", choices=["translate", "parse"], default="translate",
                    help="parse: words -> linearized trees from --treebank (§6.3)")
     p.add_argument("--treebank", help="--task parse: a folder of .mrg files or NLTK's treebank.zip")
@@ -264,12 +275,6 @@ def add_prepare(sub) -> None:
                    help="several directions in one prepared folder, for one multilingual model (e.g. "
                         "en-de,en-fr,de-en): one joint vocabulary, a target-language tag <2xx> before each source "
                         "(Johnson et al. 2017); each direction's files found as --src/--tgt's are")
-    p.add_argument("--src", help="source language suffix, e.g. en (default: that of --train SRC_FILE,TGT_FILE's "
-                                 "first file)")
-    p.add_argument("--tgt", help="target language suffix, e.g. de (default: the second file's)")
-    p.add_argument("--train", help="train split name/prefix, or SRC_FILE,TGT_FILE")
-    p.add_argument("--valid", help="validation split name/prefix, or SRC_FILE,TGT_FILE")
-    p.add_argument("--test", action="append", help="test split (repeatable)")
     p.add_argument("-o", "--output", "--out", dest="out", required=True, help="output folder for the prepared data")
     p.add_argument("--tokenizer-from", metavar="CKPT",
                    help="encode with this checkpoint's vocabulary instead of learning one (to fine-tune it: "

@@ -9,8 +9,8 @@ corpora: back-translated pairs tagged <BT>); passes.py holds the two passes over
 from ..doors import lazy
 
 __all__ = [
-    "BOS", "BT_TAG", "Batch", "DataError", "EOS", "PAD", "TokenData", "Tokenizer", "TrainingCorpus", "UNK", "fetch_multi30k",
-    "load_manifest", "load_tokenizer", "make_batches", "prepare", "prepare_many", "read_lines"
+    "BOS", "BT_TAG", "Batch", "DataError", "EOS", "PAD", "TokenData", "Tokenizer", "TrainingCorpus", "UNK",
+    "fetch_multi30k", "load_manifest", "load_tokenizer", "make_batches", "prepare", "prepare_many", "read_lines"
 ]
 __getattr__, __dir__ = lazy(__name__, {
     "prepare": "prepare",

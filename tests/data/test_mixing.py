@@ -53,7 +53,8 @@ def test_synthetic_sources_carry_the_bt_tag_and_genuine_ones_do_not(mixed):
     splits = manifest["splits"]
     assert int((labels == 0).sum()) == splits["train.parallel"]["pairs"]
     assert int((labels == 1).sum()) == splits["train.synthetic1"]["pairs"] > 150
-    assert len(data) == splits["train"]["pairs"] == splits["train.parallel"]["pairs"] + splits["train.synthetic1"]["pairs"]
+    parts = splits["train.parallel"]["pairs"] + splits["train.synthetic1"]["pairs"]
+    assert len(data) == splits["train"]["pairs"] == parts
     firsts = np.array([data.src(i)[0] for i in range(len(data))])
     assert np.all(firsts[labels == 1] == bt) and not np.any(firsts[labels == 0] == bt)
     assert bt not in {int(x) for i in np.flatnonzero(labels == 1) for x in data.src(i)[1:]}
