@@ -168,3 +168,18 @@ def test_prepare_synthetic_from_the_command_line(toy_corpus, synthetic, tmp_path
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert [c["weight"] for c in manifest["settings"]["corpora"]] == [2.0, 0.5]
     assert manifest["splits"]["train"]["corpora"] == ["parallel", "synthetic1"]
+
+
+def test_guided_links_skip_the_language_tag_of_many_directions(toy_corpus, tmp_path):
+    from aiayn.data.directions import prepare_many
+    from conftest import toy_multilingual
+
+    d = toy_multilingual(toy_corpus, tmp_path / "multi")
+    splits = {(s, t): {n: (d / f"{n}.{s}", d / f"{n}.{t}") for n in ("train", "valid")}
+              for s, t in (("en", "de"), ("en", "fr"))}
+    prepare_many(splits, tmp_path / "p", vocab_size=90, max_len=32)
+    data = TokenData(tmp_path / "p", "train")
+    tok = load_tokenizer(str(tmp_path / "p" / "spm.model"))
+    flat, offsets = reference_links(data, tok)
+    assert all(data.src(i)[0] in tok.markers for i in range(len(data)))
+    assert not np.any(flat[:, 0] == 0) and len(flat) > len(data)
