@@ -171,8 +171,9 @@ def test_prepare_synthetic_from_the_command_line(toy_corpus, synthetic, tmp_path
 
 
 def test_guided_links_skip_the_language_tag_of_many_directions(toy_corpus, tmp_path):
-    from aiayn.data.directions import prepare_many
     from conftest import toy_multilingual
+
+    from aiayn.data.directions import prepare_many
 
     d = toy_multilingual(toy_corpus, tmp_path / "multi")
     splits = {(s, t): {n: (d / f"{n}.{s}", d / f"{n}.{t}") for n in ("train", "valid")}
