@@ -75,20 +75,32 @@ def test_readme_is_a_front_door():
             assert (page.parent / link).exists(), (page.name, link)
 
 
-def test_the_reproduction_summarys_numbers_are_the_reports():
-    """The reproduction summary (docs/reproduction.md) types no number the generated report does not contain."""
-    page = README.parent / "docs" / "reproduction.md"
-    text = page.read_text()
-    marks = r"<!-- reproduction summary: its numbers are in (\S+) .*?-->(.*?)<!-- end reproduction summary -->"
-    block = re.search(marks, text, re.S)
-    assert block, "the README's reproduction summary lost its markers"
-    report = (page.parent / block.group(1)).read_text()
-    numbers = re.findall(r"[+-]?\d+\.\d+", block.group(2))
-    assert len(numbers) >= 8, numbers
-    missing = [n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n.lstrip('+-'))}(?![\d])", report)]
-    assert not missing, f"README numbers not in {block.group(1)}: {missing}"
-    settings = [s for s in re.findall(r"\w+=\d+", block.group(2)) if s not in report]  # "N=6", not an edited count
-    assert not settings, f"README settings not in {block.group(1)}: {settings}"
+def test_the_reproduction_summary_is_generated_and_each_number_stands_beside_its_row():
+    """docs/reproduction.md's summary is evidence/summary.brief of the committed result files, word for
+    word; and every "ROW ΔNLL ± interval" in it is that row's line of its suite's REPORT.md (a number
+    moved to another row's name, or a stale one, fails)."""
+    from aiayn.evidence.report import load_results
+    from aiayn.evidence.summary import brief, readme_cell
+
+    root = README.parent
+    text = (root / "docs" / "reproduction.md").read_text()
+    block = re.search(r"<!-- reproduction summary:.*?-->\n(.*?)<!-- end reproduction summary -->", text, re.S)
+    assert block, "docs/reproduction.md's summary lost its markers"
+    suites = ("reproduction", "reproduction-5000")
+    want = [brief(load_results(root / "results" / s).get("table3", [])) for s in suites]
+    assert block.group(1).strip() == "\n\n".join(want)
+    readme = README.read_text()
+    for suite, label in zip(suites, ("Table 3 at 2,750 updates (exploratory)", "Table 3 at 5,000 updates "
+                                                                                      "(confirmatory)")):
+        cell = readme_cell(load_results(root / "results" / suite).get("table3", []))
+        assert f"| {label} | {cell} | [REPORT](docs/{suite}/REPORT.md) |" in readme, cell
+    for suite, paragraph in zip(suites, want):
+        report = (root / "docs" / suite / "REPORT.md").read_text().splitlines()
+        pairs = re.findall(r"([A-E](?:-[\w.]+)?) ([+-]\d+\.\d{4}) ± (\d+\.\d{4})", paragraph)
+        assert len(pairs) >= 8, pairs
+        for row, delta, pi in pairs:
+            lines = [x for x in report if x.startswith(f"| {row} ") and f"{delta} ± {pi}" in x]
+            assert lines, f"{suite}: {row} {delta} ± {pi} is not {row}'s line of its REPORT.md"
 
 
 def heading_anchors(page: Path) -> set[str]:

@@ -6,6 +6,9 @@ direction that sentence gives. Where the Δ is within the margins and the text i
 claims nothing: it is reported, not judged. Our own extensions (no Table 3 row) and observations
 (a row that cannot stand for the paper's step) are never counted. Written before the rows were
 re-judged at 5,000 updates: the rule sits here, the numbers in the result files.
+
+SIGN_RULE: where a row's Table 3 Δ lies within the margin, a general sentence of the text ("bigger
+models are better") makes a claim on a metric only where the table's Δ has the sentence's sign.
 """
 
 from __future__ import annotations
@@ -13,6 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BETTER, WORSE, SAME = "better", "worse", "no change"  # what a claim can say (NLL: lower is better)
+SIGN_RULE = ("Where a row's Table 3 Δ lies within the margin, a general sentence of the paper's text makes a claim "
+             "on a metric only where the table's Δ there has the sentence's sign (C-N4: N=8's perplexity is lower, "
+             "ΔNLL −0.008, so “bigger models are better” claims better NLL; its BLEU is 0.3 lower, so no BLEU claim). "
+             "The claims were written after 39 of the 2,750 suite's 43 results and before the 5,000 suite's first.")
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,16 @@ DEPTH = ("C-N1", "C-N2", "C-N4", "C-N6")  # with N=3 (the reference's depth): th
 # results/reproduction-5000), its `--rows`: the references, the rows whose verdict changes along the
 # 2,750-update curve (curves.py) and those asked for by name (A-h16, the depth rows, C-dmodel512, D-ls0.0, E)
 LONGER = ("ref", "A-h16", *DEPTH, "C-dmodel512", "D-pdrop0.0", "D-ls0.0", "E")
+# How each Table 3 suite was designed, by its updates: exploratory when its claims and verdict rule were
+# written after its data, confirmatory when they were fixed before its first result. A confirmatory
+# suite's tally is a verdict only once its reference has FULL_REFERENCE_SEEDS seeds (the 2,750 suite's).
+DESIGNS = {
+    2750: ("exploratory", "its claims (evidence/claims.py) and the three-way verdict rule were written on "
+                          "2026-11-26, after 39 of its 43 results had finished (2026-11-24 to 2026-11-28)"),
+    5000: ("confirmatory", "its rows, claims, verdict rule and second-seed rule were fixed by 2026-11-26 12:19 UTC, "
+                           "before its first result (2026-11-26 22:16 UTC)"),
+}
+FULL_REFERENCE_SEEDS = 5
 
 
 def table3_rows(seeds: int = 5, depth_scale: float | None = None) -> list[Row]:

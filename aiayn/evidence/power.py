@@ -3,7 +3,7 @@ seeds that would settle it; and each row's claim with its source (claims.py), as
 
 from __future__ import annotations
 
-from .claims import SAME, judged
+from .claims import judged
 from .plan import NLL_MARGIN
 from .stats import min_detectable, seeds_to_settle
 
@@ -11,8 +11,9 @@ POWER = 0.8
 
 
 def judged_count(verdicts: list) -> int:
-    """The NLL difference tests Holm corrects over: the rows judged on a change claim."""
-    return sum(1 for v in verdicts if v.p_nll is not None and judged(v.claim, "nll") != SAME)
+    """The size of each Holm family of NLL tests (verdicts.judge_all): every judged row, whose agreeing
+    arms form one family and whose contradicting arms another."""
+    return sum(1 for v in verdicts if v.p_nll is not None)
 
 
 def _settle_cell(v, ref_nll: list[float], alpha: float) -> str:

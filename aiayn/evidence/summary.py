@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .claims import SAME, judged
 from .families import comparison_words, tuned_complete, tuned_words
-from .plan import NLL_MARGIN
+from .plan import DESIGNS, FULL_REFERENCE_SEEDS, NLL_MARGIN
 from .power import POWER, judged_count
 from .stats import seeds_to_settle
 from .verdicts import RowVerdict, analyse_all, families, with_repeats
@@ -73,12 +73,19 @@ def table3_words(rs: list[dict]) -> str:
     bleu = [v.v_bleu for v, _ in judged_rows if v.v_bleu]
     n_open, b_open = len(open_), sum(b.reproduced is None for b in bleu)
     b_rows = {k: [v.r["row"] for v, _ in judged_rows if v.v_bleu and v.v_bleu.reproduced is k] for k in (True, False)}
-    text = (f"At {vs[0].r['updates']:,} updates on Multi30k, of the paper's {len(vs)} Table 3 claims on validation "
-            f"NLL (the primary statistic; claims and their sources below), **{_n(len(agree), 'agree')}** "
-            f"({', '.join(agree) or 'none'}), **{_n(len(against), 'contradict')}** "
+    updates, seeds = vs[0].r["updates"], min(len(ref) for _, ref in judged_rows)
+    design, why = DESIGNS.get(updates, ("exploratory", "its claims were not fixed before its data"))
+    unfinished = design == "confirmatory" and seeds < FULL_REFERENCE_SEEDS
+    bold = "" if unfinished else "**"
+    text = (f"At {updates:,} updates on Multi30k ({design}: {why}), " + (
+                f"the suite is **unfinished**: its reference has {seeds} of the {FULL_REFERENCE_SEEDS} seeds its "
+                "tests need, so what follows is where each claim stands, not a verdict. Of" if unfinished else "of")
+            + f" the paper's {len(vs)} Table 3 claims on validation "
+            f"NLL (the primary statistic; claims and their sources below), {bold}{_n(len(agree), 'agree')}{bold} "
+            f"({', '.join(agree) or 'none'}), {bold}{_n(len(against), 'contradict')}{bold} "
             f"({', '.join(against) or 'none'}) and "
-            f"**{n_open} {_are(n_open)} inconclusive** ({', '.join(v.r['row'] for v, _ in open_) or 'none'}). Of "
-            f"its {len(bleu)} BLEU claims (the difference must also pass the paired bootstrap) "
+            f"{bold}{n_open} {_are(n_open)} inconclusive{bold} ({', '.join(v.r['row'] for v, _ in open_) or 'none'}). "
+            f"Of its {len(bleu)} BLEU claims (a difference must also pass the paired bootstrap) "
             f"{_n(len(b_rows[True]), 'agree')}{_named(b_rows[True])}, "
             f"{_n(len(b_rows[False]), 'contradict')}{_named(b_rows[False])} and {b_open} {_are(b_open)} inconclusive.")
     text += _unjudged(judged_rows)
@@ -121,3 +128,50 @@ def summary_section(results: dict[str, list[dict]]) -> list[str]:
     arch = "" if tuned and tuned_complete(tune) else arch_words(results.get("arch", []), "tune" in results)
     words = [w for w in (table3_words(results.get("table3", [])), arch, tuned) if w]
     return ["## Summary", "", " ".join(words), ""] if words else []
+
+
+def brief(rs: list[dict]) -> str:
+    """One suite's Table 3 outcome in two sentences, every ΔNLL ± its interval beside its row's name
+    (docs/reproduction.md's summary is this text, generated: tests/test_readme.py)."""
+    judged_rows = _judged(rs)
+    vs = [v for v, _ in judged_rows if v.v_nll]
+    if not vs:
+        return ""
+    updates, seeds = vs[0].r["updates"], min(len(ref) for _, ref in judged_rows)
+    design = DESIGNS.get(updates, ("exploratory", ""))[0]
+    unfinished = design == "confirmatory" and seeds < FULL_REFERENCE_SEEDS
+
+    def rows(k: bool | None) -> str:
+        return "; ".join(f"{v.r['row']} {v.nll.delta:+.4f} ± {v.nll.pi95:.4f}" for v in vs if v.v_nll.reproduced is k)
+
+    groups = [(True, "agree"), (False, "contradict"), (None, "inconclusive")]
+    counts = [(sum(v.v_nll.reproduced is k for v in vs), word, rows(k)) for k, word in groups]
+    bleu = [v.v_bleu.reproduced for v, _ in judged_rows if v.v_bleu]
+    state = (f"unfinished, {seeds} of {FULL_REFERENCE_SEEDS} reference seeds: where the claims stand, not a verdict"
+             if unfinished else f"{seeds} reference seeds")
+    return (f"Table 3 at {updates:,} updates ({design}; {state}): of {len(vs)} claims on valid NLL (ΔNLL ± 95 % "
+            "interval), " + ", ".join(f"{n} {word}" + (f" ({named})" if named else "") for n, word, named in counts)
+            + f". Of {len(bleu)} BLEU claims {_n(bleu.count(True), 'agree')}, {_n(bleu.count(False), 'contradict')}.")
+
+
+def readme_cell(rs: list[dict]) -> str:
+    """The README's figure for one suite's Table 3 (its results-table row; tests/test_readme.py)."""
+    judged_rows = _judged(rs)
+    vs = [v for v, _ in judged_rows if v.v_nll]
+    if not vs:
+        return ""
+    seeds = min(len(ref) for _, ref in judged_rows)
+    if DESIGNS.get(vs[0].r["updates"], ("exploratory",))[0] == "confirmatory" and seeds < FULL_REFERENCE_SEEDS:
+        return f"unfinished: {seeds} of {FULL_REFERENCE_SEEDS} reference seeds, no verdict"
+    n = [sum(v.v_nll.reproduced is k for v in vs) for k in (True, False, None)]
+    return f"{len(vs)} claims on valid NLL: {n[0]} agree, {n[1]} contradict, {n[2]} open"
+
+
+if __name__ == "__main__":  # docs/reproduction.md's summary from the committed result files
+    import sys
+    from pathlib import Path
+
+    from .report import load_results
+
+    for folder in sys.argv[1:] or ["results/reproduction", "results/reproduction-5000"]:
+        print(brief(load_results(Path(folder)).get("table3", [])))

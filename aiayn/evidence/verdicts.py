@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..training.optim import noam_lr
-from .claims import SAME, Claim, claim_of, judged
+from .claims import SAME, SIGN_RULE, Claim, claim_of, judged
 from .figures import plot_suite_curves, row_valid_bleu
 from .plan import BLEU_MARGIN, NLL_MARGIN, diverged, second_seed_distance, unstable
 from .power import claims_table, power_table
@@ -73,27 +73,26 @@ def seed_tests(refs: list[dict], rows: list[dict]) -> list[RowVerdict]:
 
 
 def judge_all(verdicts: list[RowVerdict]) -> list[RowVerdict]:
-    """Holm's correction over the judged rows (of every family given), per test, then the verdicts. A
-    change claim uses the difference and the equivalence test, a no-change claim the equivalence and the
-    minimum-effect test; BLEU's difference also needs every seed's paired bootstrap (the larger p)."""
+    """Holm's correction over the judged rows (of every family given), per metric, then the verdicts.
+    Every claim has an arm that can agree and one that can contradict: a change claim the difference
+    test and the equivalence test, a no-change claim the equivalence and the minimum-effect test. The
+    agreeing arms of all judged rows are one Holm family and the contradicting arms another of the same
+    size, so a claim can agree as easily as it can be contradicted. A BLEU difference (the difference
+    test, the minimum-effect test) also needs every seed's paired bootstrap (the larger p)."""
     for metric, margin, higher in (("nll", NLL_MARGIN, False), ("bleu", BLEU_MARGIN, True)):
         rows = [v for v in verdicts if not v.failed and getattr(v, metric) and judged(v.claim, metric)]
         same = [judged(v.claim, metric) == SAME for v in rows]
         diff = [getattr(v, metric).p if metric == "nll" else max(v.bleu.p, _paired_p(v.runs)) for v in rows]
         equiv, outside = zip(*[margin_ps(getattr(v, metric), margin) for v in rows]) if rows else ((), ())
-        adj_diff = _holm_where([not s for s in same], diff)
-        adj_equiv, adj_out = holm(list(equiv)), _holm_where(same, list(outside))
-        for v, d, e, o in zip(rows, adj_diff, adj_equiv, adj_out):
-            tests = Tests(d, e, o)
+        if metric == "bleu":  # a BLEU difference beyond the margin is a BLEU difference: the bootstrap must show it too
+            outside = tuple(max(o, _paired_p(v.runs)) for o, v in zip(outside, rows))
+        agree = holm([e if s else d for s, d, e in zip(same, diff, equiv)])
+        contradict = holm([o if s else e for s, e, o in zip(same, equiv, outside)])
+        for v, s, a, c in zip(rows, same, agree, contradict):
+            tests = Tests(1.0, a, c) if s else Tests(a, c, 1.0)
             setattr(v, f"p_{metric}", tests)
             setattr(v, f"v_{metric}", judge(judged(v.claim, metric), getattr(v, metric).delta, tests, higher))
     return verdicts
-
-
-def _holm_where(use: list[bool], ps: list[float]) -> list[float]:
-    """Holm over the p-values a test is used for; 1.0 (never significant) where it is not."""
-    adjusted = iter(holm([p for u, p in zip(use, ps) if u]))
-    return [next(adjusted) if u else 1.0 for u in use]
 
 
 def analyse_all(rs: list[dict]) -> dict[str, list[RowVerdict]]:
@@ -106,14 +105,18 @@ def analyse_all(rs: list[dict]) -> dict[str, list[RowVerdict]]:
 
 
 def _cell_test(v: RowVerdict, metric: str, fmt: str) -> str:
-    """Δ ± its 95 % interval, and the difference test's p: Holm-adjusted where a change claim is judged
-    on it, else as it is ("unadjusted")."""
+    """Δ ± its 95 % interval and every deciding p, Holm-adjusted (judge_all): a change claim's difference
+    test and equivalence test, a no-change claim's equivalence and minimum-effect test; a row not judged
+    on `metric` shows its difference test's p as it is ("unadjusted")."""
     t, p = getattr(v, metric), getattr(v, f"p_{metric}")
     if t is None:
         return "–"
-    change = p is not None and judged(v.claim, metric) != SAME
-    return f"{t.delta:{fmt}} ± {t.pi95:{fmt[1:]}}" + (f" (Holm p {p_text(p.diff)})" if change else
-                                                        f" (p {p_text(t.p)}, unadjusted)")
+    head = f"{t.delta:{fmt}} ± {t.pi95:{fmt[1:]}}"
+    if p is None:
+        return f"{head} (p {p_text(t.p)}, unadjusted)"
+    if judged(v.claim, metric) == SAME:
+        return f"{head} (Holm p: equivalent {p_text(p.equiv)}, beyond the margin {p_text(p.outside)})"
+    return f"{head} (Holm p {p_text(p.diff)}; equivalent {p_text(p.equiv)})"
 
 
 def not_judged(v: RowVerdict, metric: str) -> str:
@@ -328,7 +331,7 @@ def table3_section(rs: list[dict], img: Path, machine_words, seeds: int = 5,
             "reference at p < 0.05.", "", commits_words(refs + fam["main"][1] + fam["depth"][0] + fam["depth"][1]),
             f"Machine: {machine_words(rs)}.", ""]
     refs_nll = {f: [r["valid_nll"] for r in fam[f][0]] for f in judged_rows}
-    out += ["### What the paper claims, row by row", ""] + claims_table(verdicts) + [""]
+    out += ["### What the paper claims, row by row", "", SIGN_RULE, ""] + claims_table(verdicts) + [""]
     out += ["### What each row could show", "", "The power of each row's test (NLL): the smallest change its "
             "seeds find at 80 % power, and the seeds that would settle it with that power.", ""]
     out += power_table(verdicts, refs_nll) + [""]

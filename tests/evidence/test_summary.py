@@ -90,7 +90,7 @@ def test_the_summary_names_the_rows_whose_bleu_agrees_or_contradicts():
             _result("A-h1", 1.90, 5.29, bleu={"valid": {"bleu": 35.0}}, paired_bs={**paired, "delta": 5.0}),
             _result("B-dk16", 2.03, 5.16, bleu={"valid": {"bleu": 30.1}}, paired_bs={**paired, "delta": 0.1})]
     text = "\n".join(summary_section({"table3": refs + rows}))
-    assert "Of its 3 BLEU claims (the difference must also pass the paired bootstrap) 1 agrees (C-N1), " \
+    assert "Of its 3 BLEU claims (a difference must also pass the paired bootstrap) 1 agrees (C-N1), " \
            "1 contradicts (A-h1) and 1 is inconclusive." in text
 
 
@@ -298,3 +298,24 @@ def test_the_tune_section_names_every_run_that_diverged():
     assert any(diverged(r) for r in rs)
     for r in rs:
         assert (f"{r['row']} (" in line) == bool(diverged(r)), r["row"]
+
+
+def test_an_unfinished_confirmatory_suite_prints_no_tally_as_a_verdict():
+    """At 5,000 updates (confirmatory: plan.DESIGNS) with fewer reference seeds than FULL_REFERENCE_SEEDS
+    the summary says it is unfinished and bolds no count; with all five it is a verdict; at 2,750 the
+    suite is labelled exploratory."""
+    from aiayn.evidence.summary import brief, readme_cell
+
+    def suite(updates: int, seeds: int) -> list[dict]:
+        refs = [_result(f"ref-s{i}", v, seed=i, updates=updates) for i, v in enumerate(REF[:seeds], 1)]
+        return refs + [_result("C-N1", 2.30, 6.11, updates=updates)]
+
+    short = "\n".join(summary_section({"table3": suite(5000, 2)}))
+    assert "(confirmatory:" in short and "the suite is **unfinished**: its reference has 2 of the 5 seeds" in short
+    assert "**1 agrees**" not in short and "1 agrees (C-N1)" in short
+    assert readme_cell(suite(5000, 2)) == "unfinished: 2 of 5 reference seeds, no verdict"
+    assert "unfinished, 2 of 5 reference seeds" in brief(suite(5000, 2))
+    whole = "\n".join(summary_section({"table3": suite(5000, 5)}))
+    assert "**1 agrees** (C-N1)" in whole and "unfinished" not in whole
+    assert readme_cell(suite(5000, 5)) == "1 claims on valid NLL: 1 agree, 0 contradict, 0 open"
+    assert "(exploratory:" in "\n".join(summary_section({"table3": suite(2750, 5)}))
