@@ -319,3 +319,14 @@ def test_an_unfinished_confirmatory_suite_prints_no_tally_as_a_verdict():
     assert "**1 agrees** (C-N1)" in whole and "unfinished" not in whole
     assert readme_cell(suite(5000, 5)) == "1 claims on valid NLL: 1 agree, 0 contradict, 0 open"
     assert "(exploratory:" in "\n".join(summary_section({"table3": suite(2750, 5)}))
+
+
+def test_the_committed_table1_stores_the_formulas_the_report_prints():
+    """Table 1's sequential steps and path lengths are formulas: the committed result file holds what
+    evidence/table1.py computes for every layer and n (the report prints the function's value)."""
+    from aiayn.evidence.table1 import path_length, sequential_steps
+
+    t1 = json.loads((Path(__file__).resolve().parents[2] / "results/reproduction/table1/table1.json").read_text())
+    for name, layer in t1["layers"].items():
+        assert layer["path_length"] == [path_length(name, n) for n in t1["ns"]], name
+        assert layer["sequential"] == [sequential_steps(name, n) for n in t1["ns"]], name
