@@ -3,7 +3,7 @@ seeds that would settle it; and each row's claim with its source (claims.py), as
 
 from __future__ import annotations
 
-from .claims import judged
+from .claims import SAME, judged
 from .plan import NLL_MARGIN
 from .stats import min_detectable, seeds_to_settle
 
@@ -23,6 +23,9 @@ def _settle_cell(v, ref_nll: list[float], alpha: float) -> str:
     if abs(d) < NLL_MARGIN:
         by_eq = seeds_to_settle(d, ref_nll, NLL_MARGIN, alpha, power=POWER)
         cells.append(f"{by_eq} by equivalence" if by_eq else "more than 20 by equivalence")
+    elif judged(v.claim, "nll") == SAME:  # the no-change claim's agreeing arm
+        cells.append(f"none would let it agree at the change it showed (\\|ΔNLL\\| {abs(d):.4f} beyond the margin "
+                     f"{NLL_MARGIN})")
     return "; ".join(cells)
 
 
@@ -40,6 +43,22 @@ def power_table(verdicts: list, refs: dict[str, list[float]]) -> list[str]:
         out.append(f"| {v.r['row']} | {claim} | {v.nll.m} | {v.nll.delta:+.4f} | "
                    f"{min_detectable(v.nll, 0.05, POWER):.3f} / {min_detectable(v.nll, 0.05 / k, POWER):.3f} | "
                    f"{_settle_cell(v, refs[v.r.get('family', 'main')], 0.05 / k)} |")
+    return out
+
+
+def bleu_power_table(verdicts: list) -> list[str]:
+    """Per row, BLEU's test (secondary): its seeds, ΔBLEU, and the smallest |ΔBLEU| its seeds find at 80 %
+    power at α 0.05 and at α/k (Holm's first step over the k rows judged on BLEU); the paired bootstrap,
+    which a BLEU difference must also pass, is not in these figures."""
+    k = max(sum(1 for v in verdicts if v.p_bleu is not None), 1)
+    out = [f"| row | BLEU claim | seeds | ΔBLEU | smallest \\|ΔBLEU\\| found, 80 % power: α 0.05 / α/{k} |",
+           "|---|---|--:|--:|--:|"]
+    for v in verdicts:
+        if v.failed or v.bleu is None:
+            continue
+        claim = judged(v.claim, "bleu") or "none (not judged)"
+        out.append(f"| {v.r['row']} | {claim} | {v.bleu.m} | {v.bleu.delta:+.2f} | "
+                   f"{min_detectable(v.bleu, 0.05, POWER):.2f} / {min_detectable(v.bleu, 0.05 / k, POWER):.2f} |")
     return out
 
 

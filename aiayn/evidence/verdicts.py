@@ -17,7 +17,7 @@ from ..training.optim import noam_lr
 from .claims import SAME, SIGN_RULE, Claim, claim_of, judged
 from .figures import plot_suite_curves, row_valid_bleu
 from .plan import BLEU_MARGIN, NLL_MARGIN, diverged, second_seed_distance, unstable
-from .power import claims_table, power_table
+from .power import bleu_power_table, claims_table, power_table
 from .stats import (
     SeedTest,
     Tests,
@@ -335,6 +335,7 @@ def table3_section(rs: list[dict], img: Path, machine_words, seeds: int = 5,
     out += ["### What each row could show", "", "The power of each row's test (NLL): the smallest change its "
             "seeds find at 80 % power, and the seeds that would settle it with that power.", ""]
     out += power_table(verdicts, refs_nll) + [""]
+    out += ["The same for validation BLEU (the secondary statistic):", ""] + bleu_power_table(verdicts) + [""]
     plot_suite_curves([r for r in rs if r.get("family") != "stability"], img / "table3_curves.png",
                  "Table 3 rows: validation perplexity", by_time=False)
     return out + ["![validation curves](img/table3_curves.png)", ""]

@@ -330,3 +330,24 @@ def test_the_committed_table1_stores_the_formulas_the_report_prints():
     for name, layer in t1["layers"].items():
         assert layer["path_length"] == [path_length(name, n) for n in t1["ns"]], name
         assert layer["sequential"] == [sequential_steps(name, n) for n in t1["ns"]], name
+
+
+def test_power_tables_give_bleu_its_own_and_say_when_no_seeds_let_a_no_change_claim_agree():
+    """BLEU's power table: the smallest ΔBLEU found at 80 % power equals the noncentral-t computation
+    (stats.min_detectable, checked against scipy in test_stats); a no-change row beyond the margin gets
+    the line that no number of seeds lets it agree at the change it showed."""
+    from aiayn.evidence.power import bleu_power_table, power_table
+    from aiayn.evidence.stats import min_detectable
+    from aiayn.evidence.verdicts import judge_all, seed_tests
+
+    refs = [_result(f"ref-s{i}", v, seed=i, bleu={"valid": {"bleu": b}})
+            for i, (v, b) in enumerate(zip(REF, [30.0, 30.2, 29.8, 30.1, 29.9]), 1)]
+    rows = [_result("E", 2.10, 4.92, bleu={"valid": {"bleu": 29.0}}, paired_bs={"p": 0.01, "delta": -1.0}),
+            _result("A-h1", 2.05, 5.29, bleu={"valid": {"bleu": 29.5}}, paired_bs={"p": 0.01, "delta": -0.5})]
+    verdicts = judge_all(seed_tests(refs, rows))
+    table = bleu_power_table(verdicts)
+    e = next(v for v in verdicts if v.r["row"] == "E")
+    assert f"| E | no change | 1 | {e.bleu.delta:+.2f} | {min_detectable(e.bleu, 0.05, 0.8):.2f} / " \
+           f"{min_detectable(e.bleu, 0.05 / 2, 0.8):.2f} |" in table
+    nll = "\n".join(power_table(verdicts, {"main": REF}))
+    assert "none would let it agree at the change it showed (\\|ΔNLL\\| 0.1000 beyond the margin 0.02)" in nll
