@@ -209,7 +209,8 @@ def languages(args: argparse.Namespace) -> tuple[str, str]:
     seen = sorted({x for f in prefix.parent.glob(f"{prefix.name}.*") if (x := _suffix(str(f)))}) \
         if not args.corpus and args.train and "," not in args.train else []
     beside = f"; {prefix}.* has {', '.join(seen)}" if seen else ""
-    raise UserError(f"prepare needs --src and --tgt (language suffixes of the files, e.g. en and de{beside})")
+    verb = getattr(args, "command", None) or "prepare"
+    raise UserError(f"{verb} needs --src and --tgt (language suffixes of the files, e.g. en and de{beside})")
 
 
 def _vocabulary_of(checkpoint: str | None) -> bytes | None:
