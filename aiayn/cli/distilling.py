@@ -49,7 +49,7 @@ def cmd_distill(args: argparse.Namespace, extra: list[str]) -> None:
     translator = Translator.load(teachers if len(teachers) > 1 else teachers[0], device=args.device,
                                  precision=args.precision, **overrides)
     counts: dict = {}
-    sources = [s for s, _ in iter_pairs(*splits["train"], False, counts)]  # the genuine targets are not read
+    sources = [s for s, _ in iter_pairs(*splits["train"], False, counts)]  # targets checked, not used
     log.info("distilling %s training sources with %s (beam %d, alpha %g, %s)", f"{len(sources):,}",
              " + ".join(teachers), translator.decode_cfg.beam, translator.decode_cfg.alpha, translator.precision)
     work.mkdir(parents=True, exist_ok=True)
