@@ -171,7 +171,7 @@ if __name__ == "__main__":  # docs/reproduction.md's summary from the committed 
     import sys
     from pathlib import Path
 
-    from .report import load_results
+    from ..files import read_json
 
     for folder in sys.argv[1:] or ["results/reproduction", "results/reproduction-5000"]:
-        print(brief(load_results(Path(folder)).get("table3", [])))
+        print(brief([read_json(f) for f in sorted(Path(folder, "table3").glob("*.json"))]))
