@@ -1,0 +1,50 @@
+"""Gather a distillation run's figures (bench/distill/distill.sh's WORK folder) into one JSON and a
+table: the teacher's and the student's test BLEU, what distill kept, the student's size and training
+time, and decoding speed and latency against CTranslate2 on the same student (medians of alternating
+repetitions, one process per measurement: bench/decode/decode_speed.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+
+def _bleu(path: Path) -> float | None:
+    m = re.search(r"BLEU = ([\d.]+)", path.read_text()) if path.is_file() else None
+    return float(m.group(1)) if m else None
+
+
+def _speed(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    d = json.loads(path.read_text())
+    out = {r["system"]: {"sent_per_s": r["sent_per_s"], "per_rep": r["per_rep_sent_per_s"], "bleu": r["bleu"]}
+           for r in d["rows"]}
+    for r in d.get("latency", []):
+        out.setdefault(r["system"], {})[f"latency_p50_ms_{r['threads']}t"] = r.get("p50_ms")
+    return {"cpu": d["meta"]["cpu"], "systems": out}
+
+
+def summarize(work: Path) -> dict:
+    scores = [line.split("\t") for line in (work / "data.teacher" / "scores.tsv").read_text().splitlines()[1:]]
+    train = json.loads((work / "data" / "manifest.json").read_text())["splits"]["train"]
+    metrics = [json.loads(x) for x in (work / "student" / "metrics.jsonl").read_text().splitlines()]
+    last = [m for m in metrics if "step" in m][-1]
+    result = {
+        "teacher_translations": len(scores), "kept": sum(int(s[2]) for s in scores),
+        "teacher_mean_logprob_median": statistics.median(float(s[0]) for s in scores),
+        "student_training_pairs": train["pairs"], "student_updates": last.get("step"),
+        "bleu": {m: {t: _bleu(work / f"{m}.{t}.score") for t in ("test_2016_flickr", "test_2017_flickr")}
+                 for m in ("teacher", "student")},
+        "student_speed": _speed(work / "student_speed.json"), "teacher_speed": _speed(work / "teacher_speed.json"),
+    }
+    return result
+
+
+if __name__ == "__main__":
+    work = Path(sys.argv[1])
+    out = summarize(work)
+    print(json.dumps(out, indent=1))
