@@ -37,7 +37,8 @@ def summarize(work: Path) -> dict:
         "teacher_translations": len(scores), "kept": sum(int(s[2]) for s in scores),
         "teacher_mean_logprob_median": statistics.median(float(s[0]) for s in scores),
         "student_training_pairs": train["pairs"], "student_updates": last.get("step"),
-        "bleu": {m: {t: _bleu(work / f"{m}.{t}.score") for t in ("test_2016_flickr", "test_2017_flickr")}
+        "bleu": {m: {t: _bleu(work / f"{m}.{t}.score") or _bleu(work / f"{m}.{short}.score")
+                     for t, short in (("test_2016_flickr", "test2016"), ("test_2017_flickr", "test2017"))}
                  for m in ("teacher", "student")},
         "student_speed": _speed(work / "student_speed.json"), "teacher_speed": _speed(work / "teacher_speed.json"),
     }
