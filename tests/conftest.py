@@ -277,3 +277,20 @@ def tiny_treebank(folder: Path) -> Path:
     for name, reps in (("wsj_0001.mrg", 30), ("wsj_0002.mrg", 30), ("wsj_0165.mrg", 1), ("wsj_0190.mrg", 1)):
         (folder / name).write_text("\n".join(trees * reps) + "\n")
     return folder
+
+
+def kill_after_parts(cmd: list[str], parts: Path, n: int = 3) -> int:
+    """Start `cmd` in a new process, SIGKILL it once `parts` (a resumable output's OUTPUT.parts/) holds
+    n finished chunks, and return how many it holds then."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while len(list(parts.glob("[0-9]*.json"))) < n:
+        assert proc.poll() is None and time.time() < deadline, "the command ended before the kill"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return len(list(parts.glob("[0-9]*.json")))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import sacrebleu
+from conftest import kill_after_parts
 
 from aiayn.cli import main
 
@@ -384,15 +385,8 @@ def test_a_translation_killed_part_way_resumes_and_gives_the_uninterrupted_bytes
                 "--max-len-b", "10", *extra]
 
     subprocess.run(cmd("straight"), check=True, capture_output=True, timeout=300)
-    proc = subprocess.Popen(cmd("killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parts = tmp_path / "killed.parts"
-    deadline = time.time() + 120
-    while len(list(parts.glob("[0-9]*.json"))) < 3:
-        assert proc.poll() is None and time.time() < deadline, "the translation ended before the kill"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    kept = len(list(parts.glob("[0-9]*.json")))
+    kept = kill_after_parts(cmd("killed"), parts)
     assert not (tmp_path / "killed").exists() and 3 <= kept < 15
     res = subprocess.run(cmd("killed"), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-1500:]

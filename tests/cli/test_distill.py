@@ -2,13 +2,12 @@
 `aiayn translate` gives, filtered by its confidence, prepared in its vocabulary with a shortlist;
 killed part-way in another process, a rerun gives the bytes of an uninterrupted one."""
 
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
+from conftest import kill_after_parts
 
 from aiayn.cli import main
 
@@ -75,15 +74,8 @@ def test_a_distillation_killed_part_way_resumes_to_the_same_bytes(teacher, toy_c
         return [sys.executable, "-m", "aiayn", *_cmd(teacher, toy_corpus, tmp_path / out, "--no-shortlist")]
 
     subprocess.run(cmd("straight"), check=True, capture_output=True, timeout=300)
-    proc = subprocess.Popen(cmd("killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parts = tmp_path / "killed.teacher" / "teacher.de.parts"
-    deadline = time.time() + 120
-    while len(list(parts.glob("[0-9]*.json"))) < 3:
-        assert proc.poll() is None and time.time() < deadline, "the distillation ended before the kill"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    kept = len(list(parts.glob("[0-9]*.json")))
+    kept = kill_after_parts(cmd("killed"), parts)
     assert 3 <= kept < 20 and not (tmp_path / "killed").exists()
     res = subprocess.run(cmd("killed"), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-1500:]
