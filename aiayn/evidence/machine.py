@@ -66,3 +66,38 @@ def compute_section(results: dict[str, list[dict[str, Any]]]) -> list[str]:
     total = sum(c[1] for c in spent.values())
     out += [f"| all | | {sum(c[0] for c in spent.values())} | {total:.1f} | |", ""]
     return out
+
+
+def covered_commits(checks: list[dict[str, Any]]) -> dict[str, str]:
+    """Which commits the machine test covers, each with how (results/machine-test/checks.json): a row
+    re-run from its commit on another machine, bit-identical to the committed result, covers that commit;
+    a row's config trained from two commits on one machine, bit-identical, covers the first when the
+    second is covered (so a commit never covers itself through a chain of its own)."""
+    covered: dict[str, str] = {}
+    for c in checks:
+        if c.get("outcome") == "bit-identical" and c.get("kind") == "machine":
+            covered.setdefault(c["commit"], f"{c['row']} re-run on {c['machine']}: bit-identical ({c['compared']})")
+    grew = True
+    while grew:
+        grew = False
+        for c in checks:
+            if (c.get("outcome") == "bit-identical" and c.get("kind") == "commit" and c["commit"] not in covered
+                    and c["against"] in covered):
+                covered[c["commit"]] = (f"{c['row']} trains as at {c['against'][:7]} on {c['machine']}: "
+                                        f"bit-identical ({c['compared']})")
+                grew = True
+    return covered
+
+
+def coverage_lines(rs: list[dict[str, Any]], checks: list[dict[str, Any]]) -> list[str]:
+    """Every commit that made these rows, covered by the machine test or named as not covered."""
+    covered = covered_commits(checks)
+    commits = sorted({r.get("machine", {}).get("git") or "?" for r in rs})
+    missing = [c for c in commits if c not in covered]
+    out = ["Machine test (results/machine-test/checks.json): "
+           + "; ".join(f"{c[:7]}: {covered[c]}" for c in commits if c in covered) + "."]
+    if missing:
+        rows = {c: [r["row"] for r in rs if (r.get("machine", {}).get("git") or "?") == c] for c in missing}
+        out.append("**Not covered by the machine test:** "
+                   + "; ".join(f"{c[:7]} ({', '.join(rows[c])})" for c in missing) + ".")
+    return out + [""]

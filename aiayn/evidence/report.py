@@ -17,7 +17,7 @@ from ..files import atomic_write, read_json
 from .curves import curve_section
 from .families import chosen, seed_lines, tuned_lines
 from .figures import plot_bleu_params, plot_budget, plot_schedule, plot_suite_curves, plot_table1
-from .machine import compute_section, machine_words
+from .machine import compute_section, coverage_lines, machine_words
 from .plan import converged_at, diverged
 from .stats import p_text
 from .summary import summary_section
@@ -153,6 +153,21 @@ def arch_section(rs: list[dict], throughput: dict | None, img: Path, suite: str 
     out += ["", f"Machine: {_fmt_machine(rs)}.", "", commits_words(rs), ""]
     plot_suite_curves(rs, img / f"{suite}_curves.png", "Validation perplexity against updates", by_time=False)
     return out + [f"![validation curves](img/{suite}_curves.png)", ""]
+
+
+def test_nll_lines(rs: list[dict]) -> list[str]:
+    """§6.2's measure on the test sets too, for the rows that recorded it (rows evaluated since it was
+    recorded; nothing where none did)."""
+    rows = sorted((r for r in rs if r.get("test_nll")), key=lambda r: (r.get("group") != "ref", r["row"]))
+    if not rows:
+        return []
+    splits = sorted({s for r in rows for s in r["test_nll"]})
+    out = ["Test-set NLL per token (references force-decoded by the averaged model; never used for a choice):", "",
+           "| row | valid NLL | " + " | ".join(splits) + " |", "|---|--:|" + "--:|" * len(splits)]
+    for r in rows:
+        cells = [f"{r['test_nll'][s]:.4f}" if s in r["test_nll"] else "–" for s in splits]
+        out.append(f"| {r['row']} | {r['valid_nll']:.4f} | " + " | ".join(cells) + " |")
+    return out + [""]
 
 
 def _poly(a: float, b: float, c: float) -> str:
@@ -323,7 +338,10 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
     if "budget" in results:
         out += budget_section(results["budget"], img)
     if "table3" in results:
-        out += table3_section(results["table3"], img, _fmt_machine, seeds, rows) + curve_section(results["table3"])
+        out += table3_section(results["table3"], img, _fmt_machine, seeds, rows)
+        checks = results_dir.parent / "machine-test" / "checks.json"  # beside the suites' folders, where kept
+        out += coverage_lines(results["table3"], read_json(checks)["checks"]) if checks.exists() else []
+        out += test_nll_lines(results["table3"]) + curve_section(results["table3"])
     for suite in ("arch", "tune"):
         if suite in results:
             tp = results_dir / suite / "throughput" / "throughput.json"

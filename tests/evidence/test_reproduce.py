@@ -31,7 +31,7 @@ from aiayn.evidence.plan import (
     table3_rows,
     unstable,
 )
-from aiayn.evidence.rows import row_config, trained_on
+from aiayn.evidence.rows import row_config, test_nll, trained_on
 from aiayn.evidence.stats import paired_bootstrap
 from aiayn.evidence.table1 import (
     RestrictedSelfAttention,
@@ -107,6 +107,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
         assert r["config"]["train"]["save_every"] == 1
         assert r["config"]["train"]["max_minutes"] == 0 and r["machine"]["git"] == commit  # one commit
         assert set(r["bleu"]) == {"valid", "test"} and r["bleu"]["valid"]["sentences"] == 20
+        assert set(r["test_nll"]) == {"test"} and 0 < r["test_nll"]["test"] < 10
         assert r["flops_per_token"] > 0 and r["params"] > 0 and r["curve"]
         assert r["data"] == {"dir": toy_prepared.name, "src": "en", "tgt": "de", "train_pairs": 376}
         assert len(r["trained_on"]) == 1  # one session (or a reused twin's), one processor
@@ -210,7 +211,8 @@ def test_the_committed_report_renders_byte_for_byte(tmp_path):
     results/reproduction, copied to the same places in a copy of the tree."""
     repo = Path(__file__).resolve().parents[2]
     docs = repo / "docs" / "reproduction"
-    shutil.copytree(repo / "results" / "reproduction", tmp_path / "results" / "reproduction")
+    for folder in ("reproduction", "machine-test"):
+        shutil.copytree(repo / "results" / folder, tmp_path / "results" / folder)
     p = reproduce("--suite", "table3", "--render-only", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert (tmp_path / "docs" / "reproduction" / "REPORT.md").read_text() == (docs / "REPORT.md").read_text()
@@ -225,6 +227,7 @@ def test_the_5000_update_report_renders_with_its_runs_seeds_and_rows(tmp_path):
     assert suites.planned(tmp_path, seeds=2)["table3"] == suites.planned(tmp_path)["table3"] - 3
     assert suites.planned(tmp_path, seeds=2, rows=list(LONGER))["table3"] == 2 + 9  # 2 references, 9 rows
     shutil.copytree(committed, tmp_path / "results" / "reproduction-5000")
+    shutil.copytree(repo / "results" / "machine-test", tmp_path / "results" / "machine-test")
     rows = ",".join((*LONGER, suites.SECOND_SEEDS))
     p = reproduce("--suite", "table3", "--render-only", "--seeds", "2", "--rows", rows, "--report",
                   "docs/reproduction-5000", "--results", "results/reproduction-5000", cwd=tmp_path)
@@ -945,3 +948,50 @@ def test_a_finished_twin_is_looked_for_only_among_rows_results(toy_prepared, tmp
         (tmp_path / suite / "x.json").write_text(json.dumps(content))
     assert (toy_prepared / "valid.en.txt").exists()  # so the search reaches the results
     assert rows._finished_twin(Row("ref-s1", "reference", TINY), protocol(10), toy_prepared, tmp_path, 0, "cpu") is None
+
+
+def test_test_set_nll_from_forced_references_equals_the_validation_loops_nll(toy_prepared):
+    """A row's test NLL (references force-decoded, decode/scoring.py) is the quantity validation measures
+    (training/step.validate over the prepared token arrays): on the validation split the two agree."""
+    from conftest import random_translator
+
+    from aiayn.config import Config
+    from aiayn.data.batches import TokenData
+    from aiayn.data.prepare import read_text
+    from aiayn.training.step import validate
+
+    tr = random_translator(toy_prepared / "spm.model")
+    cfg = Config()
+    cfg.model = tr.model.cfg
+    src, ref = read_text(toy_prepared, "valid", "src"), read_text(toy_prepared, "valid", "tgt")
+    valid = TokenData(toy_prepared, "valid")
+    ids = tr.tokenizer.encode_target(ref)
+    # the lines prepare kept, in order (its filters drop a few)
+    kept = [j for _, j in _in_order(lambda i, j: list(valid.tgt(i)) == ids[j], len(valid), list(range(len(ref))))]
+    assert len(kept) == len(valid) >= len(ref) - 2
+    src, ref = [src[j] for j in kept], [ref[j] for j in kept]
+    want = validate(tr.model, valid, cfg, torch.device("cpu"))["valid_nll"]
+    assert test_nll(tr.score(src, ref)) == pytest.approx(want, rel=1e-5)
+
+
+def _in_order(same, n: int, lines: list[int]) -> list[tuple[int, int]]:
+    """Pairs (i, line) matching the n kept items to the lines they came from, in order."""
+    out, j = [], 0
+    for i in range(n):
+        while not same(i, lines[j]):
+            j += 1
+        out.append((i, lines[j]))
+        j += 1
+    return out
+
+
+def test_the_report_lists_test_set_nll_only_for_rows_that_recorded_it():
+    from aiayn.evidence.report import test_nll_lines
+
+    assert test_nll_lines([{"row": "ref-s1", "valid_nll": 1.7}]) == []
+    lines = test_nll_lines([{"row": "A-h1", "valid_nll": 1.8, "test_nll": {"test_2016_flickr": 1.9}},
+                            {"row": "ref-s1", "group": "ref", "valid_nll": 1.7,
+                             "test_nll": {"test_2016_flickr": 1.75, "test_2017_flickr": 2.1}},
+                            {"row": "E", "valid_nll": 1.6}])
+    assert lines[2] == "| row | valid NLL | test_2016_flickr | test_2017_flickr |"
+    assert lines[4:6] == ["| ref-s1 | 1.7000 | 1.7500 | 2.1000 |", "| A-h1 | 1.8000 | 1.9000 | – |"]
