@@ -16,7 +16,7 @@ from ..data.tokenizer import EOS, PAD, Tokenizer
 from ..device import PRECISIONS, decode_batch_tokens, huge_pages, pick_device, resolve_precision
 from ..models.attention import without_dead_heads
 from ..models.build import build_model
-from ..models.linear import kernel_cache
+from ..models.linear import fp32_kernel_words, kernel_cache
 from ..models.precision import cast_bf16, quantize_int8
 from ..presets import DECODE_LIMITS
 from ..progress import bar as progress_bar
@@ -100,7 +100,8 @@ class Translator:
         (log.warning if why.startswith("int8 refused") else info)("decoding in %s (%s)", self.precision, why)
         self.model = model.eval() if self.device == here else model.eval().to(self.device)
         self.tokenizer = tokenizer
-        info("decoder step: %s (decode.step %s)", step, self.decode_cfg.step)
+        info("decoder step: %s (decode.step %s)%s", step, self.decode_cfg.step,
+             fp32_kernel_words(self.device, self.precision))
         info("translation batches of %d source tokens (%s)", *decode_batch_tokens(self.device, decode.max_tokens))
         self.data_max_len = 0  # subwords per side in training (data.max_len), when loaded from a checkpoint
         self.alignment_head: tuple[int, int | None] | None = None  # `aiayn align`'s choice, when loaded

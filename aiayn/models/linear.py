@@ -3,7 +3,7 @@
 PyTorch runs fp32 `F.linear` on the CPU through MKL, which on AMD processors takes a slower code
 path: on this 2-core Zen 5, MKL reached 150 GFLOP/s and oneDNN (shipped inside PyTorch, used for
 its bf16 matmuls) 270 GFLOP/s on the same fp32 product. `Linear` sends fp32 CPU products to
-oneDNN, forward and backward (in training only where the CPU has AVX-512: `onednn_trains`); the
+oneDNN, forward and backward, where the CPU has AVX-512 (`onednn_fp32`: training and decoding); the
 arithmetic is still IEEE fp32, only the kernel differs (results agree with `F.linear` to rounding).
 Everything else — GPU, bf16 autocast, `torch.compile`, a PyTorch without the oneDNN op — uses
 `F.linear`. Set AIAYN_ONEDNN_LINEAR=0 to always use `F.linear` (bench/train/linear_cpu.py measures both).
@@ -59,12 +59,23 @@ def onednn_available() -> bool:
 
 
 @functools.cache
-def onednn_trains() -> bool:
-    """Whether training's fp32 products go to oneDNN too: with AVX-512 they are up to 1.8x faster than
-    MKL's; on an AVX2 CPU (device.cpu_flags, so ONEDNN_MAX_CPU_ISA=AVX2 too) no faster end to end, and
-    the weight gradient's transposed operands cost oneDNN copies: 230 MB more at the peak of a
-    `multi30k` step there (bench/README.md), so training takes F.linear. Decoding keeps oneDNN."""
+def onednn_fp32() -> bool:
+    """Whether fp32 products go to oneDNN, in training and in decoding: with AVX-512 they are up to 1.8x
+    faster than MKL's. On an AVX2 CPU (device.cpu_flags, so ONEDNN_MAX_CPU_ISA=AVX2 too) they are not:
+    training ran no faster end to end and peaked 230 MB higher (the weight gradient's transposed operands
+    cost oneDNN copies; bench/README.md), and on a real AVX2 Zen 3 a beam's 4-16 rows took 1.5-4x MKL's
+    time (bench/decode/2026-12-03_family25-zen3_fp32_products.json), so both take F.linear there."""
     return "avx512f" in cpu_flags()
+
+
+def fp32_kernel_words(device: torch.device, precision: str) -> str:
+    """For a decoding log line: which kernel fp32 CPU products take here and why (empty elsewhere)."""
+    if device.type != "cpu" or precision != "fp32":
+        return ""
+    if onednn_available() and onednn_fp32():
+        return "; fp32 products through oneDNN (the CPU has AVX-512)"
+    why = "no AVX-512, where oneDNN's are slower" if onednn_available() else "no oneDNN linear op in this PyTorch"
+    return f"; fp32 products through MKL (F.linear): {why}"
 
 
 def onednn_linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
@@ -115,8 +126,7 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         if (x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32
-                and not _autocast_on() and not _compiling() and onednn_available()
-                and (onednn_trains() or not (torch.is_grad_enabled() and self.weight.requires_grad))):
+                and not _autocast_on() and not _compiling() and onednn_available() and onednn_fp32()):
             return _OneDNNLinear.apply(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..device import huge_pages, native_bf16, pick_device
-from ..models.linear import kernel_cache, onednn_available, onednn_trains
+from ..models.linear import kernel_cache, onednn_available, onednn_fp32
 from ..presets import TRAIN_LIMITS
 
 log = logging.getLogger("aiayn")
@@ -86,7 +86,7 @@ def cpu_paths(precision: str) -> str:
         words.append("products in bf16 through oneDNN (autocast), attention as explicit products "
                      "(SDPA's CPU kernel is slower in bf16)")
     else:
-        kernel = "oneDNN" if onednn_available() and onednn_trains() else "MKL (F.linear)"
+        kernel = "oneDNN" if onednn_available() and onednn_fp32() else "MKL (F.linear)"
         words.append(f"fp32 products through {kernel}, attention through SDPA")
     return "; ".join(words)
 

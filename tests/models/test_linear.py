@@ -27,7 +27,7 @@ def reference(layer: Linear, x: torch.Tensor):
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(37,), (5, 7)])
 def test_onednn_linear_matches_f_linear(n_in, n_out, bias, shape, monkeypatch):
-    monkeypatch.setattr(linear, "onednn_trains", lambda: True)  # the oneDNN training path, on any CPU
+    monkeypatch.setattr(linear, "onednn_fp32", lambda: True)  # the oneDNN path, on any CPU
     torch.manual_seed(0)
     layer = Linear(n_in, n_out, bias=bias)
     x = torch.randn(*shape, n_in, requires_grad=True)
@@ -74,18 +74,29 @@ def test_falls_back_to_f_linear_exactly(monkeypatch):
 
 
 @needs_onednn
-def test_training_takes_onednn_only_with_avx512(monkeypatch):
-    """On an AVX2 CPU (or under ONEDNN_MAX_CPU_ISA=AVX2) training's products take F.linear (no faster
-    there, 230 MB less at the peak); decoding's stay on oneDNN, which is faster there."""
+def test_fp32_products_take_onednn_only_with_avx512_in_training_and_decoding(monkeypatch):
+    """On an AVX2 CPU (or under ONEDNN_MAX_CPU_ISA=AVX2) fp32 products take F.linear, in training (no
+    faster there, 230 MB less at the peak) and in decoding (oneDNN 1.5-4x slower at a beam's rows on a
+    real Zen 3): the modules' forward with and without gradients, and the fused decoder's own products."""
+    from aiayn.config import ModelConfig
+    from aiayn.decode.fast import FusedDecoder
+    from aiayn.models.transformer import Transformer
+
     layer, x = Linear(16, 24), torch.randn(6, 16)
-    for flags, trains in (({"avx2", "fma"}, False), ({"avx2", "avx512f", "avx512bw"}, True)):
+    model = Transformer(ModelConfig(vocab_size=20, d_model=16, d_ff=32, h=2, N=1, max_positions=16)).eval()
+    real, calls = linear.onednn_linear, []
+    monkeypatch.setattr(linear, "onednn_linear", lambda *a: calls.append(1) or real(*a))
+    for flags, onednn in (({"avx2", "fma"}, False), ({"avx2", "avx512f", "avx512bw"}, True)):
         monkeypatch.setattr(linear, "cpu_flags", lambda flags=flags: set(flags))
-        linear.onednn_trains.cache_clear()
-        assert linear.onednn_trains() is trains
-        assert ("OneDNN" in type(layer(x).grad_fn).__name__) is trains
+        linear.onednn_fp32.cache_clear()
+        assert linear.onednn_fp32() is onednn
+        assert ("OneDNN" in type(layer(x).grad_fn).__name__) is onednn
+        calls.clear()
         with torch.no_grad():
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
-    linear.onednn_trains.cache_clear()
+        assert bool(calls) is onednn
+        assert (FusedDecoder(model).fp32_linear is real) is onednn
+    linear.onednn_fp32.cache_clear()
 
 
 def test_env_switch_disables_onednn(monkeypatch):
@@ -208,7 +219,19 @@ def test_the_log_names_the_kernels_a_run_takes(monkeypatch):
     monkeypatch.setattr(runs, "onednn_available", lambda: False)
     assert "fp32 products through MKL" in runs.cpu_paths("fp32")
     monkeypatch.setattr(runs, "onednn_available", lambda: True)
-    monkeypatch.setattr(runs, "onednn_trains", lambda: True)
+    monkeypatch.setattr(runs, "onednn_fp32", lambda: True)
     assert "fp32 products through oneDNN" in runs.cpu_paths("fp32")
-    monkeypatch.setattr(runs, "onednn_trains", lambda: False)  # an AVX2 CPU
+    monkeypatch.setattr(runs, "onednn_fp32", lambda: False)  # an AVX2 CPU
     assert "fp32 products through MKL" in runs.cpu_paths("fp32")
+
+
+@needs_onednn
+def test_the_decoding_log_names_the_fp32_kernel_and_why(monkeypatch):
+    cpu = torch.device("cpu")
+    assert linear.fp32_kernel_words(cpu, "int8") == "" and linear.fp32_kernel_words(torch.device("meta"), "fp32") == ""
+    cases = (({"avx2"}, "MKL (F.linear): no AVX-512"), ({"avx2", "avx512f"}, "oneDNN (the CPU has AVX-512)"))
+    for flags, words in cases:
+        monkeypatch.setattr(linear, "cpu_flags", lambda flags=flags: set(flags))
+        linear.onednn_fp32.cache_clear()
+        assert words in linear.fp32_kernel_words(cpu, "fp32")
+    linear.onednn_fp32.cache_clear()

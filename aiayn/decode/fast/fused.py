@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...data.tokenizer import EOS, PAD
-from ...models.linear import Int8Linear, onednn_available, onednn_linear
+from ...models.linear import Int8Linear, onednn_available, onednn_fp32, onednn_linear
 from ...models.transformer import ACTIVATIONS
 from .compiled import compiled_step
 from .graphed import StepGraph
@@ -129,7 +129,7 @@ class FusedDecoder:
         # (layer, head or None for the layer's mean): whose encoder-decoder attention each step's
         # argmax is taken from, for word alignments (decode/align.py); set by Translator, never compiled
         self.align_head: tuple[int, int | None] | None = None
-        cpu_onednn = onednn_available() and self.embed.device.type == "cpu" and not self.compiled
+        cpu_onednn = onednn_available() and onednn_fp32() and self.embed.device.type == "cpu" and not self.compiled
         self.fp32_linear = onednn_linear if cpu_onednn else F.linear  # inductor picks its own kernel
         weights = self._weight_tensors()
         on = self.compiled
