@@ -100,8 +100,7 @@ class Translator:
         (log.warning if why.startswith("int8 refused") else info)("decoding in %s (%s)", self.precision, why)
         self.model = model.eval() if self.device == here else model.eval().to(self.device)
         self.tokenizer = tokenizer
-        info("decoder step: %s (decode.step %s)%s", step, self.decode_cfg.step,
-             fp32_kernel_words(self.device, self.precision))
+        info("decoder step: %s (decode.step %s)%s", step, decode.step, fp32_kernel_words(self.device, self.precision))
         info("translation batches of %d source tokens (%s)", *decode_batch_tokens(self.device, decode.max_tokens))
         self.data_max_len = 0  # subwords per side in training (data.max_len), when loaded from a checkpoint
         self.alignment_head: tuple[int, int | None] | None = None  # `aiayn align`'s choice, when loaded
