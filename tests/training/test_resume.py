@@ -322,7 +322,20 @@ def test_tokens_per_update_gives_the_same_update_on_one_and_two_ranks(toy_prepar
 
 
 @pytest.mark.slow
-def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(toy_corpus, tmp_path):
+def _sentences_for(seconds: float, spm: Path) -> int:
+    """Validation sentences that one process greedily translates in about `seconds` here, timed on an
+    untrained model of the run's size (10,000 took about 9 s on a family-26 EPYC, 3x that on a Zen 3)."""
+    from conftest import _sentences, random_translator
+
+    tr = random_translator(spm, max_len_b=50)
+    src, _ = _sentences(300, 1)
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    tr.translate(src, beam=1)
+    return int(min(10000, max(2000, 300 * seconds / (time.perf_counter() - start))))
+
+
+def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(toy_corpus, toy_prepared, tmp_path):
     """2 gloo ranks, collectives limited to 3 s, a validation that takes one process about 10 s:
     the ranks share it (every world-th batch and sentence), so none waits past the limit (rank 0
     validating alone would leave rank 1 in a collective for 10 s and kill the run). The shared
@@ -334,7 +347,7 @@ def test_a_validation_longer_than_the_collective_timeout_is_shared_by_the_ranks(
     from aiayn.overrides import load_yaml
     from aiayn.training.step import valid_bleu, validate
 
-    for split, n, seed in (("train", 400, 0), ("valid", 10000, 1)):  # 5,000 took 4.7 s on a family-26 EPYC
+    for split, n, seed in (("train", 400, 0), ("valid", _sentences_for(10.0, toy_prepared / "spm.model"), 1)):
         s, t = _sentences(n, seed)
         (tmp_path / f"{split}.en").write_text("".join(x + "\n" for x in s))
         (tmp_path / f"{split}.de").write_text("".join(x + "\n" for x in t))
