@@ -49,8 +49,31 @@ def comparison_words(runs: list[dict], base: list[dict], labels: tuple[str, ...]
         sd = [score(r, split) for r in runs]
         spread = f" (sd {statistics.stdev(sd):.{digits}f})" if len(sd) > 1 and not base else ""
         parts.append(f"{label} {mean:.{digits}f}{spread}" + (
-            f" ({t.delta:+.{digits}f} ± {t.pi95:.{digits}f}, p {p_text(t.p)})" if t else ""))
+            f" ({t.delta:+.{digits}f} ± {t.pi95:.{digits}f}, p {p_text(t.p)})" if t else "")
+            + _length_words(runs, base, split))
     return "; ".join(parts)
+
+
+def _length_words(runs: list[dict], base: list[dict], split: str | None) -> str:
+    """Beside a BLEU: the mean brevity penalty (and the base's), and chrF (its Δ and test against the
+    base) where every run recorded it, so that a BLEU difference made by output length shows."""
+    if split is None:
+        return ""
+    bp = [r["bleu"][split].get("bp") for r in runs]
+    if None in bp:
+        return ""
+    words = f" [BP {statistics.mean(bp):.3f}"
+    base_bp = [r["bleu"].get(split, {}).get("bp") for r in base]
+    if base and None not in base_bp:
+        words += f" against {statistics.mean(base_bp):.3f}"
+    chrf = [r["bleu"][split].get("chrf") for r in runs]
+    base_chrf = [r["bleu"].get(split, {}).get("chrf") for r in base]
+    if None not in chrf:
+        words += f"; chrF {statistics.mean(chrf):.2f}"
+        if len(base) > 1 and None not in base_chrf:
+            t = seed_test(chrf, base_chrf)
+            words += f" ({t.delta:+.2f} ± {t.pi95:.2f}, p {p_text(t.p)})"
+    return words + "]"
 
 
 def seed_lines(rs: list[dict], base_name: str, heading: str) -> list[str]:

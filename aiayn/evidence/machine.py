@@ -72,17 +72,18 @@ def covered_commits(checks: list[dict[str, Any]]) -> dict[str, str]:
     """Which commits the machine test covers, each with how (results/machine-test/checks.json): a row
     re-run from its commit on another machine, bit-identical to the committed result, covers that commit;
     a row's config trained from two commits on one machine, bit-identical, covers the first when the
-    second is covered (so a commit never covers itself through a chain of its own)."""
+    second is covered (so a commit never covers itself through a chain of its own). A check marked
+    `partial` (e.g. compared on another precision than the row's) covers nothing."""
     covered: dict[str, str] = {}
     for c in checks:
-        if c.get("outcome") == "bit-identical" and c.get("kind") == "machine":
+        if c.get("outcome") == "bit-identical" and c.get("kind") == "machine" and not c.get("partial"):
             covered.setdefault(c["commit"], f"{c['row']} re-run on {c['machine']}: bit-identical ({c['compared']})")
     grew = True
     while grew:
         grew = False
         for c in checks:
-            if (c.get("outcome") == "bit-identical" and c.get("kind") == "commit" and c["commit"] not in covered
-                    and c["against"] in covered):
+            if (c.get("outcome") == "bit-identical" and c.get("kind") == "commit" and not c.get("partial")
+                    and c["commit"] not in covered and c["against"] in covered):
                 covered[c["commit"]] = (f"{c['row']} trains as at {c['against'][:7]} on {c['machine']}: "
                                         f"bit-identical ({c['compared']})")
                 grew = True
@@ -98,6 +99,10 @@ def coverage_lines(rs: list[dict[str, Any]], checks: list[dict[str, Any]]) -> li
            + "; ".join(f"{c[:7]}: {covered[c]}" for c in commits if c in covered) + "."]
     if missing:
         rows = {c: [r["row"] for r in rs if (r.get("machine", {}).get("git") or "?") == c] for c in missing}
-        out.append("**Not covered by the machine test:** "
-                   + "; ".join(f"{c[:7]} ({', '.join(rows[c])})" for c in missing) + ".")
+        partly = {c["commit"]: c for c in checks if c.get("partial") and c.get("outcome") == "bit-identical"}
+        out.append("**Not covered by the machine test:** " + "; ".join(
+            f"{c[:7]} ({', '.join(rows[c])})" + (f": only partly, {partly[c]['row']} trains as at "
+                                                 f"{partly[c]['against'][:7]} on {partly[c]['machine']} "
+                                                 f"({partly[c]['compared']}), but {partly[c]['partial']}"
+                                                 if c in partly else "") for c in missing) + ".")
     return out + [""]

@@ -53,7 +53,7 @@ def trained_config(row: Row, common: dict[str, Any], data_dir: Path) -> Config:
     return cfg
 
 
-def test_nll(scores: list) -> float:
+def forced_nll(scores: list) -> float:
     """NLL per target token (EOS counted, as validation counts it) from force-decoded references."""
     return -sum(x.total for x in scores) / sum(x.subwords + 1 for x in scores)
 
@@ -90,11 +90,12 @@ def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "c
         start = time.perf_counter()
         hyps = translator.translate(src)
         score = metric.corpus_score(hyps, [ref])
-        bleu[split] = {"bleu": round(score.score, 2), "bp": round(score.bp, 3), "sentences": len(src),
+        bleu[split] = {"bleu": round(score.score, 2), "bp": round(score.bp, 3),
+                       "chrf": round(sacrebleu.CHRF().corpus_score(hyps, [ref]).score, 2), "sentences": len(src),
                        "seconds": round(time.perf_counter() - start, 1)}
         (run_dir / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps))
         if split != "valid":  # the test sets' NLL per token, as validation's (their token arrays are not prepared)
-            out.setdefault("test_nll", {})[split] = test_nll(translator.score(src, ref))
+            out.setdefault("test_nll", {})[split] = forced_nll(translator.score(src, ref))
     out["bleu"] = bleu
     out["signature"] = str(metric.get_signature())
     out["decode"] = {"beam": cfg.decode.beam, "alpha": cfg.decode.alpha, "max_len_b": cfg.decode.max_len_b}

@@ -31,7 +31,7 @@ from aiayn.evidence.plan import (
     table3_rows,
     unstable,
 )
-from aiayn.evidence.rows import row_config, test_nll, trained_on
+from aiayn.evidence.rows import forced_nll, row_config, trained_on
 from aiayn.evidence.stats import paired_bootstrap
 from aiayn.evidence.table1 import (
     RestrictedSelfAttention,
@@ -971,7 +971,7 @@ def test_test_set_nll_from_forced_references_equals_the_validation_loops_nll(toy
     assert len(kept) == len(valid) >= len(ref) - 2
     src, ref = [src[j] for j in kept], [ref[j] for j in kept]
     want = validate(tr.model, valid, cfg, torch.device("cpu"))["valid_nll"]
-    assert test_nll(tr.score(src, ref)) == pytest.approx(want, rel=1e-5)
+    assert forced_nll(tr.score(src, ref)) == pytest.approx(want, rel=1e-5)
 
 
 def _in_order(same, n: int, lines: list[int]) -> list[tuple[int, int]]:

@@ -351,3 +351,20 @@ def test_power_tables_give_bleu_its_own_and_say_when_no_seeds_let_a_no_change_cl
            f"{min_detectable(e.bleu, 0.05 / 2, 0.8):.2f} |" in table
     nll = "\n".join(power_table(verdicts, {"main": REF}))
     assert "none would let it agree at the change it showed (\\|ΔNLL\\| 0.1000 beyond the margin 0.02)" in nll
+
+
+def test_every_family_bleu_comparison_carries_its_brevity_penalty_and_chrf_test():
+    """Beside each ΔBLEU: the mean BP of both sides and chrF's own difference, tested as BLEU's is."""
+    from aiayn.evidence.families import comparison_words
+
+    def run(bleu, bp, chrf, nll=1.7):
+        return {"row": "x", "valid_nll": nll, "bleu": {"valid": {"bleu": bleu, "bp": bp, "chrf": chrf}}}
+
+    base = [run(39.0, 0.93, 61.0), run(39.4, 0.92, 61.4), run(39.2, 0.94, 61.2)]
+    fam = [run(40.0, 0.98, 61.1), run(40.4, 0.99, 61.3), run(40.2, 0.97, 61.2)]
+    words = comparison_words(fam, base, ("valid BLEU",))
+    want = scipy_stats.ttest_ind([61.1, 61.3, 61.2], [61.0, 61.4, 61.2]).pvalue
+    assert words.startswith("valid BLEU 40.20 (+1.00 ± ") and "[BP 0.980 against 0.930; chrF 61.20 (+0.00 ± " in words
+    assert words.endswith(f"p {want:.3f})]")
+    assert "chrF" not in comparison_words([{**fam[0], "bleu": {"valid": {"bleu": 40.0, "bp": 0.98}}}], base,
+                                          ("valid BLEU",))
