@@ -2,7 +2,8 @@
 # Sequence-level distillation on Multi30k EN->DE, end to end (docs/students.md):
 #   teacher = the main job's averaged checkpoint (bash scripts/multi30k.sh), decoded in int8;
 #   aiayn distill -> the student's data; a student-tiny run on it (2,750 updates, resumable);
-#   test2016/test2017 BLEU of teacher and student (beam 4, alpha 0.6, fp32); then decoding speed of
+#   the same student on the original targets (KD's own gain); test2016/test2017 BLEU of the three at
+#   beam 4, alpha 0.6, fp32 and at the beam, alpha and precision aiayn tune chose on validation; decoding speed of
 #   the student against CTranslate2 on the same student, and of the teacher (bench/decode/decode_speed.py);
 #   results gathered by bench/distill/summarize.py.
 # Usage: bash bench/distill/distill.sh [WORK] (default ~/aiayn-work/kdrun); rerunning resumes.
@@ -19,12 +20,20 @@ $PY distill --teacher "$T" --corpus multi30k --src en --tgt de -o "$W/data" --pr
 if [ -f "$W/student/config.yaml" ]; then $PY train --resume "$W/student"; else
   $PY train --data "$W/data" --run "$W/student" --preset student-tiny; fi
 $PY average "$W/student" --last 5 -o "$W/student/averaged.safetensors"
+# distillation's own gain: the same preset, seed and updates on the original targets (the teacher's data)
+if [ -f "$W/student-orig/config.yaml" ]; then $PY train --resume "$W/student-orig"; else
+  $PY train --data "${ORIGINAL_DATA:-work/multi30k-en-de}" --run "$W/student-orig" --preset student-tiny; fi
+$PY average "$W/student-orig" --last 5 -o "$W/student-orig/averaged.safetensors"
 D=$W/data
-for m in teacher student; do
-  C=$T; [ $m = student ] && C=$W/student/averaged.safetensors
+for m in teacher student student-orig; do
+  C=$T; [ $m != teacher ] && C=$W/$m/averaged.safetensors
+  # beam, alpha and the precision chosen on validation (aiayn tune), as every model is decoded in use
+  [ -f "$W/$m.tuned.safetensors" ] || $PY tune --checkpoint "$C" --data "$D" -o "$W/$m.tuned.safetensors" > "$W/$m.tune.log" 2>&1
   for t in test_2016_flickr test_2017_flickr; do
     $PY translate --checkpoint "$C" -i "$D/$t.en.txt" -o "$W/$m.$t.de" --beam 4 --alpha 0.6 --precision fp32
     $PY score --hyp "$W/$m.$t.de" --ref "$D/$t.de.txt" > "$W/$m.$t.score" 2>&1
+    $PY translate --checkpoint "$W/$m.tuned.safetensors" -i "$D/$t.en.txt" -o "$W/$m.tuned.$t.de"
+    $PY score --hyp "$W/$m.tuned.$t.de" --ref "$D/$t.de.txt" > "$W/$m.tuned.$t.score" 2>&1
   done
 done
 .venv/bin/python bench/decode/decode_speed.py --checkpoint "$W/student/averaged.safetensors" --data "$D" \

@@ -11,6 +11,8 @@ import statistics
 import sys
 from pathlib import Path
 
+MODELS = ("teacher", "student", "student-orig")  # student-orig: the same student on the original targets
+
 
 def _bleu(path: Path) -> float | None:
     m = re.search(r"BLEU = ([\d.]+)", path.read_text()) if path.is_file() else None
@@ -28,6 +30,22 @@ def _speed(path: Path) -> dict:
     return {"cpu": d["meta"]["cpu"], "systems": out}
 
 
+def _tuned(log: Path) -> dict:
+    """What `aiayn tune` chose (beam, alpha, precision) and each precision's validation BLEU and speed."""
+    if not log.is_file():
+        return {}
+    text = log.read_text()
+    out: dict = {"precisions": {}}
+    for name, bleu, speed in re.findall(r"^\s+(fp32|bf16|int8)\s+([\d.]+)\s+([\d.]+)", text, re.M):
+        out["precisions"][name] = {"valid_bleu": float(bleu), "sent_per_s": float(speed)}
+    chosen = re.search(r"(\w+)\s+[\d.]+\s+[\d.]+\s+<- auto takes it", text)
+    setting = re.search(r"beam (\d+), alpha ([\d.]+) ->", text)
+    out["precision"] = chosen.group(1) if chosen else None
+    if setting:
+        out["beam"], out["alpha"] = int(setting.group(1)), float(setting.group(2))
+    return out
+
+
 def summarize(work: Path) -> dict:
     scores = [line.split("\t") for line in (work / "data.teacher" / "scores.tsv").read_text().splitlines()[1:]]
     train = json.loads((work / "data" / "manifest.json").read_text())["splits"]["train"]
@@ -39,7 +57,8 @@ def summarize(work: Path) -> dict:
         "student_training_pairs": train["pairs"], "student_updates": last.get("step"),
         "bleu": {m: {t: _bleu(work / f"{m}.{t}.score") or _bleu(work / f"{m}.{short}.score")
                      for t, short in (("test_2016_flickr", "test2016"), ("test_2017_flickr", "test2017"))}
-                 for m in ("teacher", "student")},
+                 for m in MODELS + tuple(f"{m}.tuned" for m in MODELS)},
+        "tuned": {m: _tuned(work / f"{m}.tune.log") for m in MODELS},
         "student_speed": _speed(work / "student_speed.json"), "teacher_speed": _speed(work / "teacher_speed.json"),
     }
     return result
