@@ -61,9 +61,19 @@ def test_alignments_taken_during_the_search_equal_the_teacher_forced_pass(toy_pr
         assert [[(h.tokens, h.score) for h in hs] for hs in hyps] == [[(h.tokens, h.score) for h in hs] for hs in plain]
         src, tgt = [x[:-1] for x in ids], [h[0].tokens for h in hyps]
         assert all(len(h[0].attended) == len(h[0].tokens) for h in hyps)
+        decided = 0
         for k, w in cross_attention(t.model, src, tgt, layer=head[0]):
-            teacher = sorted(links_of(w, (0, head[1])), key=lambda link: link[1])
-            assert [i for i, _ in teacher] == hyps[k][0].attended
+            teacher = [i for i, _ in sorted(links_of(w, (0, head[1])), key=lambda link: link[1])]
+            rows = w[0].mean(0) if head[1] is None else w[0, head[1]]
+            for j, (want, got) in enumerate(zip(teacher, hyps[k][0].attended)):
+                top2 = rows[j].topk(min(2, rows.shape[-1])).values
+                if len(top2) < 2 or top2[0] - top2[1] > 1e-5:  # a clear maximum: the same position
+                    assert got == want, (k, j)
+                    decided += 1
+                else:  # a tie to rounding (the step and the full pass take other kernels): a maximal one
+                    assert rows[j, got] >= top2[0] - 1e-5, (k, j)
+            assert len(hyps[k][0].attended) == len(teacher)
+        assert decided >= 0.9 * sum(len(h[0].tokens) for h in hyps)  # ties are the exception
         assert all(h[0].attended is None for h in t.translate_ids(ids, beam=beam))  # not asked: not kept
 
 
