@@ -91,7 +91,8 @@ def covered_commits(checks: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def coverage_lines(rs: list[dict[str, Any]], checks: list[dict[str, Any]]) -> list[str]:
-    """Every commit that made these rows, covered by the machine test or named as not covered."""
+    """Every commit that made these rows, covered by the machine test or named as not covered, and the
+    machines on which a row's re-run differed."""
     covered = covered_commits(checks)
     commits = sorted({r.get("machine", {}).get("git") or "?" for r in rs})
     missing = [c for c in commits if c not in covered]
@@ -105,4 +106,10 @@ def coverage_lines(rs: list[dict[str, Any]], checks: list[dict[str, Any]]) -> li
                                                  f"{partly[c]['against'][:7]} on {partly[c]['machine']} "
                                                  f"({partly[c]['compared']}), but {partly[c]['partial']}"
                                                  if c in partly else "") for c in missing) + ".")
+    differed = [c for c in checks if c.get("kind") == "machine" and c.get("outcome") != "bit-identical"
+                and c["commit"] in commits]
+    if differed:  # a machine whose numbers are not these rows' (its results compare within seed noise only)
+        out.append("**Re-runs that differed:** " + "; ".join(
+            f"{c['row']} from {c['commit'][:7]} on {c['machine']}: {c['outcome']} ({c['compared']})"
+            for c in differed) + "; rows trained there are not comparable bit for bit with these.")
     return out + [""]
