@@ -379,7 +379,7 @@ def add_tune(sub) -> None:
                         "--precision-tolerance recorded for auto on this processor class (auto: those it runs "
                         "natively; none: no choice)")
     p.add_argument("--precision-tolerance", type=float, default=0.2,
-                   help="validation BLEU a faster precision may lose against the grid's (default 0.2)")
+                   help="validation BLEU a faster precision may lose against fp32's (default 0.2)")
     p.add_argument("--device", help="cpu, cuda (default: cuda if available)")
     p.add_argument("-o", "--output", help="the tuned copy (default: CHECKPOINT.tuned.safetensors)")
     p.set_defaults(func=cmd_tune)

@@ -3,8 +3,9 @@
 int8 and bf16 change a translation's numbers, so `auto` never takes them on its own where the processor
 has no native bf16 (device.resolve_precision). `aiayn tune` measures instead: at the beam and α it chose,
 it translates the validation set in every precision this device runs natively, timed in alternating
-passes, and records the fastest whose validation BLEU is within a tolerance of the grid's precision and
-that is faster by a margin. `auto` on the tuned checkpoint takes that choice on a processor of the same
+passes, and records the fastest whose validation BLEU is within a tolerance of fp32's and that is faster
+by a margin than the path `auto` would take untuned (the grid's precision, or fp32 where that one loses
+more than the tolerance). `auto` on the tuned checkpoint takes that choice on a processor of the same
 class (its vector class and int8 kernel), and the default rule elsewhere; the log says which and why.
 """
 
@@ -21,7 +22,7 @@ from ..config import ConfigError
 from ..device import cpu_class, cpu_label, int8_kernel, native_bf16
 
 log = logging.getLogger("aiayn")
-TOLERANCE = 0.2  # validation BLEU a faster precision may lose against the grid's
+TOLERANCE = 0.2  # validation BLEU a faster precision may lose against fp32's
 MARGIN = 0.05  # and it must be at least this much faster (a pass's time varies by a few per cent)
 
 
@@ -63,12 +64,14 @@ def machine(device: torch.device | None = None) -> dict:
 
 def choose_precision(rows: list[Measured], reference: str, tolerance: float = TOLERANCE,
                      margin: float = MARGIN) -> str:
-    """The fastest precision whose BLEU is at least the reference's less `tolerance` and whose time is
-    at most (1 - margin) of the reference's; the reference where none is."""
-    ref = next(r for r in rows if r.precision == reference)
-    fit = [r for r in rows if r.precision == reference
-           or (r.bleu >= ref.bleu - tolerance and r.seconds <= (1 - margin) * ref.seconds)]
-    return min(fit, key=lambda r: (r.seconds, r.precision != reference)).precision
+    """The fastest precision whose BLEU is at least fp32's (the reference's where fp32 was not measured)
+    less `tolerance` and whose time is at most (1 - margin) of the base's: the reference (the grid's
+    precision) where it is itself within the tolerance, fp32 otherwise; the base where none is."""
+    by = {r.precision: r for r in rows}
+    floor = by.get("fp32", by[reference]).bleu - tolerance
+    base = by[reference] if by[reference].bleu >= floor or "fp32" not in by else by["fp32"]
+    fit = [r for r in rows if r is base or (r.bleu >= floor and r.seconds <= (1 - margin) * base.seconds)]
+    return min(fit, key=lambda r: (r.seconds, r is not base)).precision
 
 
 def measure(translators: dict, src: list[str], ref: list[str], beam: int, alpha: float, reps: int = 2,
@@ -110,9 +113,10 @@ def recorded(extra: dict, device: torch.device) -> tuple[str | None, str]:
                       f"this one is {here.get('cpu', here['class'])}")
     measured = rec.get("measured") if isinstance(rec.get("measured"), list) else []
     rows = {r.get("precision"): r for r in measured[:8] if isinstance(r, dict)}
-    mine, ref = rows.get(rec["chosen"], {}), rows.get(rec.get("reference"), {})
+    against = "fp32" if "fp32" in rows else rec.get("reference")
+    mine, ref = rows.get(rec["chosen"], {}), rows.get(against, {})
     return rec["chosen"], (f"auto: chosen by aiayn tune on validation on this processor class "
-                           f"(BLEU {mine.get('bleu')} vs {rec.get('reference')} {ref.get('bleu')}, "
+                           f"(BLEU {mine.get('bleu')} vs {against} {ref.get('bleu')}, "
                            f"{mine.get('sentences_per_s')} vs {ref.get('sentences_per_s')} sentences/s)")
 
 

@@ -267,6 +267,13 @@ def test_the_precision_rule_takes_the_fastest_within_the_tolerance():
     assert choose_precision(rows(ref, ("int8", 30.0, 8.0), ("bf16", 30.0, 7.0)), "fp32") == "bf16"
     assert choose_precision(rows(ref, ("int8", 30.0, 8.0), ("bf16", 25.0, 7.0)), "fp32") == "int8"
     assert choose_precision(rows(ref, ("int8", 29.6, 8.0)), "fp32", tolerance=0.5) == "int8"
+    # the grid ran in bf16 (auto on a native-bf16 CPU): the tolerance is still against fp32's BLEU
+    assert choose_precision(rows(ref, ("bf16", 29.9, 7.0), ("int8", 29.9, 6.0)), "bf16") == "int8"
+    assert choose_precision(rows(ref, ("bf16", 29.9, 7.0), ("int8", 29.7, 6.0)), "bf16") == "bf16"
+    assert choose_precision(rows(ref, ("bf16", 29.7, 7.0)), "bf16") == "fp32"  # bf16 loses 0.3 against fp32
+    assert choose_precision(rows(ref, ("bf16", 29.7, 7.0), ("int8", 29.85, 9.0)), "bf16") == "int8"
+    assert choose_precision(rows(ref, ("bf16", 29.7, 7.0), ("int8", 29.85, 9.8)), "bf16") == "fp32"
+    assert choose_precision(rows(("bf16", 30.0, 7.0), ("int8", 29.85, 6.0)), "bf16") == "int8"  # no fp32 row
 
 
 @requires_int8
