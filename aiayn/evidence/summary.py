@@ -37,6 +37,14 @@ def _against(v: RowVerdict) -> str:
     return f"{v.r['row']} (ours {ours}, paper {claim})"
 
 
+def _seed_counts(judged_rows: list[tuple[RowVerdict, list[float]]]) -> str:
+    """How many seeds each family's reference has: "3" when all have as many, else "3 (main) and 2 (depth)"."""
+    by = {v.r.get("family", "main"): len(ref) for v, ref in judged_rows}
+    if len(set(by.values())) == 1:
+        return str(next(iter(by.values())))
+    return " and ".join(f"{n} ({family})" for family, n in by.items())
+
+
 def _are(n: int) -> str:
     return "is" if n == 1 else "are"
 
@@ -78,8 +86,9 @@ def table3_words(rs: list[dict]) -> str:
     unfinished = design == "confirmatory" and seeds < FULL_REFERENCE_SEEDS
     bold = "" if unfinished else "**"
     text = (f"At {updates:,} updates on Multi30k ({design}: {why}), " + (
-                f"the suite is **unfinished**: its reference has {seeds} of the {FULL_REFERENCE_SEEDS} seeds its "
-                "tests need, so what follows is where each claim stands, not a verdict. Of" if unfinished else "of")
+                f"the suite is **unfinished**: its references have {_seed_counts(judged_rows)} of the "
+                f"{FULL_REFERENCE_SEEDS} seeds its tests need, so what follows is where each claim stands, "
+                "not a verdict. Of" if unfinished else "of")
             + f" the paper's {len(vs)} Table 3 claims on validation "
             f"NLL (the primary statistic; claims and their sources below), {bold}{_n(len(agree), 'agree')}{bold} "
             f"({', '.join(agree) or 'none'}), {bold}{_n(len(against), 'contradict')}{bold} "
@@ -147,7 +156,8 @@ def brief(rs: list[dict]) -> str:
     groups = [(True, "agree"), (False, "contradict"), (None, "inconclusive")]
     counts = [(sum(v.v_nll.reproduced is k for v in vs), word, rows(k)) for k, word in groups]
     bleu = [v.v_bleu.reproduced for v, _ in judged_rows if v.v_bleu]
-    state = (f"unfinished, {seeds} of {FULL_REFERENCE_SEEDS} reference seeds: where the claims stand, not a verdict"
+    state = (f"unfinished, {_seed_counts(judged_rows)} of {FULL_REFERENCE_SEEDS} reference seeds: where the claims "
+             "stand, not a verdict"
              if unfinished else f"{seeds} reference seeds")
     return (f"Table 3 at {updates:,} updates ({design}; {state}): of {len(vs)} claims on valid NLL (ΔNLL ± 95 % "
             "interval), " + ", ".join(f"{n} {word}" + (f" ({named})" if named else "") for n, word, named in counts)

@@ -220,9 +220,10 @@ def test_the_committed_report_renders_byte_for_byte(tmp_path):
 
 
 def test_the_5000_update_report_renders_with_its_runs_seeds_and_rows(tmp_path):
-    """docs/reproduction-5000 runs with `--seeds 2 --rows` LONGER and the seed rule's second seeds (a
-    --rows run makes none unless it names them): rendered with them, its progress counts those rows
-    with 2 reference seeds and its commands name both flags, byte for byte."""
+    """docs/reproduction-5000 ran with `--seeds 2 --rows` LONGER and the seed rule's second seeds (a
+    --rows run makes none unless it names them), then gained reference seeds toward the default 5:
+    rendered with those rows, its progress counts them with 5 reference seeds a family and its commands
+    name the rows, byte for byte."""
     repo = Path(__file__).resolve().parents[2]
     docs, committed = repo / "docs" / "reproduction-5000", repo / "results" / "reproduction-5000"
     assert suites.planned(tmp_path, seeds=2)["table3"] == suites.planned(tmp_path)["table3"] - 3
@@ -230,7 +231,7 @@ def test_the_5000_update_report_renders_with_its_runs_seeds_and_rows(tmp_path):
     shutil.copytree(committed, tmp_path / "results" / "reproduction-5000")
     shutil.copytree(repo / "results" / "machine-test", tmp_path / "results" / "machine-test")
     rows = ",".join((*LONGER, suites.SECOND_SEEDS))
-    p = reproduce("--suite", "table3", "--render-only", "--seeds", "2", "--rows", rows, "--report",
+    p = reproduce("--suite", "table3", "--render-only", "--rows", rows, "--report",
                   "docs/reproduction-5000", "--results", "results/reproduction-5000", cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     text = (tmp_path / "docs" / "reproduction-5000" / "REPORT.md").read_text()
@@ -240,13 +241,13 @@ def test_the_5000_update_report_renders_with_its_runs_seeds_and_rows(tmp_path):
     # N=6 did not train at the suite's rate: its last NLL more than 2 % above its best (the curve holds PPL)
     diverged = any(r["row"] == "stability-N6-x1" and r["valid_nll"] > 1.02 * math.log(min(c[1] for c in r["curve"]))
                    for r in stab)
-    planned = 2 + 9 + 2 * diverged + len(stab)  # references, rows, the depth group's references, stability runs
+    planned = 5 + 9 + 5 * diverged + len(stab)  # references, rows, the depth group's references, stability runs
     second = [r for r in made if r["of"] != r["row"]]  # the seed rule's second seeds (D-ls0.0-s2), counted apart
     assert f"table3 {len(made) - len(second)} of {planned} rows" + (f" (+{len(second)} second seed" if second else "") \
         in text
     where = "--report docs/reproduction-5000 --results results/reproduction-5000"
-    assert f"--render-only --seeds 2 --rows {rows} {where}`" in text
-    assert f"--steps 5000 --valid-every 250 --seeds 2 --rows {rows}`" in text
+    assert f"--render-only --rows {rows} {where}`" in text
+    assert f"--steps 5000 --valid-every 250 --rows {rows}`" in text
 
 
 def test_a_row_selection_counts_what_the_suite_would_run_of_it(tmp_path):

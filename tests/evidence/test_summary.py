@@ -311,7 +311,7 @@ def test_an_unfinished_confirmatory_suite_prints_no_tally_as_a_verdict():
         return refs + [_result("C-N1", 2.30, 6.11, updates=updates)]
 
     short = "\n".join(summary_section({"table3": suite(5000, 2)}))
-    assert "(confirmatory:" in short and "the suite is **unfinished**: its reference has 2 of the 5 seeds" in short
+    assert "(confirmatory:" in short and "the suite is **unfinished**: its references have 2 of the 5 seeds" in short
     assert "**1 agrees**" not in short and "1 agrees (C-N1)" in short
     assert readme_cell(suite(5000, 2)) == "unfinished: 2 of 5 reference seeds, no verdict"
     assert "unfinished, 2 of 5 reference seeds" in brief(suite(5000, 2))
