@@ -133,7 +133,7 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
     """Grid-search beam × α on the validation set; write `out` (default: CHECKPOINT.tuned.safetensors)
     with the chosen settings. With `precision` auto, the precisions to time at the chosen setting
     (`precisions`; None: those the device runs natively; (): none), the fastest within `tolerance`
-    BLEU of the grid's recorded for `auto` (tuned_precision.py). Returns (chosen, every point, the file)."""
+    BLEU of fp32's recorded for `auto` (tuned_precision.py). Returns (chosen, every point, the file)."""
 
     checkpoint = Path(checkpoint)
     refuse_folder(checkpoint)
