@@ -368,3 +368,19 @@ def test_every_family_bleu_comparison_carries_its_brevity_penalty_and_chrf_test(
     assert words.endswith(f"p {want:.3f})]")
     assert "chrF" not in comparison_words([{**fam[0], "bleu": {"valid": {"bleu": 40.0, "bp": 0.98}}}], base,
                                           ("valid BLEU",))
+
+
+def test_an_unfinished_suite_names_each_familys_reference_seeds_as_its_files_hold_them():
+    """The 5,000 suite's summary says how many reference seeds each family has, counted here from the
+    committed result files (group "ref", by family), not from the summary's own code."""
+    from aiayn.evidence.summary import brief
+
+    folder = Path(__file__).resolve().parents[2] / "results" / "reproduction-5000" / "table3"
+    rs = [json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))]
+    count = {f: sum(r["group"] == "ref" and r.get("family", "main") == f for r in rs) for f in ("main", "depth")}
+    same = count["main"] == count["depth"]
+    want = str(count["main"]) if same else f"{count['main']} (main) and {count['depth']} (depth)"
+    if min(count.values()) < 5:
+        assert f"unfinished, {want} of 5 reference seeds" in brief(rs)
+    else:
+        assert "unfinished" not in brief(rs)
