@@ -86,6 +86,9 @@ class ModelConfig:
     activation: str = "relu"  # §3.3 ReLU; swish | gelu: pretrained Marian models' (aiayn import hf)
     out_bias: bool = False  # §3.4 no bias before the softmax; Marian's final_logits_bias
     scale_embedding: bool = True  # §3.4 embeddings times sqrt(d_model); Marian's scale_embedding false
+    # Where a many-direction model reads its target-language tag: source (Johnson et al. 2017's `<2xx>`, the
+    # source's first token) | decoder (the encoder skips it; the decoder starts from it instead of BOS)
+    lang_tag: str = "source"
     attention: str = "auto"  # Eq. 1's kernel: auto (SDPA on a GPU and in fp32 CPU training) | sdpa | explicit
 
     @property
@@ -113,7 +116,8 @@ class ModelConfig:
         for name, allowed in (("arch", ("transformer", "rnn", "conv")), ("rnn_cell", ("lstm", "gru")),
                               ("rnn_variant", ("luong", "bahdanau")),
                               ("rnn_attention", ("additive", "dot", "general")),
-                              ("activation", ("relu", "swish", "gelu")), ("attention", ("auto", "sdpa", "explicit"))):
+                              ("activation", ("relu", "swish", "gelu")), ("attention", ("auto", "sdpa", "explicit")),
+                              ("lang_tag", ("source", "decoder"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.rnn_variant == "bahdanau" and self.rnn_attention != "additive":
@@ -124,7 +128,7 @@ class ModelConfig:
         if self.max_positions * self.d_model > 1 << 26:  # the positional table, at most 256 MB
             raise ConfigError(f"model.max_positions x model.d_model must be at most {1 << 26:,} (a 256 MB "
                               f"positional table), got {self.max_positions:,} x {self.d_model:,}")
-        for name in self.parser_inputs:
+        for name in self.parser_inputs + (["lang_tag"] if self.lang_tag != "source" else []):
             if self.arch != "transformer":
                 raise ConfigError(f"model.{name} is a Transformer option; model.arch is {self.arch!r}")
         if self.conv_kernel < 1 or self.conv_kernel % 2 == 0 or self.conv_channels < 0:

@@ -8,7 +8,7 @@ Token tensors are right-padded with ``pad_id``. Attention weights are returned a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from .attention import MultiHeadAttention
+from .cache import DecoderCache, LayerCache
 from .dropout import Dropout
 from .linear import Linear
 
@@ -102,94 +103,6 @@ class EncoderLayer(nn.Module):
         x = self.res_attn.out(x, a)
         x = self.res_ffn.out(x, self.ffn(self.res_ffn.inp(x)))
         return x, w
-
-
-class LayerCache:
-    """Incremental-decoding state of one decoder layer (§3.2.3): the encoder-decoder keys/values,
-    computed once from the encoder output, and the self-attention keys/values so far.
-
-    The self-attention keys/values live in preallocated time-major buffers (capacity, rows, h, d):
-    a step writes one slab, and reordering the beams copies the filled part once into a second
-    buffer (no concatenation, no new allocation per step). Attention reads them as
-    (rows, h, t, d) views without copying.
-    """
-
-    def __init__(self, cross_k: Tensor, cross_v: Tensor, capacity: int = 64):
-        self.cross_k, self.cross_v = cross_k, cross_v  # (B, h, S, d_k), (B, h, S, d_v)
-        self.capacity = capacity
-        self.n = 0  # positions filled
-        self._k: Tensor | None = None  # (capacity, rows, h, d_k)
-        self._v: Tensor | None = None
-        self._spare: tuple[Tensor, Tensor] | None = None  # the reorder target
-
-    @torch.no_grad()
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add one position, k (R, h, 1, d_k) and v (R, h, 1, d_v); every position so far as
-        (R, h, t, d) views. Decoding is inference: the buffers keep no autograd history."""
-        if self._k is None or self.n == self._k.size(0) or self._k.dtype != k.dtype:
-            cap = max(self.capacity, 2 * self.n)
-            self._k = self._grow(self._k, k, cap)
-            self._v = self._grow(self._v, v, cap)
-            self._spare = None
-        self._k[self.n] = k[:, :, 0]
-        self._v[self.n] = v[:, :, 0]
-        self.n += 1
-        return self._k[:self.n].permute(1, 2, 0, 3), self._v[:self.n].permute(1, 2, 0, 3)
-
-    def _grow(self, buf: Tensor | None, new: Tensor, cap: int) -> Tensor:
-        out = new.new_empty(cap, new.size(0), new.size(1), new.size(3))
-        if buf is not None and self.n:
-            out[:self.n] = buf[:self.n]
-        return out
-
-    @torch.no_grad()
-    def keep_rows(self, rows: Tensor) -> None:
-        """Keep self-attention rows `rows` (indices into the current rows)."""
-        if self._k is None or not self.n:
-            return
-        if self._spare is None or self._spare[0].size(1) != rows.numel():
-            shape_k, shape_v = list(self._k.shape), list(self._v.shape)
-            shape_k[1] = shape_v[1] = rows.numel()
-            self._spare = self._k.new_empty(shape_k), self._v.new_empty(shape_v)
-        sk, sv = self._spare
-        torch.index_select(self._k[:self.n], 1, rows, out=sk[:self.n])
-        torch.index_select(self._v[:self.n], 1, rows, out=sv[:self.n])
-        self._spare = (self._k, self._v) if self._k.size(1) == rows.numel() else None
-        self._k, self._v = sk, sv
-
-
-@dataclass
-class DecoderCache:
-    """State for one-token-at-a-time decoding: per-layer caches, the source mask, the step.
-
-    Each source serves ``group`` consecutive decoder rows (the beams of one sentence), so the
-    encoder side is stored once per source, not once per beam.
-    """
-
-    layers: list[LayerCache]
-    src_mask: Tensor  # (B, 1, 1, S)
-    group: int = 1
-    step: int = 0
-    inputs: list = field(default_factory=list)  # per-row states of a subclass's decoder inputs (input_states)
-
-    def reorder(self, rows: Tensor, sources: Tensor | None = None) -> None:
-        """Keep decoder rows `rows` (indices into the current rows), e.g. the surviving beams.
-
-        Rows that keep their source (beams reordered within a sentence) need nothing else; when
-        the set of sources changes, `sources` selects them (indices into the current sources),
-        and row r of the result must belong to source r // group.
-        """
-        n = self.src_mask.size(0) if sources is None else sources.numel()
-        if rows.numel() != n * self.group:
-            raise ValueError(f"{rows.numel()} decoder rows for {n} sources × group {self.group}")
-        for c in self.layers:
-            c.keep_rows(rows)
-            if sources is not None:
-                c.cross_k, c.cross_v = c.cross_k.index_select(0, sources), c.cross_v.index_select(0, sources)
-        if sources is not None:
-            self.src_mask = self.src_mask.index_select(0, sources)
-        for s in self.inputs:
-            s.reorder(rows)
 
 
 class DecoderLayer(nn.Module):
@@ -327,7 +240,21 @@ class Transformer(nn.Module):
 
     # -- encoder ---------------------------------------------------------------------------
     def source_mask(self, src: Tensor) -> Tensor:
-        return (src != self.cfg.pad_id)[:, None, None, :]  # (B, 1, 1, S)
+        """(B, 1, 1, S): True where the encoder reads; with model.lang_tag decoder, not the first
+        token (the target-language tag, which the decoder reads: `decoder_start`)."""
+        mask = (src != self.cfg.pad_id)[:, None, None, :]
+        if self.cfg.lang_tag == "decoder":
+            mask[..., 0] = False
+        return mask
+
+    def decoder_start(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """The decoder's inputs: BOS + target, or with model.lang_tag decoder the source's first token
+        (its `<2xx>` tag) in place of BOS, as fairseq's --decoder-langtok (Johnson et al. 2017 tag the source)."""
+        if self.cfg.lang_tag != "decoder":
+            return tgt_in
+        tgt_in = tgt_in.clone()
+        tgt_in[:, 0] = src[:, 0]
+        return tgt_in
 
     def encode(self, src: Tensor, need_weights: bool = False, src_tags: Tensor | None = None
                ) -> tuple[Tensor, Tensor, list[Tensor]]:
@@ -368,6 +295,7 @@ class Transformer(nn.Module):
         """Teacher-forced logits: src (B, S), tgt_in (B, T) -> (B, T, V); with `align_layer`, also that
         decoder layer's encoder-decoder attention (B, h, T, S) (guided alignment, train.guided_alignment)."""
         memory, mask, _ = self.encode(src, src_tags=src_tags)
+        tgt_in = self.decoder_start(src, tgt_in)
         extra = self.decoder_extra(src, memory, tgt_in)
         logits, _, w = self._decode(tgt_in, self.cross_kv(memory), mask, None, align_layer, extra)
         return logits if align_layer is None else (logits, w[align_layer])
@@ -375,6 +303,7 @@ class Transformer(nn.Module):
     def attention_maps(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, AttentionMaps]:
         """Logits and every attention map, through the explicit attention path."""
         memory, mask, w_enc = self.encode(src, need_weights=True)
+        tgt_in = self.decoder_start(src, tgt_in)
         logits, w_self, w_cross = self._decode(tgt_in, self.cross_kv(memory), mask, None, True,
                                                self.decoder_extra(src, memory, tgt_in))
         return logits, AttentionMaps(w_enc, w_self, w_cross)
@@ -385,10 +314,13 @@ class Transformer(nn.Module):
         rows b·group .. b·group + group - 1 translate source b (the beams of beam search)."""
         memory, mask, _ = self.encode(src)
         layers = [LayerCache(k, v) for k, v in self.cross_kv(memory)]
-        return DecoderCache(layers, mask, group, inputs=self.input_states(memory, src, group))
+        first = src[:, 0].repeat_interleave(group) if self.cfg.lang_tag == "decoder" else None  # decoder_start
+        return DecoderCache(layers, mask, group, inputs=self.input_states(memory, src, group), first=first)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """Feed the next token of each row, tokens (B,) -> next-token logits (B, V)."""
+        if cache.step == 0 and cache.first is not None:  # the start symbol: the tag (decoder_start), not BOS
+            tokens = cache.first
         cross = [(c.cross_k, c.cross_v) for c in cache.layers]
         extra = sum(s.step(tokens) for s in cache.inputs) if cache.inputs else None
         logits, _, _ = self._decode(tokens[:, None], cross, cache.src_mask, cache, False, extra)

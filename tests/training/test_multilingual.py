@@ -15,6 +15,7 @@ from aiayn.config import ConfigError
 from aiayn.data.directions import prepare_many
 from aiayn.decode.beams import Hypothesis
 from aiayn.decode.translator import Translator
+from aiayn.device import int8_kernel
 
 pytestmark = pytest.mark.slow
 MIX = ["--data.mix_temperature", "3", "--train.valid_every", "20", "--train.valid_bleu_sentences", "6"]
@@ -125,3 +126,35 @@ def test_tune_chooses_a_setting_for_each_target_language(straight_run, tmp_path,
         chosen = entry["chosen"]
         assert t.setting_for(None, None, lang) == (chosen["beam"], chosen["alpha"])
         assert t.setting_for(3, None, lang) == (3, chosen["alpha"])  # what a call names wins
+
+
+def test_a_model_that_reads_the_tag_in_its_decoder_trains_and_translates(prepared, toy_prepared, tmp_path, capsys):
+    """model.lang_tag decoder (fairseq's --decoder-langtok): recorded in the run, the checkpoint
+    translates each line into the language it asks for, batched as one by one with mixed targets,
+    and the tag is never aligned to; one direction's data is refused in one line."""
+    from aiayn.checkpoint import read_meta, read_metadata
+
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(prepared[1]), "--run-dir", str(run), *TINY, *MIX,
+                 "--model.lang_tag", "decoder"]) == 0
+    ckpt = run / "checkpoints" / "last.safetensors"
+    assert read_meta(read_metadata(ckpt), ckpt)[0].model.lang_tag == "decoder"
+    t = Translator.load(ckpt, precision="fp32", max_len_b=10)
+    src = (prepared[0] / "test.en").read_text().splitlines()[:8]
+    de, fr = t.translate(src, tgt_lang="de"), t.translate(src, tgt_lang="fr")
+    assert de != fr  # the encoder is blind to the tag: only the decoder's start tells them apart
+    mixed = [f"<2{lang}> {s}" for s, lang in zip(src, ["de", "fr"] * 4)]
+    assert t.translate(mixed) == [de[i] if i % 2 == 0 else fr[i] for i in range(8)]
+    assert t.translate(mixed) == [t.translate([m])[0] for m in mixed]
+    if int8_kernel():  # the int8 step too starts from the tag
+        q = Translator.load(ckpt, precision="int8", max_len_b=10)
+        assert q.translate(mixed) == [q.translate([m])[0] for m in mixed]
+        assert q.translate(src, tgt_lang="de") != q.translate(src, tgt_lang="fr")  # the encoder never sees it
+    ids = t.encode_sources(src, tgt_lang="fr")
+    for links, line in zip(t.align(ids, [[Hypothesis(r, 0.0)] for r in t.tokenizer.encode_target(fr)]), src):
+        assert all(0 <= i < len(line.split()) for i, _ in links)
+    capsys.readouterr()
+    assert main(["train", "--data", str(toy_prepared), "--run-dir", str(tmp_path / "one"), *TINY,
+                 "--model.lang_tag", "decoder"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "one direction's data" in err[0]

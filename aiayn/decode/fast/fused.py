@@ -60,6 +60,7 @@ class FusedState:
         self.cross, self.pad, self.group, self.n = cross, pad, group, 0  # pad (B, 1, 1, S): True at padding; sdpa: -inf
         self.not_word: Tensor | None = None  # (B, 1, S) True at EOS and padding, while alignments are taken
         self.attended: Tensor | None = None  # (R,): the source position each row attended to most, last step
+        self.first: Tensor | None = None  # (R,): each row's first input where it is not BOS (model.lang_tag decoder)
         # static (graphed.py): every tensor keeps its size and place, the live rows and sources their prefix;
         # the buffers start as zeros (a graph attends over all of them, masked) and reorders write in place.
         self.static, self.graph = static, None
@@ -89,6 +90,8 @@ class FusedState:
             self.pad = self.pad.index_select(0, sources)
             if self.not_word is not None:
                 self.not_word = self.not_word.index_select(0, sources)
+        if self.first is not None:
+            self.first = self.first.index_select(0, rows)
         idx = self.idx.new_empty(self.idx.size(0), rows.numel())
         torch.index_select(self.idx[:self.n], 1, rows, out=idx[:self.n])
         self.idx = idx
@@ -182,6 +185,8 @@ class FusedDecoder:
         # (SDPA's additive mask: a boolean one it converts again in every call)
         state = FusedState(cross, pad, group, src.size(0) * group, self.layers, self.dtype, capacity or self.capacity,
                            graphed)
+        if self.cfg.lang_tag == "decoder":  # Transformer.start_decoding's `first`
+            state.first = src[:, 0].repeat_interleave(group)
         if self.align_head is not None and not self.compiled:
             state.not_word = ((src == PAD) | (src == EOS))[:, None, :]
         if graphed:
@@ -203,6 +208,7 @@ class FusedDecoder:
     @torch.no_grad()
     def decode_step(self, tokens: Tensor, state: FusedState) -> Tensor:
         """Feed the next token of each row, tokens (R,) -> next-token logits (R, V)."""
+        tokens = self._start_symbol(tokens, state)
         if state.graph is not None:  # the logits are a view of the graph's output: read before the next step
             return self._advance(lambda *_: state.graph(tokens), tokens, state)
         return self._advance(self._step if state.n or not self.eager_first else self._tensor_step, tokens, state)
@@ -211,9 +217,15 @@ class FusedDecoder:
     def decode_hidden(self, tokens: Tensor, state: FusedState) -> Tensor:
         """`decode_step` without the output layer: the decoder's last states (R, d_model), for
         `project` (shortlist.py)."""
+        tokens = self._start_symbol(tokens, state)
         if state.graph is not None:
             raise ValueError("a graphed decoding state steps through decode_step only (no shortlist)")
         return self._advance(self._hidden if state.n or not self.eager_first else self._tensor_hidden, tokens, state)
+
+    @staticmethod
+    def _start_symbol(tokens: Tensor, state: FusedState) -> Tensor:
+        """The first step reads each row's `first` where the state has one (Transformer.decode_step)."""
+        return state.first if state.n == 0 and state.first is not None else tokens
 
     @staticmethod
     def _advance(step, tokens: Tensor, state: FusedState) -> Tensor:

@@ -228,6 +228,8 @@ def graphed_beam_search(dec, src: Tensor, beam: int = 4, alpha: float = 0.6, max
     if not st.static:
         raise ValueError("graphed_beam_search needs a fused decoder with graphs on (StepOptions.graphs)")
     b = _Beams.start(max_len, k, L)
+    if st.first is not None:  # model.lang_tag decoder: each sentence's tag is its first input, not BOS
+        b.tokens.copy_(st.first)
     state = (list(st.k), list(st.v), st.idx, [tuple(kv) for kv in st.cross], st.pad)
     del st  # its buffers go with the batch's first graph when the batch shrinks
     fin_score, fins = b.fin_score[:, :nbest].clone(), b.fins[:, :nbest].clone()  # every sentence's, once done
