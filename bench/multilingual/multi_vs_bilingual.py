@@ -1,6 +1,7 @@
 """One model for en->de, en->fr, en->cs against three bilingual models, at equal compute, on Multi30k.
 
-Each bilingual model is the `quick` preset (600 updates); the multilingual model is the same preset
+Each bilingual model is the `quick` preset (600 updates; `--preset multi30k`: that preset, d_model 256,
+3 layers, 8,000 pieces, 2,750 updates); the multilingual model is the same preset
 with the three budgets added up (1,800 updates; checkpoints saved and validations made as often
 relative to its length), on one folder prepared with `prepare --pairs` (the same vocabulary size,
 so the same FLOPs per token). Every model: its last 5 checkpoints averaged (§6.1), beam 4, α 0.6
@@ -10,9 +11,10 @@ mean of its seeds, with a 95 % paired bootstrap interval over the test sentences
 seeds' spread given beside it, as 2 seeds say little about it).
 
 Resumable: each (model, seed) is a row of the JSON, written as it finishes; a finished row is skipped.
-Work files (prepared data, runs) go to ~/aiayn-work/multilingual (--work).
+Work files (prepared data, runs) go to ~/aiayn-work/multilingual (--work; for multi30k,
+~/aiayn-work/multilingual-multi30k).
 
-    .venv/bin/python bench/multilingual/multi_vs_bilingual.py [--seeds 1 2] [--work DIR]
+    .venv/bin/python bench/multilingual/multi_vs_bilingual.py [--seeds 1 2] [--preset quick|multi30k] [--work DIR]
 """
 
 from __future__ import annotations
@@ -33,35 +35,36 @@ from benchdata import ROOT, cpu_meta  # noqa: E402
 
 TARGETS = ("de", "fr", "cs")
 TESTS = {"test_2016_flickr": TARGETS, "test_2017_flickr": ("de", "fr")}
-QUICK_STEPS = 600
+STEPS = {"quick": 600, "multi30k": 2750}  # each preset's updates (aiayn/presets.py)
+QUICK_STEPS = STEPS["quick"]
 
 
 def aiayn(*args: str, env: dict | None = None) -> None:
     subprocess.run([sys.executable, "-m", "aiayn", *args], check=True, env=env, stdout=subprocess.DEVNULL)
 
 
-def prepare(work: Path, env: dict) -> dict[str, Path]:
-    """The three bilingual folders and the multilingual one (the quick preset's vocabulary size each)."""
+def prepare(work: Path, env: dict, preset: str = "quick") -> dict[str, Path]:
+    """The three bilingual folders and the multilingual one (the preset's vocabulary size each)."""
     out = {}
     for t in TARGETS:
         out[t] = work / f"prep-en-{t}"
-        aiayn("prepare", "--corpus", "multi30k", "--src", "en", "--tgt", t, "-o", str(out[t]), "--preset", "quick",
+        aiayn("prepare", "--corpus", "multi30k", "--src", "en", "--tgt", t, "-o", str(out[t]), "--preset", preset,
               env=env)
     out["multi"] = work / "prep-multi"
     aiayn("prepare", "--corpus", "multi30k", "--pairs", ",".join(f"en-{t}" for t in TARGETS), "-o", str(out["multi"]),
-          "--preset", "quick", env=env)
+          "--preset", preset, env=env)
     return out
 
 
-def train(data: Path, run: Path, seed: int, steps: int, extra: tuple[str, ...] = ()) -> Path:
-    """The quick preset's run (`extra`: more config flags), its last 5 checkpoints averaged."""
+def train(data: Path, run: Path, seed: int, steps: int, extra: tuple[str, ...] = (), preset: str = "quick") -> Path:
+    """The preset's run (`extra`: more config flags), its last 5 checkpoints averaged."""
     if not (run / "averaged.safetensors").exists():
         common = ["--train.seed", str(seed), "--train.max_steps", str(steps), "--train.save_every", str(steps // 20),
                   "--train.valid_every", str(steps // 3), *extra]
         if (run / "config.yaml").exists():
             aiayn("train", "--resume", str(run))
         else:
-            aiayn("train", "--data", str(data), "--run-dir", str(run), "--preset", "quick", *common)
+            aiayn("train", "--data", str(data), "--run-dir", str(run), "--preset", preset, *common)
         aiayn("average", str(run), "-o", str(run / "averaged.safetensors"))
     return run / "averaged.safetensors"
 
@@ -95,19 +98,24 @@ def paired_interval(multi: list[list[str]], bi: list[list[str]], refs: list[str]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--work", type=Path, default=Path.home() / "aiayn-work" / "multilingual")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "multilingual" /
-                   f"{datetime.date.today()}_multi30k_multi_vs_bilingual.json")
+    p.add_argument("--preset", choices=sorted(STEPS), default="quick")
+    p.add_argument("--work", type=Path)
+    p.add_argument("--out", type=Path)
     args = p.parse_args()
+    tail = "" if args.preset == "quick" else f"-{args.preset}"
+    args.work = args.work or Path.home() / "aiayn-work" / f"multilingual{tail}"
+    name = f"{datetime.date.today()}_multi30k_multi_vs_bilingual{tail}.json"
+    args.out = args.out or ROOT / "bench" / "multilingual" / name
+    steps = STEPS[args.preset]
     env = dict(os.environ)
     shared = ROOT.parent / "shared" / "data" / "multi30k"
     env.setdefault("AIAYN_MULTI30K", str(shared))
     args.work.mkdir(parents=True, exist_ok=True)
     result = json.loads(args.out.read_text()) if args.out.exists() else {
-        "what": __doc__.split("\n")[0], "cpu": cpu_meta(), "preset": "quick", "bilingual_updates": QUICK_STEPS,
-        "multilingual_updates": QUICK_STEPS * len(TARGETS), "decode": "beam 4, alpha 0.6, last 5 averaged",
+        "what": __doc__.split("\n")[0], "cpu": cpu_meta(), "preset": args.preset, "bilingual_updates": steps,
+        "multilingual_updates": steps * len(TARGETS), "decode": "beam 4, alpha 0.6, last 5 averaged",
         "rows": {}}
-    data = prepare(args.work, env)
+    data = prepare(args.work, env, args.preset)
     refs = {(s, t): (data[t] / f"{s}.{t}.txt").read_text().splitlines() for s, ts in TESTS.items() for t in ts}
     hyps: dict = {}
     for seed in args.seeds:
@@ -115,7 +123,7 @@ def main() -> None:
             key = f"{model}-seed{seed}"
             multi = model == "multi"
             run = args.work / f"run-{key}"
-            ckpt = train(data[model], run, seed, QUICK_STEPS * (len(TARGETS) if multi else 1))
+            ckpt = train(data[model], run, seed, steps * (len(TARGETS) if multi else 1), preset=args.preset)
             row = {}
             for (split, t), ref in refs.items():
                 if multi or t == model:
