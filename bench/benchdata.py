@@ -77,3 +77,25 @@ def meaningful(systems: list[str]) -> list[str]:
 
     return [s for s in systems if ("bf16" not in s or native_bf16()) and ("int8" not in s or int8_kernel()
                                                                           or s.startswith("ct2"))]
+
+
+def paired_interval(multi: list[list[str]], bi: list[list[str]], refs: list[str], n: int = 1000, seed: int = 0
+                    ) -> tuple[float, float]:
+    """95 % bootstrap interval of mean-over-seeds BLEU(multi) - mean-over-seeds BLEU(bi) (two systems,
+    each one hypothesis list per seed), the same resampled sentences for all (sacreBLEU's sufficient
+    statistics, summed per sample)."""
+    import numpy as np
+    import sacrebleu
+
+    bleu = sacrebleu.BLEU()
+    stats = {k: np.array([bleu._extract_corpus_statistics([h], [[r]])[0] for h, r in zip(hyps, refs)])
+             for k, hyps in [(f"m{i}", h) for i, h in enumerate(multi)] + [(f"b{i}", h) for i, h in enumerate(bi)]}
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for _ in range(n):
+        idx = rng.integers(0, len(refs), len(refs))
+        score = {k: bleu._compute_score_from_stats(list(s[idx].sum(0))).score for k, s in stats.items()}
+        diffs.append(np.mean([score[f"m{i}"] for i in range(len(multi))])
+                     - np.mean([score[f"b{i}"] for i in range(len(bi))]))
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return float(lo), float(hi)

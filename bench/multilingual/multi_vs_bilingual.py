@@ -31,7 +31,7 @@ import numpy as np
 import sacrebleu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchdata import ROOT, cpu_meta  # noqa: E402
+from benchdata import ROOT, cpu_meta, paired_interval  # noqa: E402
 
 TARGETS = ("de", "fr", "cs")
 TESTS = {"test_2016_flickr": TARGETS, "test_2017_flickr": ("de", "fr")}
@@ -75,24 +75,6 @@ def hypotheses(ckpt: Path, data: Path, split: str, tgt: str, multi: bool, out: P
         aiayn("translate", "--checkpoint", str(ckpt), "-i", str(src), "-o", str(out),
               *(["--tgt-lang", tgt] if multi else []))
     return out.read_text().splitlines()
-
-
-def paired_interval(multi: list[list[str]], bi: list[list[str]], refs: list[str], n: int = 1000, seed: int = 0
-                    ) -> tuple[float, float]:
-    """95 % bootstrap interval of mean-over-seeds BLEU(multi) - mean-over-seeds BLEU(bi), the same
-    resampled sentences for all systems (sacreBLEU's sufficient statistics, summed per sample)."""
-    bleu = sacrebleu.BLEU()
-    stats = {k: np.array([bleu._extract_corpus_statistics([h], [[r]])[0] for h, r in zip(hyps, refs)])
-             for k, hyps in [(f"m{i}", h) for i, h in enumerate(multi)] + [(f"b{i}", h) for i, h in enumerate(bi)]}
-    rng = np.random.default_rng(seed)
-    diffs = []
-    for _ in range(n):
-        idx = rng.integers(0, len(refs), len(refs))
-        score = {k: bleu._compute_score_from_stats(list(s[idx].sum(0))).score for k, s in stats.items()}
-        diffs.append(np.mean([score[f"m{i}"] for i in range(len(multi))])
-                     - np.mean([score[f"b{i}"] for i in range(len(bi))]))
-    lo, hi = np.percentile(diffs, [2.5, 97.5])
-    return float(lo), float(hi)
 
 
 def main() -> None:
