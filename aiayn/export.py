@@ -115,7 +115,7 @@ def marian_config(model: Transformer, beam: int, max_length: int, tokenizer: Tok
         raise ExportError("MarianMTModel is post-norm only; a pre_norm model cannot be exported")
     if cfg.parser_inputs:
         raise _parser_refused(cfg)
-    if cfg.lang_tag != "source":
+    if cfg.lang_tag == "decoder":
         raise ExportError("MarianMTModel reads a target-language tag in the source only; this model reads it in the "
                           "decoder (model.lang_tag decoder): translate it with `aiayn translate`")
     if cfg.head_dim_k * cfg.h != cfg.d_model or cfg.head_dim_v * cfg.h != cfg.d_model:

@@ -9,7 +9,7 @@ import yaml
 
 from ..checkpoint import CheckpointError, DamagedState, list_checkpoints, load_into, read_meta, read_weights
 from ..config import Config
-from ..data.prepare import check_vocabulary, vocabulary_size
+from ..data.prepare import check_vocabulary, load_manifest, vocabulary_size
 from ..device import TRAIN_PRECISIONS, cpu_label, inductor_cache, resolve_precision
 from ..files import hold_data, lock_run, read_json
 from ..overrides import apply_overrides, load_yaml
@@ -74,6 +74,22 @@ def _log_setup(trainer: Trainer, cfg: Config, env: Dist, why: str) -> None:
         log.warning("training in %s: %s", cfg.train.precision, why)
 
 
+def _lang_tag(cfg: Config, data_dir: Path) -> None:
+    """model.lang_tag auto, for a new run: the decoder reads the target-language tag when the data
+    holds several directions (measured better on validation: bench/multilingual/tag_side.py), the
+    source otherwise, and for a fine-tuned model (its weights learned it in the source)."""
+    m = cfg.model
+    if m.lang_tag != "auto":
+        return
+    directions = load_manifest(data_dir)["settings"].get("directions")
+    many = isinstance(directions, list) and len(directions) > 0
+    m.lang_tag = "decoder" if many and m.arch == "transformer" and not m.parser_inputs and not cfg.train.init_from \
+        else "source"
+    if many:
+        log.info("model.lang_tag auto -> %s: %s", m.lang_tag, "the decoder starts from each pair's target-language "
+                 "tag" if m.lang_tag == "decoder" else "the tag stays the source's first token")
+
+
 def _parent(cfg: Config, data_dir: Path) -> dict:
     """Fine-tuning (train.init_from): the checkpoint's weights; its model config becomes the run's,
     and the data must be in its vocabulary (`prepare --tokenizer-from` it)."""
@@ -94,8 +110,11 @@ def _resumed(run: Run, data_dir: Path | None, overrides: dict | None) -> tuple[C
         raise CheckpointError(f"{run.path}: not an aiayn run directory (no config.yaml and run.json)")
 
     cfg = load_yaml(run.path / "config.yaml")
-    if "tokens_per_update" not in (yaml.safe_load((run.path / "config.yaml").read_text()).get("train") or {}):
+    written = yaml.safe_load((run.path / "config.yaml").read_text())
+    if "tokens_per_update" not in (written.get("train") or {}):
         cfg.train.tokens_per_update = 0  # written before the setting existed: update_freq sized the update
+    if "lang_tag" not in (written.get("model") or {}):
+        cfg.model.lang_tag = "source"  # written before the setting existed: the tag was read in the source
     cfg = apply_overrides(cfg, overrides or {}).validate()
     try:
         meta = read_json(run.path / "run.json")  # bounded, a JSON object: else a FileError (a ValueError)
@@ -126,6 +145,8 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
         raise ValueError("a config and a prepared data directory (--data) are required")
     parent = _parent(cfg, Path(data_dir)) if cfg.train.init_from and resume_from is None else None
     cfg.model.vocab_size = vocabulary_size(Path(data_dir))  # the model's vocabulary is its data's (§5.1)
+    if not resume:
+        _lang_tag(cfg, Path(data_dir))
     env = setup(device, cfg.train.threads, cfg.train.dist_timeout_minutes)
     why = _precision(cfg, env, run.path / "config.yaml" if resume else None)
     if cfg.train.compile:

@@ -125,7 +125,7 @@ class Trainer:
         directions = settings.get("directions")  # many directions (data/directions.py): BLEU for each
         if isinstance(directions, list) and directions:
             self.task["directions"] = [str(d) for d in directions]
-        elif self.cfg.model.lang_tag != "source":
+        elif self.cfg.model.lang_tag == "decoder":
             raise ConfigError("model.lang_tag decoder reads the target-language tag each source starts with: "
                               f"{self.data_dir} is one direction's data (prepare several with --pairs)")
         self.v_sets: dict[str, tuple[list[str], list[str]]] = {}

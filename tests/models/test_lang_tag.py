@@ -84,7 +84,7 @@ def test_the_graphed_search_starts_from_the_tag():
 def test_only_the_transformer_reads_the_tag_in_the_decoder_and_export_refuses_it():
     with pytest.raises(ConfigError, match="lang_tag is a Transformer option"):
         ModelConfig(arch="rnn", lang_tag="decoder")
-    with pytest.raises(ConfigError, match="lang_tag must be one of source, decoder"):
+    with pytest.raises(ConfigError, match="lang_tag must be one of auto, source, decoder"):
         ModelConfig(lang_tag="target")
     pytest.importorskip("transformers")
     from aiayn.export import ExportError, marian_config
