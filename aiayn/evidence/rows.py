@@ -27,7 +27,7 @@ from ..models.build import shapes_only
 from ..overrides import apply_overrides, load_yaml, preset
 from ..parsing.model import build_any
 from ..training.run_folder import Run, read_metrics
-from ..training.session import train
+from ..training.session import resolve_lang_tag, train
 from ..training.step import validate
 from .machine import code_commit, machine
 from .plan import Row
@@ -45,11 +45,12 @@ def row_config(row: Row, common: dict[str, Any]) -> Config:
 
 
 def trained_config(row: Row, common: dict[str, Any], data_dir: Path) -> Config:
-    """The row's config as training resolves it: the vocabulary size is the prepared data's (a result
-    states the same config whether its run was resumed or not)."""
+    """The row's config as training resolves it for a new run: the vocabulary size is the prepared
+    data's, model.lang_tag auto its choice (a result states the same config whether resumed or not)."""
 
     cfg = row_config(row, common)
     cfg.model.vocab_size = vocabulary_size(Path(data_dir))
+    resolve_lang_tag(cfg, Path(data_dir))
     return cfg
 
 

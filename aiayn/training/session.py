@@ -74,7 +74,7 @@ def _log_setup(trainer: Trainer, cfg: Config, env: Dist, why: str) -> None:
         log.warning("training in %s: %s", cfg.train.precision, why)
 
 
-def _lang_tag(cfg: Config, data_dir: Path) -> None:
+def resolve_lang_tag(cfg: Config, data_dir: Path) -> None:
     """model.lang_tag auto, for a new run: the decoder reads the target-language tag when the data
     holds several directions (measured better on validation: bench/multilingual/tag_side.py), the
     source otherwise, and for a fine-tuned model (its weights learned it in the source)."""
@@ -146,7 +146,7 @@ def train(cfg: Config | None, data_dir: str | Path | None, run_dir: str | Path, 
     parent = _parent(cfg, Path(data_dir)) if cfg.train.init_from and resume_from is None else None
     cfg.model.vocab_size = vocabulary_size(Path(data_dir))  # the model's vocabulary is its data's (§5.1)
     if not resume:
-        _lang_tag(cfg, Path(data_dir))
+        resolve_lang_tag(cfg, Path(data_dir))
     env = setup(device, cfg.train.threads, cfg.train.dist_timeout_minutes)
     why = _precision(cfg, env, run.path / "config.yaml" if resume else None)
     if cfg.train.compile:

@@ -496,13 +496,15 @@ def test_a_short_request_is_let_in_during_one_long_sentence_and_both_translate_a
     t = Translator.load(ckpt, device="cpu", precision="fp32")
     long = " ".join(("the dog runs near the big red house " * 20).split()[:90])
     ids = t.encode_sources([long, "the dog"])
+    start = time.perf_counter()
     alone = [t.translate_ids([x], beam=b, alpha=0.6)[0][0] for x, b in zip(ids, (32, 4))]
-    b = Batcher(t, chunk_s=0.5)
+    chunk = (time.perf_counter() - start) / 5  # the long sentence is five chunks on any CPU
+    b = Batcher(t, chunk_s=chunk)
     for _ in range(4):  # the worker measures its rate on short ones first (what fits in a chunk)
         b.submit([ids[1]], 4, 0.6).result(30)
     start = time.perf_counter()
     heavy = b.submit([ids[0]], 32, 0.6)
-    time.sleep(0.3)
+    time.sleep(0.6 * chunk)
     asked = time.perf_counter()
     short = b.submit([ids[1]], 4, 0.6, alignments=True).result(30)
     waited, heavy_running = time.perf_counter() - asked, not heavy.done()
