@@ -875,6 +875,7 @@ def test_a_row_whose_training_another_suite_finished_reuses_it(tmp_path, monkeyp
     common = {"train.max_steps": 5}
     config = json.loads(json.dumps(rows_mod.row_config(Row("ref-s2", "ref", seed=2), common).to_dict()))
     config["model"]["vocab_size"] = 8000  # a run trained from the start stores the data's vocabulary, not the preset's
+    config["model"]["lang_tag"] = "source"  # and model.lang_tag auto as resolved: one direction's data reads the source
     twin = {"row": "ref-s2", "suite": "table3", "group": "ref", "common": common, "device": "cpu", "config": config,
             "data": {"dir": "data", "src": "en", "tgt": "de", "train_pairs": 7}, "valid_nll": 1.6678,
             "bleu": {"valid": {"sentences": 2}},
