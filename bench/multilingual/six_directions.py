@@ -6,7 +6,10 @@ the multilingual model gets the six budgets added up (3,600 updates). Zero-shot:
 never trained, translated by the six-direction model from test2016's German and French (the same
 1,000 captions in every language) and scored against the other side; reported without a target.
 
-    .venv/bin/python bench/multilingual/six_directions.py [--seeds 1 2] [--work DIR]
+The six-direction model's `model.lang_tag` is `--lang-tag` (default auto, which takes the decoder's
+tag on several directions; `source` reproduces results measured before that default).
+
+    .venv/bin/python bench/multilingual/six_directions.py [--seeds 1 2] [--work DIR] [--lang-tag source]
 """
 
 from __future__ import annotations
@@ -53,21 +56,29 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path.home() / "aiayn-work" / "multilingual")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "multilingual" /
                    f"{datetime.date.today()}_multi30k_six_directions.json")
+    p.add_argument("--lang-tag", choices=("auto", "source", "decoder"), default="auto",
+                   help="the six-direction model's model.lang_tag (a result file holds one)")
     args = p.parse_args()
     env = {**os.environ, "AIAYN_MULTI30K": os.environ.get("AIAYN_MULTI30K", str(ROOT.parent / "shared" / "data" /
                                                                                  "multi30k"))}
     result = json.loads(args.out.read_text()) if args.out.exists() else {
         "what": __doc__.split("\n")[0], "cpu": cpu_meta(), "preset": "quick", "bilingual_updates": QUICK_STEPS,
         "multilingual_updates": QUICK_STEPS * len(DIRECTIONS), "decode": "beam 4, alpha 0.6, last 5 averaged",
-        "rows": {}}
+        "rows": {}, "lang_tag": args.lang_tag}
+    if result.get("lang_tag", "source") != args.lang_tag:  # files from before the option were source-tagged
+        sys.exit(f"{args.out} holds model.lang_tag {result.get('lang_tag', 'source')}'s rows; give that "
+                 "--lang-tag or another --out")
     data = prepare(args.work, env)
     got: dict = {}
     for seed in args.seeds:
         for d in [f"{s}-{t}" for s, t in DIRECTIONS] + ["multi6"]:
             key = f"{d}-seed{seed}"
             # the en->xx bilingual runs are multi_vs_bilingual.py's (run-de-seed1 ...)
-            run = args.work / (f"run-{d[3:]}-seed{seed}" if d.startswith("en-") else f"run-{key}")
-            ckpt = train(data[d], run, seed, QUICK_STEPS * (len(DIRECTIONS) if d == "multi6" else 1))
+            tag = d == "multi6" and args.lang_tag != "auto"
+            run = args.work / (f"run-{d[3:]}-seed{seed}" if d.startswith("en-") else
+                               f"run-{d}-{args.lang_tag}-seed{seed}" if tag else f"run-{key}")
+            ckpt = train(data[d], run, seed, QUICK_STEPS * (len(DIRECTIONS) if d == "multi6" else 1),
+                         ("--model.lang_tag", args.lang_tag) if d == "multi6" else ())
             row = {}
             for s, t in DIRECTIONS if d == "multi6" else [tuple(d.split("-"))]:
                 name = f"{s}-{t}"
