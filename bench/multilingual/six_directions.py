@@ -50,6 +50,42 @@ def hyps(ckpt: Path, src: Path, out: Path, tgt: str | None) -> list[str]:
     return out.read_text().splitlines()
 
 
+def score(data: dict[str, Path], ckpt: Path, run: Path, d: str, got: dict, seed: int) -> dict[str, float]:
+    """test2016 BLEU of one run on its directions (all six for the multilingual one, with zero-shot)."""
+    row = {}
+    for s, t in DIRECTIONS if d == "multi6" else [tuple(d.split("-"))]:
+        name = f"{s}-{t}"
+        src = data["multi6"] / f"{TEST}.{name}.{s}.txt"
+        h = hyps(ckpt, src, run / f"six.{TEST}.{name}.hyp", t if d == "multi6" else None)
+        ref = (data["multi6"] / f"{TEST}.{name}.{t}.txt").read_text().splitlines()
+        got[d == "multi6", seed, name] = h
+        row[name] = round(sacrebleu.corpus_bleu(h, [ref]).score, 2)
+    if d == "multi6":  # zero-shot: German <-> French, never trained
+        de = data["multi6"] / f"{TEST}.de-en.de.txt"
+        fr = data["multi6"] / f"{TEST}.fr-en.fr.txt"
+        for (s, src), (t, ref) in (("de", de), ("fr", fr)), (("fr", fr), ("de", de)):
+            h = hyps(ckpt, src, run / f"zero.{s}-{t}.hyp", t)
+            row[f"zero-shot {s}-{t}"] = round(sacrebleu.corpus_bleu(h, [ref.read_text().splitlines()]).score, 2)
+    return row
+
+
+def summarise(data: dict[str, Path], result: dict, got: dict, seeds: list[int]) -> dict:
+    """Multilingual minus bilingual per direction over the seeds, with the paired bootstrap's interval."""
+    table = {}
+    for s, t in DIRECTIONS:
+        name = f"{s}-{t}"
+        m = [got[True, x, name] for x in seeds]
+        b = [got[False, x, name] for x in seeds]
+        ref = (data["multi6"] / f"{TEST}.{name}.{t}.txt").read_text().splitlines()
+        ms = [result["rows"][f"multi6-seed{x}"][name] for x in seeds]
+        bs = [result["rows"][f"{name}-seed{x}"][name] for x in seeds]
+        lo, hi = paired_interval(m, b, ref)
+        table[f"{TEST}.{name}"] = {"multilingual": ms, "bilingual": bs, "difference": round(float(np.mean(ms) -
+                                   np.mean(bs)), 2), "interval_95": [round(lo, 2), round(hi, 2)],
+                                   "within_1_bleu": bool(np.mean(ms) - np.mean(bs) >= -1.0)}
+    return table
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
@@ -79,35 +115,11 @@ def main() -> None:
                                f"run-{d}-{args.lang_tag}-seed{seed}" if tag else f"run-{key}")
             ckpt = train(data[d], run, seed, QUICK_STEPS * (len(DIRECTIONS) if d == "multi6" else 1),
                          ("--model.lang_tag", args.lang_tag) if d == "multi6" else ())
-            row = {}
-            for s, t in DIRECTIONS if d == "multi6" else [tuple(d.split("-"))]:
-                name = f"{s}-{t}"
-                src = data["multi6"] / f"{TEST}.{name}.{s}.txt"
-                h = hyps(ckpt, src, run / f"six.{TEST}.{name}.hyp", t if d == "multi6" else None)
-                ref = (data["multi6"] / f"{TEST}.{name}.{t}.txt").read_text().splitlines()
-                got[d == "multi6", seed, name] = h
-                row[name] = round(sacrebleu.corpus_bleu(h, [ref]).score, 2)
-            if d == "multi6":  # zero-shot: German <-> French, never trained
-                de = data["multi6"] / f"{TEST}.de-en.de.txt"
-                fr = data["multi6"] / f"{TEST}.fr-en.fr.txt"
-                for (s, src), (t, ref) in (("de", de), ("fr", fr)), (("fr", fr), ("de", de)):
-                    h = hyps(ckpt, src, run / f"zero.{s}-{t}.hyp", t)
-                    row[f"zero-shot {s}-{t}"] = round(sacrebleu.corpus_bleu(h, [ref.read_text().splitlines()]).score, 2)
+            row = score(data, ckpt, run, d, got, seed)
             result["rows"][key] = row
             args.out.write_text(json.dumps(result, indent=1) + "\n")
             print(key, row, flush=True)
-    table = {}
-    for s, t in DIRECTIONS:
-        name = f"{s}-{t}"
-        m = [got[True, x, name] for x in args.seeds]
-        b = [got[False, x, name] for x in args.seeds]
-        ref = (data["multi6"] / f"{TEST}.{name}.{t}.txt").read_text().splitlines()
-        ms = [result["rows"][f"multi6-seed{x}"][name] for x in args.seeds]
-        bs = [result["rows"][f"{name}-seed{x}"][name] for x in args.seeds]
-        lo, hi = paired_interval(m, b, ref)
-        table[f"{TEST}.{name}"] = {"multilingual": ms, "bilingual": bs, "difference": round(float(np.mean(ms) -
-                                   np.mean(bs)), 2), "interval_95": [round(lo, 2), round(hi, 2)],
-                                   "within_1_bleu": bool(np.mean(ms) - np.mean(bs) >= -1.0)}
+    table = summarise(data, result, got, args.seeds)
     result["table"] = table
     result["zero_shot"] = {k: [result["rows"][f"multi6-seed{x}"][k] for x in args.seeds]
                            for k in ("zero-shot de-fr", "zero-shot fr-de")}
