@@ -8,7 +8,7 @@ from .families import comparison_words, tuned_complete, tuned_words
 from .plan import DESIGNS, FULL_REFERENCE_SEEDS, NLL_MARGIN
 from .power import POWER, judged_count
 from .stats import seeds_to_settle
-from .verdicts import RowVerdict, analyse_all, families, with_repeats
+from .verdicts import RowVerdict, analyse_all, families, second_seed_state, with_repeats
 
 
 def _judged(rs: list[dict]) -> list[tuple[RowVerdict, list[float]]]:
@@ -43,6 +43,20 @@ def _seed_counts(judged_rows: list[tuple[RowVerdict, list[float]]]) -> str:
     if len(set(by.values())) == 1:
         return str(next(iter(by.values())))
     return " and ".join(f"{n} ({family})" for family, n in by.items())
+
+
+def _unfinished(rs: list[dict], judged_rows: list[tuple[RowVerdict, list[float]]]) -> tuple[str, str] | None:
+    """Why a confirmatory suite's tally is not yet a verdict, long and short (None when it is one, or the suite
+    is exploratory): its references short of FULL_REFERENCE_SEEDS seeds, or second seeds its rule picks unrun."""
+    if DESIGNS.get(judged_rows[0][0].r["updates"], ("exploratory",))[0] != "confirmatory":
+        return None
+    if min(len(ref) for _, ref in judged_rows) < FULL_REFERENCE_SEEDS:
+        counts = _seed_counts(judged_rows)
+        return (f"its references have {counts} of the {FULL_REFERENCE_SEEDS} seeds its tests need",
+                f"{counts} of {FULL_REFERENCE_SEEDS} reference seeds")
+    once = ", ".join(row for row, _ in second_seed_state(families(rs))[1])
+    return (f"the second seeds its seed rule picks ({once}) have not run", f"second seeds of {once} to run"
+            ) if once else None
 
 
 def _are(n: int) -> str:
@@ -81,13 +95,12 @@ def table3_words(rs: list[dict]) -> str:
     bleu = [v.v_bleu for v, _ in judged_rows if v.v_bleu]
     n_open, b_open = len(open_), sum(b.reproduced is None for b in bleu)
     b_rows = {k: [v.r["row"] for v, _ in judged_rows if v.v_bleu and v.v_bleu.reproduced is k] for k in (True, False)}
-    updates, seeds = vs[0].r["updates"], min(len(ref) for _, ref in judged_rows)
+    updates = vs[0].r["updates"]
     design, why = DESIGNS.get(updates, ("exploratory", "its claims were not fixed before its data"))
-    unfinished = design == "confirmatory" and seeds < FULL_REFERENCE_SEEDS
+    unfinished = _unfinished(rs, judged_rows)
     bold = "" if unfinished else "**"
     text = (f"At {updates:,} updates on Multi30k ({design}: {why}), " + (
-                f"the suite is **unfinished**: its references have {_seed_counts(judged_rows)} of the "
-                f"{FULL_REFERENCE_SEEDS} seeds its tests need, so what follows is where each claim stands, "
+                f"the suite is **unfinished**: {unfinished[0]}, so what follows is where each claim stands, "
                 "not a verdict. Of" if unfinished else "of")
             + f" the paper's {len(vs)} Table 3 claims on validation "
             f"NLL (the primary statistic; claims and their sources below), {bold}{_n(len(agree), 'agree')}{bold} "
@@ -148,7 +161,7 @@ def brief(rs: list[dict]) -> str:
         return ""
     updates, seeds = vs[0].r["updates"], min(len(ref) for _, ref in judged_rows)
     design = DESIGNS.get(updates, ("exploratory", ""))[0]
-    unfinished = design == "confirmatory" and seeds < FULL_REFERENCE_SEEDS
+    unfinished = _unfinished(rs, judged_rows)
 
     def rows(k: bool | None) -> str:
         return "; ".join(f"{v.r['row']} {v.nll.delta:+.4f} ± {v.nll.pi95:.4f}" for v in vs if v.v_nll.reproduced is k)
@@ -156,9 +169,8 @@ def brief(rs: list[dict]) -> str:
     groups = [(True, "agree"), (False, "contradict"), (None, "inconclusive")]
     counts = [(sum(v.v_nll.reproduced is k for v in vs), word, rows(k)) for k, word in groups]
     bleu = [v.v_bleu.reproduced for v, _ in judged_rows if v.v_bleu]
-    state = (f"unfinished, {_seed_counts(judged_rows)} of {FULL_REFERENCE_SEEDS} reference seeds: where the claims "
-             "stand, not a verdict"
-             if unfinished else f"{seeds} reference seeds")
+    state = (f"unfinished, {unfinished[1]}: where the claims stand, not a verdict" if unfinished
+             else f"{seeds} reference seeds")
     return (f"Table 3 at {updates:,} updates ({design}; {state}): of {len(vs)} claims on valid NLL (ΔNLL ± 95 % "
             "interval), " + ", ".join(f"{n} {word}" + (f" ({named})" if named else "") for n, word, named in counts)
             + f". Of {len(bleu)} BLEU claims {_n(bleu.count(True), 'agree')}, {_n(bleu.count(False), 'contradict')}.")
@@ -170,9 +182,9 @@ def readme_cell(rs: list[dict]) -> str:
     vs = [v for v, _ in judged_rows if v.v_nll]
     if not vs:
         return ""
-    seeds = min(len(ref) for _, ref in judged_rows)
-    if DESIGNS.get(vs[0].r["updates"], ("exploratory",))[0] == "confirmatory" and seeds < FULL_REFERENCE_SEEDS:
-        return f"unfinished: {seeds} of {FULL_REFERENCE_SEEDS} reference seeds, no verdict"
+    unfinished = _unfinished(rs, judged_rows)
+    if unfinished:
+        return f"unfinished: {unfinished[1]}, no verdict"
     n = [sum(v.v_nll.reproduced is k for v in vs) for k in (True, False, None)]
     return f"{len(vs)} claims on valid NLL: {n[0]} agree, {n[1]} contradict, {n[2]} open"
 

@@ -262,10 +262,9 @@ def _protocol_words(r0: dict) -> str:
             f"tables together. Every verdict holds {at}, not at the paper's scale. BP is the brevity penalty.")
 
 
-def seed_rule_words(fam: dict[str, tuple[list[dict], list[dict]]]) -> str:
-    """Which rows the seed rule picked (run once, NLL change 1-2.5 half-widths of the reference's
-    interval) and whether each got its second seed: what `--extra-seeds`' cap left out, said ("" before
-    any row has run)."""
+def second_seed_state(fam: dict[str, tuple[list[dict], list[dict]]]) -> tuple[list[str], list[str]]:
+    """Table 3's seed rule on the results (run once, NLL change 1-2.5 half-widths of its family's reference
+    interval): the rows that have their second seed, and those it picks still run once with their half-widths."""
     seeded, once = [], []
     for f in ("main", "depth"):
         refs, rows = fam[f]
@@ -276,11 +275,19 @@ def seed_rule_words(fam: dict[str, tuple[list[dict], list[dict]]]) -> str:
             elif r.get("seed", 1) == 1 and not diverged(r) and second_seed_distance(r["valid_nll"], ref_nll
                                                                                     ) is not None:  # the rule
                 t = seed_test(r["valid_nll"], ref_nll)
-                once.append(f"{r['row']} ({abs(t.delta) / t.pi95:.2f} half-widths)")
+                once.append((r["row"], abs(t.delta) / t.pi95))
+    return seeded, once
+
+
+def seed_rule_words(fam: dict[str, tuple[list[dict], list[dict]]]) -> str:
+    """Which rows the seed rule picked and whether each got its second seed: what `--extra-seeds`' cap
+    left out, said ("" before any row has run)."""
+    seeded, once = second_seed_state(fam)
     if not (seeded or once or fam["main"][1] or fam["depth"][1]):
         return ""
     return (f"Second seeds (the rule above, nearest the line first, at most `--extra-seeds`): {len(seeded)} rows have "
-            f"one ({', '.join(seeded) or 'none'}); " + (f"picked by the rule but still run once: {', '.join(once)}."
+            f"one ({', '.join(seeded) or 'none'}); " + ("picked by the rule but still run once: "
+                                                        + ", ".join(f"{r} ({h:.2f} half-widths)" for r, h in once) + "."
                                                         if once else "every row the rule picks has its second seed."))
 
 
