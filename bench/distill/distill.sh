@@ -6,7 +6,8 @@
 #   beam 4, alpha 0.6, fp32 and at the beam, alpha and precision aiayn tune chose on validation; decoding speed of
 #   the student against CTranslate2 on the same student, and of the teacher (bench/decode/decode_speed.py);
 #   results gathered by bench/distill/summarize.py.
-# Usage: bash bench/distill/distill.sh [WORK] (default ~/aiayn-work/kdrun); rerunning resumes.
+# Usage: [SEEDS="1 2"] bash bench/distill/distill.sh [WORK] (default ~/aiayn-work/kdrun); rerunning resumes.
+# Each seed trains both students (seed 1 in student/ and student-orig/, seed N in student-sN/, student-orig-sN/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 W=${1:-$HOME/aiayn-work/kdrun}
@@ -17,15 +18,22 @@ if [ -z "${AIAYN_MULTI30K:-}" ] && [ -d ../shared/data/multi30k ]; then
 fi
 mkdir -p "$W"
 $PY distill --teacher "$T" --corpus multi30k --src en --tgt de -o "$W/data" --precision int8 --beam 4 --alpha 0.6
-if [ -f "$W/student/config.yaml" ]; then $PY train --resume "$W/student"; else
-  $PY train --data "$W/data" --run "$W/student" --preset student-tiny; fi
-$PY average "$W/student" --last 5 -o "$W/student/averaged.safetensors"
-# distillation's own gain: the same preset, seed and updates on the original targets (the teacher's data)
-if [ -f "$W/student-orig/config.yaml" ]; then $PY train --resume "$W/student-orig"; else
-  $PY train --data "${ORIGINAL_DATA:-work/multi30k-en-de}" --run "$W/student-orig" --preset student-tiny; fi
-$PY average "$W/student-orig" --last 5 -o "$W/student-orig/averaged.safetensors"
+SEEDS=${SEEDS:-1 2}
+run_of() { if [ "$2" = 1 ]; then echo "$1"; else echo "$1-s$2"; fi; }  # a model's folder name in $W, by seed
+train_student() {  # NAME DATA SEED: the student-tiny preset at that seed, resumed where it stopped
+  if [ -f "$W/$1/config.yaml" ]; then $PY train --resume "$W/$1"; else
+    $PY train --data "$2" --run "$W/$1" --preset student-tiny --train.seed "$3"; fi
+  $PY average "$W/$1" --last 5 -o "$W/$1/averaged.safetensors"
+}
+MODELS=teacher
+for s in $SEEDS; do
+  train_student "$(run_of student "$s")" "$W/data" "$s"
+  # distillation's own gain: the same preset, seed and updates on the original targets (the teacher's data)
+  train_student "$(run_of student-orig "$s")" "${ORIGINAL_DATA:-work/multi30k-en-de}" "$s"
+  MODELS="$MODELS $(run_of student "$s") $(run_of student-orig "$s")"
+done
 D=$W/data
-for m in teacher student student-orig; do
+for m in $MODELS; do
   C=$T; [ $m != teacher ] && C=$W/$m/averaged.safetensors
   # beam, alpha and the precision chosen on validation (aiayn tune), as every model is decoded in use
   [ -f "$W/$m.tuned.safetensors" ] || $PY tune --checkpoint "$C" --data "$D" -o "$W/$m.tuned.safetensors" > "$W/$m.tune.log" 2>&1

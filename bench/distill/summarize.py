@@ -1,7 +1,9 @@
 """Gather a distillation run's figures (bench/distill/distill.sh's WORK folder) into one JSON and a
 table: the teacher's and the student's test BLEU, what distill kept, the student's size and training
 time, and decoding speed and latency against CTranslate2 on the same student (medians of alternating
-repetitions, one process per measurement: bench/decode/decode_speed.py)."""
+repetitions, one process per measurement: bench/decode/decode_speed.py); with several seeds, the mean
+difference student minus student-orig (KD's own gain) and student minus teacher, each with a 95 % paired
+bootstrap interval over the test sentences (bench/benchdata.py's paired_interval)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,40 @@ import statistics
 import sys
 from pathlib import Path
 
-MODELS = ("teacher", "student", "student-orig")  # student-orig: the same student on the original targets
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchdata import paired_interval  # noqa: E402
+
+TESTS = (("test_2016_flickr", "test2016"), ("test_2017_flickr", "test2017"))
+
+
+def models(work: Path) -> dict[str, list[str]]:
+    """The work folder's models by kind, seed 1 first: student-orig is the same student on the original
+    targets; seed N's folders end in -sN (distill.sh's run_of)."""
+    def seeds(kind: str) -> list[str]:
+        names = [kind] + sorted((p.name for p in work.glob(f"{kind}-s*") if p.name[len(kind) + 2:].isdigit()),
+                                key=lambda n: int(n[len(kind) + 2:]))
+        return [n for n in names if (work / n / "averaged.safetensors").is_file()]
+    return {"teacher": ["teacher"], "student": seeds("student"), "student-orig": seeds("student-orig")}
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def differences(work: Path, kinds: dict[str, list[str]]) -> dict:
+    """Mean-over-seeds BLEU differences at beam 4, alpha 0.6, fp32, with their paired bootstrap interval."""
+    out = {}
+    for name, a, b in (("kd_gain", "student", "student-orig"), ("student_minus_teacher", "student", "teacher")):
+        for t, short in TESTS:
+            hyps = [[_lines(work / f"{m}.{t}.de") for m in kinds[k]] for k in (a, b)]
+            if not all(hyps) or not (work / "data" / f"{t}.de.txt").is_file():
+                continue
+            refs = _lines(work / "data" / f"{t}.de.txt")
+            bleu = [[_bleu(work / f"{m}.{t}.score") for m in kinds[k]] for k in (a, b)]
+            lo, hi = paired_interval(hyps[0], hyps[1], refs)
+            out.setdefault(name, {})[short] = {"seeds": [len(h) for h in hyps], "delta": statistics.mean(bleu[0])
+                                               - statistics.mean(bleu[1]), "ci95": [lo, hi]}
+    return out
 
 
 def _bleu(path: Path) -> float | None:
@@ -51,14 +86,16 @@ def summarize(work: Path) -> dict:
     train = json.loads((work / "data" / "manifest.json").read_text())["splits"]["train"]
     metrics = [json.loads(x) for x in (work / "student" / "metrics.jsonl").read_text().splitlines()]
     last = [m for m in metrics if "step" in m][-1]
+    kinds = models(work)
+    names = [m for ms in kinds.values() for m in ms]
     result = {
         "teacher_translations": len(scores), "kept": sum(int(s[2]) for s in scores),
         "teacher_mean_logprob_median": statistics.median(float(s[0]) for s in scores),
         "student_training_pairs": train["pairs"], "student_updates": last.get("step"),
-        "bleu": {m: {t: _bleu(work / f"{m}.{t}.score") or _bleu(work / f"{m}.{short}.score")
-                     for t, short in (("test_2016_flickr", "test2016"), ("test_2017_flickr", "test2017"))}
-                 for m in MODELS + tuple(f"{m}.tuned" for m in MODELS)},
-        "tuned": {m: _tuned(work / f"{m}.tune.log") for m in MODELS},
+        "bleu": {m: {t: _bleu(work / f"{m}.{t}.score") or _bleu(work / f"{m}.{short}.score") for t, short in TESTS}
+                 for m in names + [f"{m}.tuned" for m in names]},
+        "tuned": {m: _tuned(work / f"{m}.tune.log") for m in names},
+        "differences": differences(work, kinds),
         "student_speed": _speed(work / "student_speed.json"), "teacher_speed": _speed(work / "teacher_speed.json"),
     }
     return result
