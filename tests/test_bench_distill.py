@@ -1,0 +1,57 @@
+"""bench/distill/summarize.py on a synthetic work folder: the seeds' folders found in order, and the
+mean-over-seeds differences with their paired bootstrap interval (a second implementation: sacreBLEU's
+corpus scores, computed here)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import sacrebleu
+
+SUMMARIZE = Path(__file__).resolve().parents[1] / "bench" / "distill" / "summarize.py"
+REFS = [f"ein Hund Nummer {i} läuft über die Wiese im Park" for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def summarize():
+    spec = importlib.util.spec_from_file_location("distill_summarize", SUMMARIZE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _model(work: Path, name: str, hyps: list[str] | None, averaged: bool = True) -> None:
+    (work / name).mkdir()
+    if averaged:
+        (work / name / "averaged.safetensors").write_bytes(b"")
+    for t in ("test_2016_flickr", "test_2017_flickr"):
+        if hyps is not None:
+            (work / f"{name}.{t}.de").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+            score = sacrebleu.corpus_bleu(hyps, [REFS]).score
+            (work / f"{name}.{t}.score").write_text(f"BLEU = {score:.2f} 60.0/40.0/30.0/20.0\n")
+
+
+def test_seeds_are_found_in_order_and_differences_are_means_with_a_paired_interval(summarize, tmp_path):
+    (tmp_path / "data").mkdir()
+    for t in ("test_2016_flickr", "test_2017_flickr"):
+        (tmp_path / "data" / f"{t}.de.txt").write_text("\n".join(REFS) + "\n", encoding="utf-8")
+    worse = [r.replace("Wiese", "Straße") if i % 2 else r for i, r in enumerate(REFS)]
+    worst = [r.replace("läuft", "sitzt") for r in worse]
+    _model(tmp_path, "teacher", REFS, averaged=False)
+    for name, hyps in (("student", REFS), ("student-s10", REFS), ("student-s2", worse),
+                       ("student-orig", worse), ("student-orig-s2", worst)):
+        _model(tmp_path, name, hyps)
+    _model(tmp_path, "student-s3", REFS, averaged=False)  # unfinished: no averaged checkpoint
+    _model(tmp_path, "student-sx", REFS)  # not a seed's folder
+    kinds = summarize.models(tmp_path)
+    assert kinds["student"] == ["student", "student-s2", "student-s10"]
+    assert kinds["student-orig"] == ["student-orig", "student-orig-s2"]
+
+    out = summarize.differences(tmp_path, kinds)
+    bleu = {h: sacrebleu.corpus_bleu(x, [REFS]).score for h, x in (("r", REFS), ("w", worse), ("ww", worst))}
+    gain = out["kd_gain"]["test2016"]
+    assert gain["seeds"] == [3, 2]
+    assert gain["delta"] == pytest.approx((2 * bleu["r"] + bleu["w"]) / 3 - (bleu["w"] + bleu["ww"]) / 2, abs=0.01)
+    assert 0 < gain["ci95"][0] <= gain["delta"] <= gain["ci95"][1]
+    vs_teacher = out["student_minus_teacher"]["test2017"]
+    assert vs_teacher["seeds"] == [3, 1] and vs_teacher["delta"] < 0 and vs_teacher["ci95"][1] <= 0
