@@ -262,7 +262,7 @@ def _protocol_words(r0: dict) -> str:
             f"tables together. Every verdict holds {at}, not at the paper's scale. BP is the brevity penalty.")
 
 
-def second_seed_state(fam: dict[str, tuple[list[dict], list[dict]]]) -> tuple[list[str], list[str]]:
+def second_seed_state(fam: dict[str, tuple[list[dict], list[dict]]]) -> tuple[list[str], list[tuple[str, float]]]:
     """Table 3's seed rule on the results (run once, NLL change 1-2.5 half-widths of its family's reference
     interval): the rows that have their second seed, and those it picks still run once with their half-widths."""
     seeded, once = [], []
