@@ -102,6 +102,8 @@ def summarize(work: Path) -> dict:
 
 
 if __name__ == "__main__":
-    work = Path(sys.argv[1])
+    work = Path(sys.argv[1]) if len(sys.argv) == 2 else None
+    if work is None or not (work / "data.teacher" / "scores.tsv").is_file():
+        sys.exit("usage: summarize.py WORK, the folder bench/distill/distill.sh wrote (with data.teacher/scores.tsv)")
     out = summarize(work)
     print(json.dumps(out, indent=1))
