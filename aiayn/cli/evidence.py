@@ -67,7 +67,8 @@ def add_reproduce(sub) -> None:
     p.add_argument("--suite", required=True, choices=list(SUITES),
                    help="budget: the reference trained long, to choose the update budget; table3: Table 3's rows "
                    "after a stability check of N=6; arch: the architecture families; tune: every family's rate and "
-                   "clipping chosen on validation, then 3 seeds at each choice; table1: layer costs; "
+                   "clipping chosen on validation, then 3 seeds at each choice; decode: the tune suite's compared runs "
+                   "again, each at the beam and alpha chosen on its validation set; table1: layer costs; "
                    "quick: all at toy sizes")
     p.add_argument("--data", help="prepared data folder (from `aiayn prepare`); every suite but table1 trains on it")
     p.add_argument("--work", default="runs/reproduce", help="folder for the run directories (default runs/reproduce)")

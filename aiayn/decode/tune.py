@@ -78,7 +78,7 @@ def validation_sets(data_dir: Path, manifest: dict, sentences: int) -> dict[str,
     return sets
 
 
-def _grid(translator: Translator, src: list[str], ref: list[str], beams: tuple[int, ...], alphas: tuple[float, ...],
+def grid(translator: Translator, src: list[str], ref: list[str], beams: tuple[int, ...], alphas: tuple[float, ...],
           lang: str) -> list[Point]:
     """sacreBLEU at every (beam, α) of the grid, into `lang` ("" : the model's one target)."""
     ids = translator.encode_sources(src, tgt_lang=lang or None)
@@ -156,7 +156,7 @@ def tune(checkpoint: str | Path, data_dir: str | Path | None = None, beams: tupl
         raise ConfigError(f"beam size {max(beams)} (--beams, `beams`) is larger than the model's vocabulary "
                           f"({len(translator.tokenizer)})")
     sets = validation_sets(data_dir, manifest, sentences)
-    grids = {lang: _grid(translator, src, ref, beams, alphas, lang) for lang, (src, ref) in sets.items()}
+    grids = {lang: grid(translator, src, ref, beams, alphas, lang) for lang, (src, ref) in sets.items()}
     if len(grids) == 1:
         points = next(iter(grids.values()))
     else:  # one setting for lines of no named language: the best mean over the languages

@@ -188,3 +188,61 @@ def tuned_words(rs: list[dict]) -> str:
             f"choice, family minus the Transformer ({base[0]['row']}, {len(base)} seeds; mean, Δ ± 95 % interval, "
             f"p of the pooled t test) at {base[0]['updates']:,} updates on Multi30k. " + ". ".join(parts) + "."
             + (f" Seeds still to come: {', '.join(waiting)}." if waiting else "") + _edge_words(rs))
+
+
+def _decoded_cell(r: dict, split: str) -> str:
+    """A decode-suite run's BLEU on a split at its tuned setting (BP), then at beam 4, α 0.6."""
+    tuned, paper = r["bleu"].get(split), r.get("bleu_paper", {}).get(split)
+    if not tuned:
+        return "–"
+    return f"{tuned['bleu']:.2f} ({tuned['bp']:.2f})" + (f" / {paper['bleu']:.2f} ({paper['bp']:.2f})" if paper else "")
+
+
+def decoded_section(rs: list[dict], tune: list[dict]) -> list[str]:
+    """The decode suite: the tune suite's compared runs trained again, each decoded at the beam and α
+    chosen on its validation set; their BLEU beside §6.1's setting, and the comparison over seeds."""
+    rs = sorted(rs, key=lambda r: (r["group"] != "transformer", r["row"]))
+    tune_nll = {r["row"]: r["valid_nll"] for r in tune}
+    grid = rs[0].get("decode", {}).get("tuned", {}).get("points", [])
+    beams, alphas = sorted({p["beam"] for p in grid}), sorted({p["alpha"] for p in grid})
+    out = ["## Every family decoded at the beam and α chosen on its own validation set", "",
+           "The runs the tune suite compares (each family's choice, its seeds, its runs at the Transformer's "
+           "training FLOPs) trained again from their configs and seeds, then each decoded at the beam × α of "
+           f"`aiayn tune`'s grid (beams {', '.join(map(str, beams))} × α {', '.join(f'{a:g}' for a in alphas)}) "
+           "with the best validation BLEU (§6.1: \"chosen after experimentation on the development set\"), as the "
+           "main job's model is: no family's BLEU is set by a length penalty chosen for another. Validation is the "
+           "set the setting was chosen on (its BLEU is optimistic); the test sets were not read. Made by "
+           "`aiayn reproduce --suite decode`.", "",
+           "| run | family | beam, α | valid NLL (tune suite's) | valid BLEU (BP) tuned / b4 α 0.6 | "
+           "test2016 | test2017 |", "|---|---|---|--:|--:|--:|--:|"]
+    for r in rs:
+        d = r.get("decode", {})
+        again = f" ({tune_nll[r['row']]:.4f})" if r["row"] in tune_nll else ""
+        out.append(f"| {r['row']} | {r['group']} | {d.get('beam')}, {d.get('alpha')} | {r['valid_nll']:.4f}{again} | "
+                   f"{_decoded_cell(r, 'valid')} | {_decoded_cell(r, 'test_2016_flickr')} | "
+                   f"{_decoded_cell(r, 'test_2017_flickr')} |")
+    same = [abs(r["valid_nll"] - tune_nll[r["row"]]) for r in rs if r["row"] in tune_nll]
+    if same:
+        out += ["", f"Trained again, {len(same)} runs reach the tune suite's validation NLL within "
+                f"{max(same):.2g} nats (training is deterministic; a difference is another processor's arithmetic)."]
+    base, updates, flops = tuned_groups(rs)
+    if len(base) > 1:
+        out += ["", f"Over seeds at the tuned settings (family minus the Transformer's {len(base)} seeds of "
+                f"{base[0]['row']}: mean, Δ ± 95 % interval of the difference, p of the pooled t test):", "",
+                f"- **{base[0]['row']}** (Transformer), {len(base)} seeds: {comparison_words(base, [])}."]
+        for at, groups in (("", updates), (" at the Transformer's training FLOPs", flops)):
+            out += [f"- **{g[0]['row']}** ({f}{at}), {len(g)} seed{'s' * (len(g) > 1)}, {g[0]['updates']:,} updates: "
+                    f"{comparison_words(g, base)}." for f, g in sorted(groups.items())]
+    return out + [""]
+
+
+def decoded_words(rs: list[dict]) -> str:
+    """The summary's sentence on the families at their own tuned decoding (the decode suite's), once every
+    family has as many seeds as the Transformer."""
+    if not tuned_complete(rs):
+        return ""
+    base, updates, _ = tuned_groups(rs)
+    parts = [f"{f}, {len(g)} seeds: {comparison_words(g, base, ('test2016 BLEU', 'test2017 BLEU'))}"
+             for f, g in sorted(updates.items())]
+    return (f"Each family decoded at the beam and α chosen on its own validation set (the decode suite), family "
+            f"minus the Transformer ({base[0]['row']}, {len(base)} seeds): " + ". ".join(parts) + ".")

@@ -21,7 +21,7 @@ from .stats import seed_test
 # updates, results/reproduction/budget/): NLL 2.43 / 1.84 / 1.77 / 1.72 / 1.71 / 1.69 / 1.73 at
 # 1,000 / 2,000 / 2,500 / 2,750 / 3,500 / 5,000 (its best) / 6,000 updates: 2,750.
 BUDGET_UPDATES = 2750
-SUITES = ("budget", "table3", "arch", "tune", "table1", "quick")  # what `aiayn reproduce --suite` runs
+SUITES = ("budget", "table3", "arch", "tune", "decode", "table1", "quick")  # what `aiayn reproduce --suite` runs
 NLL_MARGIN = 0.02  # nats per token: equivalence means the 90 % interval lies inside ±this (TOST at 5 %)
 BLEU_MARGIN = 0.5  # BLEU points; a paper Δ within the margins claims something only where its text does (claims.py)
 

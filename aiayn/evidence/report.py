@@ -15,7 +15,7 @@ from typing import Any
 
 from ..files import atomic_write, read_json
 from .curves import curve_section
-from .families import chosen, seed_lines, tuned_lines
+from .families import chosen, decoded_section, seed_lines, tuned_lines
 from .figures import plot_bleu_params, plot_budget, plot_schedule, plot_suite_curves, plot_table1
 from .machine import compute_section, coverage_lines, machine_words
 from .plan import converged_at, diverged
@@ -30,7 +30,7 @@ def is_report(folder: Path) -> bool:
     return all(p.name in ("REPORT.md", "README.md", "img", "results") for p in folder.iterdir())
 
 
-RESULT_FOLDERS = ("budget", "table3", "arch", "tune", "table1", "heads", "parse", "ensemble")
+RESULT_FOLDERS = ("budget", "table3", "arch", "tune", "decode", "table1", "heads", "parse", "ensemble")
 
 
 def is_results(folder: Path) -> bool:
@@ -308,8 +308,10 @@ def _progress(results: dict[str, list[dict]], planned: dict[str, int], table1: P
         done[s] = "not run" if not rs else (f"{n} of {planned[s]} rows" if s in planned else f"{n} rows") + (
             f" (+{len(extra)} second seed{'s' * (len(extra) > 1)})" if extra else "")
     t1 = "done" if table1.is_dir() and any(table1.glob("*.json")) else "not run"
+    decode = (f"decode {len(results['decode'])} of {planned['decode']} rows, " if "decode" in planned else
+              f"decode {len(results['decode'])} rows, ") if results.get("decode") else ""  # said once it has run
     return (f"Progress: budget {'done' if 'budget' in results else 'not run'}, table3 {done['table3']}, "
-            f"arch {done['arch']}, tune {done['tune']}, table1 {t1}. "
+            f"arch {done['arch']}, tune {done['tune']}, {decode}table1 {t1}. "
             "A suite resumes where it stopped when its command is run again.")
 
 
@@ -346,6 +348,8 @@ def render(report_dir: Path, command: str = "", planned: dict[str, int] | None =
         if suite in results:
             tp = results_dir / suite / "throughput" / "throughput.json"
             out += arch_section(results[suite], read_json(tp) if tp.exists() else None, img, suite)
+    if "decode" in results:
+        out += decoded_section(results["decode"], results.get("tune", [])) + [commits_words(results["decode"]), ""]
     if "heads" in results:
         out += heads_section(results["heads"])
     t1_files = sorted((results_dir / "table1").glob("*.json")) if results_dir.exists() else []

@@ -22,6 +22,7 @@ from ..data.batches import TokenData
 from ..data.prepare import load_manifest, read_text, vocabulary_size
 from ..data.text import read_lines
 from ..decode.translator import Translator
+from ..decode.tune import ALPHAS, BEAMS, choose, grid
 from ..files import FileError, atomic_write, read_json
 from ..models.build import shapes_only
 from ..overrides import apply_overrides, load_yaml, preset
@@ -59,9 +60,12 @@ def forced_nll(scores: list) -> float:
     return -sum(x.total for x in scores) / sum(x.subwords + 1 for x in scores)
 
 
-def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "cpu") -> dict[str, Any]:
+def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "cpu",
+             tune_decode: bool = False) -> dict[str, Any]:
     """§6.1: average the last checkpoints (at most 5), then validation perplexity and beam-4 BLEU on
-    the validation set and every prepared test set (sentences > 0: only the first ones)."""
+    the validation set and every prepared test set (sentences > 0: only the first ones). `tune_decode`:
+    beam and α chosen first on validation (`aiayn tune`'s grid, §6.1's "chosen after experimentation on
+    the development set"), `bleu` then at that setting and `bleu_paper` at beam 4, α 0.6."""
 
     run_dir, data_dir = Path(run_dir), Path(data_dir)
     ckpts = list_checkpoints(run_dir)
@@ -76,36 +80,72 @@ def evaluate(run_dir: Path, data_dir: Path, sentences: int = 0, device: str = "c
     out.update(validate(model, TokenData(data_dir, "valid"), cfg, torch.device(device)))
 
     out["flops_per_token"] = flops_per_token(model, TokenData(data_dir, "valid"), cfg)
-    settings = load_manifest(data_dir)["settings"]
     translator = Translator(model, tokenizer, cfg.decode, precision="fp32")
+    sets = _scored_sets(data_dir, sentences)
+    out["decode"] = {"beam": cfg.decode.beam, "alpha": cfg.decode.alpha, "max_len_b": cfg.decode.max_len_b}
+    if tune_decode and "valid" in sets:
+        points = grid(translator, *sets["valid"], BEAMS, ALPHAS, "")
+        best = choose(points, cfg.decode)
+        out["bleu_paper"] = {split: _scores(translator.translate(src), ref)[0] for split, (src, ref) in sets.items()}
+        out["decode"].update(beam=best.beam, alpha=best.alpha, tuned={"on": "valid", "points": [
+            p.__dict__ for p in points], "paper": {"beam": cfg.decode.beam, "alpha": cfg.decode.alpha}})
+    beam, alpha = out["decode"]["beam"], out["decode"]["alpha"]
     bleu: dict[str, dict[str, Any]] = {}
-    metric = sacrebleu.BLEU()
-    splits = ["valid"] + [s for s in load_manifest(data_dir)["splits"] if s not in ("train", "valid")]
-    for split in splits:
-        src_path, ref_path = data_dir / f"{split}.{settings['src']}.txt", data_dir / f"{split}.{settings['tgt']}.txt"
-        if not (src_path.exists() and ref_path.exists()):
-            continue
-        src, ref = read_text(data_dir, split, "src"), read_text(data_dir, split, "tgt")
-        if sentences:
-            src, ref = src[:sentences], ref[:sentences]
+    for split, (src, ref) in sets.items():
         start = time.perf_counter()
-        hyps = translator.translate(src)
-        score = metric.corpus_score(hyps, [ref])
-        bleu[split] = {"bleu": round(score.score, 2), "bp": round(score.bp, 3),
-                       "chrf": round(sacrebleu.CHRF().corpus_score(hyps, [ref]).score, 2), "sentences": len(src),
-                       "seconds": round(time.perf_counter() - start, 1)}
+        hyps = translator.translate(src, beam, alpha)
+        bleu[split], signature = _scores(hyps, ref, time.perf_counter() - start)
         (run_dir / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps))
         if split != "valid":  # the test sets' NLL per token, as validation's (their token arrays are not prepared)
             out.setdefault("test_nll", {})[split] = forced_nll(translator.score(src, ref))
     out["bleu"] = bleu
-    out["signature"] = str(metric.get_signature())
-    out["decode"] = {"beam": cfg.decode.beam, "alpha": cfg.decode.alpha, "max_len_b": cfg.decode.max_len_b}
+    out["signature"] = signature if sets else str(sacrebleu.BLEU().get_signature())
+    return out
+
+
+def _scored_sets(data_dir: Path, sentences: int) -> dict[str, tuple[list[str], list[str]]]:
+    """Validation and every prepared test set that has both sides: sources and references (sentences > 0:
+    the first ones), validation first."""
+    manifest = load_manifest(data_dir)
+    settings = manifest["settings"]
+    out = {}
+    for split in ["valid"] + [s for s in manifest["splits"] if s not in ("train", "valid")]:
+        if not all((data_dir / f"{split}.{settings[k]}.txt").exists() for k in ("src", "tgt")):
+            continue
+        src, ref = read_text(data_dir, split, "src"), read_text(data_dir, split, "tgt")
+        out[split] = (src[:sentences], ref[:sentences]) if sentences else (src, ref)
+    return out
+
+
+def _scores(hyps: list[str], ref: list[str], seconds: float | None = None) -> tuple[dict[str, Any], str]:
+    """sacreBLEU's BLEU, its brevity penalty and chrF of `hyps` (and the seconds they took), and BLEU's
+    signature."""
+    metric = sacrebleu.BLEU()
+    score = metric.corpus_score(hyps, [ref])
+    out = {"bleu": round(score.score, 2), "bp": round(score.bp, 3),
+           "chrf": round(sacrebleu.CHRF().corpus_score(hyps, [ref]).score, 2), "sentences": len(hyps)}
+    return out | ({} if seconds is None else {"seconds": round(seconds, 1)}), str(metric.get_signature())
+
+
+def run_rows(suite: str, rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], only: list[str] | None,
+             render_report) -> list[dict]:
+    """run_row for each of `rows` (those `only` names, by name or group), every config checked first;
+    the report re-rendered (render_report) after each."""
+    chosen = [r for r in rows if r.name in only or r.group in only] if only else rows
+    for row in chosen:
+        row_config(row, common)  # every config checked before the first run starts
+    out = []
+    for row in chosen:
+        out.append(run_row(row, suite, common, **ctx))
+        render_report()
     return out
 
 
 def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: Path, results: Path,
-            sentences: int = 0, device: str | None = None, allow_mixed: bool = False) -> dict[str, Any]:
-    """Train (or resume, or skip) one row and write its result.json, hypotheses beside it; returns the result."""
+            sentences: int = 0, device: str | None = None, allow_mixed: bool = False,
+            tune_decode: bool = False) -> dict[str, Any]:
+    """Train (or resume, or skip) one row and write its result.json, hypotheses beside it; returns the result
+    (`tune_decode`: evaluate's)."""
     run_dir = Path(work) / suite / row.name
     result_path = run_dir / "result.json"
     copy = Path(results) / suite / f"{row.name}.json"
@@ -115,11 +155,12 @@ def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: 
     if result_path.exists():
         log.info("%s/%s: finished earlier, skipped", suite, row.name)
         result = read_json(result_path)
-    elif not run_dir.exists() and (twin := _finished_twin(row, common, data_dir, results, sentences, device)):
+    elif not run_dir.exists() and (twin := _finished_twin(row, common, data_dir, results, sentences, device,
+                                                           tune_decode)):
         result = _reuse(twin, row, suite, run_dir)
     else:
         _check_commit(Path(results) / suite, run_dir, allow_mixed)
-        result = _train_and_evaluate(row, suite, common, data_dir, run_dir, sentences, device)
+        result = _train_and_evaluate(row, suite, common, data_dir, run_dir, sentences, device, tune_decode)
         atomic_write(result_path, json.dumps(result, indent=1).encode())
         log.info("%s/%s: valid NLL %.4f, valid BLEU %.2f", suite, row.name, result["valid_nll"],
                  result["bleu"].get("valid", {}).get("bleu", float("nan")))
@@ -130,10 +171,11 @@ def run_row(row: Row, suite: str, common: dict[str, Any], data_dir: Path, work: 
 
 
 def _finished_twin(row: Row, common: dict[str, Any], data_dir: Path, results: Path, sentences: int,
-                   device: str | None) -> Path | None:
+                   device: str | None, tune_decode: bool = False) -> Path | None:
     """A result in results/ (any suite) of this very training and evaluation: the same resolved config,
-    suite settings, data, sentences scored, device and committed code. Training is deterministic, so
-    that run is this row's run (arch's Transformer seeds are Table 3's reference seeds)."""
+    suite settings, data, sentences scored, decoding (tuned on validation or not), device and committed code.
+    Training is deterministic, so that run is this row's run (arch's Transformer seeds are Table 3's
+    reference seeds)."""
     commit = code_commit()
     if commit is None or commit.endswith("+dirty"):
         return None
@@ -152,7 +194,8 @@ def _finished_twin(row: Row, common: dict[str, Any], data_dir: Path, results: Pa
             continue
         machine = r.get("machine") if isinstance(r, dict) else None  # other results (heads, parse) have their own form
         if isinstance(machine, dict) and machine.get("git") == commit and all(r.get(k) == v for k, v in want.items()) \
-                and r.get("bleu", {}).get("valid", {}).get("sentences") == scored:
+                and r.get("bleu", {}).get("valid", {}).get("sentences") == scored \
+                and ("tuned" in r.get("decode", {})) == tune_decode:
             return path
     return None
 
@@ -186,7 +229,7 @@ def _copy_result(result_path: Path, copy: Path) -> None:
 
 
 def _train_and_evaluate(row: Row, suite: str, common: dict[str, Any], data_dir: Path, run_dir: Path,
-                        sentences: int, device: str | None) -> dict[str, Any]:
+                        sentences: int, device: str | None, tune_decode: bool = False) -> dict[str, Any]:
 
     cfg = trained_config(row, common, data_dir)
     start = time.time()
@@ -214,7 +257,7 @@ def _train_and_evaluate(row: Row, suite: str, common: dict[str, Any], data_dir: 
         "trained_on": trained_on(run_dir),
     }
     result["data"] = _data_words(data_dir)
-    result.update(evaluate(run_dir, data_dir, sentences, dev))
+    result.update(evaluate(run_dir, data_dir, sentences, dev, tune_decode))
     return result
 
 

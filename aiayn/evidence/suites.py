@@ -5,7 +5,8 @@ update budget), ``table3`` (Table 3's variations, after a stability check of the
 ``arch`` (Transformer, recurrent and convolutional models at one update budget, with their clean
 throughput: Table 2's comparison at small scale), ``tune`` (every family's peak rate and
 clipping, the Transformer's included, chosen on validation; then seeds at each choice, and at equal
-FLOPs), ``table1`` (per-layer costs, table1.py) and ``quick`` (their machinery at
+FLOPs), ``decode`` (the tune suite's compared runs trained again, each decoded at the beam and α
+chosen on its validation set), ``table1`` (per-layer costs, table1.py) and ``quick`` (their machinery at
 toy sizes, for the tests). Every row is a normal run directory (WORK/SUITE/ROW) that writes
 ``result.json`` once trained and evaluated; finished rows are skipped and interrupted ones resume,
 so a suite survives a stopped machine. A suite's rows come from one commit. The report
@@ -22,20 +23,16 @@ from typing import Any
 
 from ..config import ConfigError
 from ..files import atomic_write
-from .families import FLOPS, chosen, grid_edges, grid_run
 from .machine import code_commit
 from .plan import (
     BUDGET_UPDATES,
     DEPTH,
     SUITES,
     TINY,
-    TUNE_EXTEND,
     Row,
     arch_rows,
     depth_rows,
     diverged,
-    equal_flops,
-    extended,
     protocol,
     quick_rows,
     repeat,
@@ -46,9 +43,10 @@ from .plan import (
     unstable,
 )
 from .report import load_results, render
-from .rows import pair_with_references, row_config, run_row, seed_matched
+from .rows import pair_with_references, row_config, run_row, run_rows, seed_matched
 from .table1 import measure_table1
 from .throughput import measure_throughput
+from .tuning import ARCH_SEEDS, decode_rows, run_decode, run_tune, tune_planned
 
 log = logging.getLogger("aiayn")
 
@@ -72,26 +70,8 @@ def planned(report_dir: Path, seeds: int = 5, arch_seeds: int = 3, rows: list[st
     families = len({r.group for r in q["arch"]})
     return {"table3": _table3_planned(q["table3"], stab, seeds, rows),
             "arch": len(q["arch"]) + families * (arch_seeds - 1),
-            "tune": _tune_planned(q["tune"], results_dir, results, arch_seeds)}
-
-
-def _tune_planned(grid: list[Row], results_dir: Path, results: dict[str, list[dict]], seeds: int) -> int:
-    """The tune suite's runs as _tune makes them, counted from its finished results: the grid with the
-    extensions run and the one each family's choice at its highest rate calls for next (_extend_grid's
-    rule), `seeds` - 1 more seeds a family, and `seeds` runs at equal FLOPs for each family known to
-    spend fewer FLOPs than the Transformer's choice (flops_parity; run or not yet)."""
-    rows = grid
-    for _ in range(TUNE_EXTEND):
-        more = _extensions(rows, results_dir)
-        if not more:
-            break
-        rows = rows + more
-    beyond = {r["row"] for r in results.get("tune", []) if grid_run(r)} - {r.name for r in rows}  # older rules'
-    longer = {r.get("of") or r["row"] for r in results.get("tune", []) if r.get("family") == FLOPS}
-    measured = {r["row"] for r in results.get("tune", []) if "flops_per_token" in r}
-    picks = {g: r for g, r in tune_choices(rows, results_dir).items() if r.name in measured}
-    longer |= {equal_flops(r, n).name for r, n in flops_parity(picks, results_dir, 1)}
-    return len(rows) + len(beyond) + len({r.group for r in grid}) * (seeds - 1) + len(longer) * seeds
+            "tune": tune_planned(q["tune"], results_dir, results, arch_seeds),
+            "decode": len(decode_rows(q["tune"], results_dir, 1, arch_seeds))}
 
 
 def _table3_planned(rows: list[Row], stab: list[dict], seeds: int, only: list[str] | None) -> int:
@@ -136,18 +116,6 @@ def stability(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any]) -> f
     return row_config(rows[-1], common).train.lr_scale
 
 
-def _run_rows(suite: str, rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], only: list[str] | None,
-              render_report) -> list[dict]:
-    chosen = [r for r in rows if r.name in only or r.group in only] if only else rows
-    for row in chosen:
-        row_config(row, common)  # every config checked before the first run starts
-    out = []
-    for row in chosen:
-        out.append(run_row(row, suite, common, **ctx))
-        render_report()
-    return out
-
-
 def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, rows: list[str] | None = None,
               steps: int | None = None, seeds: int = 5, device: str | None = None, command: str = "",
               allow_mixed: bool = False, extra_seeds: int = 12, valid_every: int | None = None,
@@ -179,7 +147,7 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
     if suite == "quick":
         _quick(ctx, rows, render_report)
     elif suite == "budget":
-        _run_rows("budget", [Row("ref", "reference")], {**protocol(steps), "train.valid_every": max(1, steps // 24)},
+        run_rows("budget", [Row("ref", "reference")], {**protocol(steps), "train.valid_every": max(1, steps // 24)},
                   ctx, rows, render_report)
     elif suite == "table3":
         _table3(table3_rows(seeds), stability_rows(), seeds, protocol(steps, valid_every), ctx, rows, render_report,
@@ -187,7 +155,12 @@ def reproduce(suite: str, data_dir: Path | None, work: Path, report_dir: Path, r
     elif suite == "arch":
         _arch(suite, arch_rows(), protocol(steps, valid_every), ctx, rows, render_report)
     elif suite == "tune":
-        _tune(tune_rows(), protocol(steps, valid_every), ctx, rows, render_report)
+        run_tune(tune_rows(), protocol(steps, valid_every), ctx, rows, render_report)
+    elif suite == "decode":
+        if not decode_rows(tune_rows(), results, steps):
+            raise ConfigError(f"{results / 'tune'}: no family's tune grid has finished; the decode suite trains "
+                              "the tune suite's choices again: run `aiayn reproduce --suite tune` first")
+        run_decode(tune_rows(), protocol(steps, valid_every), ctx, rows, render_report)
     if suite in ("table1", "quick"):
         _table1(results, suite == "quick", device)
     return render_now()
@@ -201,10 +174,10 @@ def _table3(rows: list[Row], stab: list[Row], seeds: int, common: dict[str, Any]
     lr_scale = stability(stab, common, ctx) if wanted else None  # the depth rows (and their second seeds) need it
     if lr_scale is not None:
         rows = [r for r in rows if r.name not in DEPTH] + depth_rows(seeds, lr_scale, rows)
-    _run_rows("table3", rows, common, ctx, only, render_report)
+    run_rows("table3", rows, common, ctx, only, render_report)
     extra = second_seeds(rows, ctx["results"] / "table3")[:extra_seeds]
     if not only or SECOND_SEEDS in only:
-        _run_rows("table3", extra, common, ctx, None, render_report)
+        run_rows("table3", extra, common, ctx, None, render_report)
     elif extra:  # a --rows run that leaves them out: say what it did not run
         log.warning("the seed rule picks a second seed of %s; --rows runs them only when it names %s",
                     ", ".join(r.of for r in extra), SECOND_SEEDS)
@@ -212,7 +185,7 @@ def _table3(rows: list[Row], stab: list[Row], seeds: int, common: dict[str, Any]
     render_report()
 
 
-SECOND_SEEDS, ARCH_SEEDS = "second-seeds", "seeds"  # --rows names of the runs added from results
+SECOND_SEEDS = "second-seeds"  # --rows name of the runs added from results (the seed rule's)
 
 
 def second_seeds(rows: list[Row], results: Path) -> list[Row]:
@@ -249,9 +222,9 @@ def _arch(suite: str, rows: list[Row], common: dict[str, Any], ctx: dict[str, An
           render_report, updates: int = 10, rounds: int = 3, seeds: int = 3) -> None:
     """The rows by updates, their clean throughput apart, and the paired tests against the Transformer."""
 
-    _run_rows(suite, rows, common, ctx, only, render_report)
+    run_rows(suite, rows, common, ctx, only, render_report)
     if suite == "arch" and (not only or ARCH_SEEDS in only):
-        _run_rows(suite, arch_seeds(rows, ctx["results"] / suite, seeds), common, ctx, None, render_report)
+        run_rows(suite, arch_seeds(rows, ctx["results"] / suite, seeds), common, ctx, None, render_report)
     if suite == "arch":
         path = ctx["results"] / suite / "throughput" / "throughput.json"
         if not path.exists():
@@ -261,76 +234,6 @@ def _arch(suite: str, rows: list[Row], common: dict[str, Any], ctx: dict[str, An
             atomic_write(path, json.dumps(out, indent=1).encode())
         pair_with_references(suite, ctx["results"], ctx["data_dir"], _same_seed_transformer)
     render_report()
-
-
-def _tune(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], only: list[str] | None, render_report,
-          seeds: int = 3) -> None:
-    """The grid (one seed a setting), extended past a choice at its highest rate (_extend_grid); once a
-    family's grid is done, seeds 2..`seeds` at its choice (the lowest validation NLL); then, for a
-    family that spends fewer training FLOPs per update than the Transformer's choice, its choice's
-    seeds again to the Transformer's FLOPs at the budget."""
-
-    _run_rows("tune", rows, common, ctx, only, render_report)
-    if only and ARCH_SEEDS not in only:
-        return render_report()
-    rows = _extend_grid(rows, common, ctx, render_report)
-    picks = tune_choices(rows, ctx["results"])
-    _run_rows("tune", [repeat(r, s) for r in picks.values() for s in range(2, seeds + 1)], common, ctx, None,
-              render_report)
-    longer = [equal_flops(r, n) for r, n in flops_parity(picks, ctx["results"], common["train.max_steps"])]
-    _run_rows("tune", [x for r in longer for x in [r] + [repeat(r, s) for s in range(2, seeds + 1)]], common, ctx,
-              None, render_report)
-    render_report()
-
-
-def _extend_grid(rows: list[Row], common: dict[str, Any], ctx: dict[str, Any], render_report) -> list[Row]:
-    """While a family's choice lies at the highest peak rate of its grid (of two rates or more), one
-    more row at twice that rate and the choice's clipping, TUNE_EXTEND times at most; the grid so
-    extended (a resumed suite extends it the same way: each step reads only finished results)."""
-    for _ in range(TUNE_EXTEND):
-        more = _extensions(rows, ctx["results"])
-        if not more:
-            break
-        rows = rows + more
-        _run_rows("tune", more, common, ctx, None, render_report)
-    return rows
-
-
-def _extensions(rows: list[Row], results: Path) -> list[Row]:
-    """The rows that extend a grid next: twice the rate of each family's choice that lies at its grid's
-    highest rate, read from finished results only (the suite and its planned count agree)."""
-    edges = grid_edges(_tune_results(rows, results))
-    return [extended(r, 2 * r.overrides["train.peak_lr"]) for f, r in tune_choices(rows, results).items()
-            if edges.get(f) == "highest"]
-
-
-def _tune_results(rows: list[Row], results: Path) -> list[dict]:
-    """The tune suite's finished results of `rows` (a grid as far as it is planned: others are not its)."""
-    names = {r.name for r in rows}
-    return [r for r in load_results(results).get("tune", []) if r["row"] in names]
-
-
-def tune_choices(rows: list[Row], results: Path) -> dict[str, Row]:
-    """Each family's choice among its finished grid (lowest validation NLL), for families whose whole
-    grid has run: a resumed suite picks the same."""
-    rs = _tune_results(rows, results)
-    done, names, out = chosen(rs), {r["row"] for r in rs}, {}
-    for group in dict.fromkeys(r.group for r in rows):
-        grid = [r for r in rows if r.group == group]
-        if group in done and all(r.name in names for r in grid):
-            out[group] = next(r for r in grid if r.name == done[group]["row"])
-    return out
-
-
-def flops_parity(picks: dict[str, Row], results: Path, budget: int) -> list[tuple[Row, int]]:
-    """The choices that spend fewer training FLOPs per target token than the Transformer's, with the
-    updates at which they have spent what it spent in `budget` updates (the same batches)."""
-    rs = {r["row"]: r for r in load_results(results).get("tune", [])}
-    if "transformer" not in picks:
-        return []
-    f_t = rs[picks["transformer"].name]["flops_per_token"]
-    return [(r, round(budget * f_t / rs[r.name]["flops_per_token"])) for g, r in picks.items()
-            if g != "transformer" and rs[r.name]["flops_per_token"] < f_t]
 
 
 def _same_seed_transformer(r: dict) -> str | None:
@@ -347,7 +250,8 @@ def _quick(ctx: dict[str, Any], only: list[str] | None, render_report) -> None:
     stab = stability_rows((1.0, 0.02), TINY, lr_scale=40.0)  # diverges at ×1 on purpose, trains at 0.8
     _table3(q["table3"], stab, QUICK_SEEDS, common, ctx, only, render_report, extra_seeds=1)
     _arch("arch", q["arch"], common, ctx, only, render_report, updates=2, rounds=1, seeds=QUICK_SEEDS)
-    _tune(q["tune"], common, ctx, only, render_report, QUICK_SEEDS)
+    run_tune(q["tune"], common, ctx, only, render_report, QUICK_SEEDS)
+    run_decode(q["tune"], common, ctx, only, render_report, QUICK_SEEDS)
 
 
 def _table1(results: Path, quick: bool, device: str | None) -> None:
@@ -370,6 +274,7 @@ def check_rows(suite: str, rows: list[str] | None, seeds: int) -> None:
     q = quick_rows()
     known = {"budget": ["ref"], "table3": [r.name for r in table3_rows(seeds, 0.4) + stability_rows()],
              "arch": [r.name for r in arch_rows()], "tune": [r.name for r in tune_rows()],
+             "decode": list(dict.fromkeys(r.group for r in tune_rows())),  # a family's runs
              "quick": [r.name for rs in q.values() for r in rs]}.get(suite, [])  # table1 has no rows
     known += ["ref"] if suite in ("table3", "quick") else []  # a group: every reference seed
     known += {"table3": [SECOND_SEEDS], "arch": [ARCH_SEEDS], "tune": [ARCH_SEEDS]}.get(suite, [])

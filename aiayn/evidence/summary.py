@@ -4,7 +4,7 @@ are inconclusive and how many more seeds would settle them; the Transformer agai
 from __future__ import annotations
 
 from .claims import SAME, judged
-from .families import comparison_words, tuned_complete, tuned_words
+from .families import comparison_words, decoded_words, tuned_complete, tuned_words
 from .plan import DESIGNS, FULL_REFERENCE_SEEDS, NLL_MARGIN
 from .power import POWER, judged_count
 from .stats import seeds_to_settle
@@ -148,7 +148,8 @@ def summary_section(results: dict[str, list[dict]]) -> list[str]:
     tune = results.get("tune", [])
     tuned = tuned_words(tune)  # the fair comparison; the presets' one stays until every family's seeds are in
     arch = "" if tuned and tuned_complete(tune) else arch_words(results.get("arch", []), "tune" in results)
-    words = [w for w in (table3_words(results.get("table3", [])), arch, tuned) if w]
+    decoded = decoded_words(results.get("decode", []))  # the same runs, each at its own tuned beam and alpha
+    words = [w for w in (table3_words(results.get("table3", [])), arch, tuned, decoded) if w]
     return ["## Summary", "", " ".join(words), ""] if words else []
 
 

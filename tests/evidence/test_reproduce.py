@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 from cli_forks import run_many
 from scipy import stats as scipy_stats
@@ -56,6 +57,26 @@ def _results(report: Path) -> dict[str, dict]:
     return {f"{f.parent.name}/{f.stem}": json.loads(f.read_text()) for f in (report / "results").glob("*/*.json")}
 
 
+def _check_decode_suite(results: dict[str, dict], report: Path, data: Path) -> None:
+    """The decode suite: each run trained again to the tune suite's very weights (the same NLL, the same
+    BLEU at beam 4, α 0.6), its setting the grid's best validation BLEU (ties: nearest beam 4, α 0.6), its
+    BLEU at that setting sacreBLEU's on the hypotheses it wrote, paired against the same-seed Transformer."""
+    refs = (data / "valid.de.txt").read_text().splitlines()[:20]
+    for name in [n for n in results if n.startswith("decode/")]:
+        r, twin = results[name], results[name.replace("decode/", "tune/")]
+        assert "reused" not in r and r["valid_nll"] == twin["valid_nll"] and r["bleu_paper"] == {
+            k: {x: v for x, v in b.items() if x != "seconds"} for k, b in twin["bleu"].items()}, name
+        points, d = r["decode"]["tuned"]["points"], r["decode"]
+        assert len(points) == 18 and {(p["beam"], p["alpha"]) for p in points} == {
+            (b, a) for b in (2, 4, 6) for a in (0.0, 0.3, 0.6, 1.0, 1.5, 2.0)}
+        best = max(points, key=lambda p: (p["bleu"], -abs(p["beam"] - 4), -abs(p["alpha"] - 0.6)))
+        assert (d["beam"], d["alpha"]) == (best["beam"], best["alpha"]) and r["bleu"]["valid"]["bleu"] == best["bleu"]
+        hyps = gzip.decompress((report / "results" / f"{name}.valid.hyp.gz").read_bytes()).decode().splitlines()
+        assert round(sacrebleu.BLEU().corpus_score(hyps, [refs]).score, 2) == r["bleu"]["valid"]["bleu"]
+        if r["group"] != "transformer":
+            assert r["paired_bs"]["baseline"] == "transformer-lr0.002-clip0" + ("-s2" if r["seed"] == 2 else "")
+
+
 @pytest.mark.slow
 def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_prepared, tmp_path):
     work, report = tmp_path / "work", tmp_path / "report"
@@ -77,8 +98,10 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     grid, fpt = {t, c}, {n: results[f"tune/{n}"]["flops_per_token"] for n in (t, c)}
     longer = {f"{c}-flops", f"{c}-flops-s2"} if fpt[c] < fpt[t] else set()
     tune = grid | {f"{n}-s2" for n in grid} | longer
+    # decode: the tune suite's compared runs (here all but none of the grid's: one setting a family) again
     assert set(results) - extra == ({f"table3/{r}" for r in table3} | {f"arch/{r}" for r in arch | seeds}
-                                    | {f"tune/{r}" for r in tune} | {"table1/quick"})
+                                    | {f"tune/{r}" for r in tune} | {f"decode/{r}" for r in tune} | {"table1/quick"})
+    _check_decode_suite(results, report, toy_prepared)
     for name in longer:  # the same FLOPs as the Transformer's 8 updates, by the recorded FLOPs per token
         assert results[f"tune/{name}"]["updates"] == round(8 * fpt[t] / fpt[c]) > 8
     # Table 3's seed rule, by hand: a row's NLL change between 1 and 2.5 half-widths of its family's 95 %
@@ -143,7 +166,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     text = (report / "REPORT.md").read_text()
     progress = (f"table3 {len(table3)} of {len(table3)} rows{f' (+{len(extra)} second seed)' if extra else ''}, "
                 f"arch {len(arch | seeds)} of {len(arch | seeds)} rows, tune {len(tune)} of {len(tune)} rows, "
-                "table1 done.")
+                f"decode {len(tune)} of {len(tune)} rows, table1 done.")
     assert progress in text  # the quick suite's own plan, not the full suites'
     for heading in ("## Table 3 at small scale", "### Depth rows at their own rate", "## Table 1",
                     "## Transformer, recurrent and convolutional models",
@@ -152,7 +175,9 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
                     "ΔNLL ± 95 % PI (p)", "paired bootstrap ΔBLEU (p)", "stability-N6-x1: diverged",
                     "### What the paper claims, row by row", "### What each row could show", "updates on Multi30k",
                     "Reference, 3 seeds: NLL", "training pairs", "PPL at equal time", "Over seeds",
-                    "- **conv**, 2 seeds", "Load average (1, 5, 15 min)"):
+                    "- **conv**, 2 seeds", "Load average (1, 5, 15 min)",
+                    "## Every family decoded at the beam and α chosen on its own validation set",
+                    "Over seeds at the tuned settings", "reach the tune suite's validation NLL within 0 nats"):
         assert heading in text
     if shutil.which("lscpu") and Path("/proc/cpuinfo").exists():  # the processor's family, read another way
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"})
@@ -528,7 +553,7 @@ def test_second_seeds_asked_alone_judge_a_depth_row_against_its_own_reference_at
     put("C-N2", "C", 3.0 + 1.5 * prediction_halfwidth(depth), "depth")  # 1.5 half-widths of its own reference
     ran = []
     monkeypatch.setattr(suites, "stability", lambda *a: 0.4)
-    monkeypatch.setattr(suites, "_run_rows", lambda suite, rows, common, ctx, only, render: ran.extend(
+    monkeypatch.setattr(suites, "run_rows", lambda suite, rows, common, ctx, only, render: ran.extend(
         r for r in rows if not only or r.name in only or r.group in only))
     monkeypatch.setattr(suites, "pair_with_references", lambda *a: None)
     suites._table3(table3_rows(5), stability_rows(), 5, {}, {"results": tmp_path / "results", "data_dir": tmp_path},
@@ -552,7 +577,7 @@ def test_a_row_selection_without_second_seeds_says_which_it_leaves_out(tmp_path,
         (out / f"{name}.json").write_text(json.dumps(r))
     ran = []
     monkeypatch.setattr(suites, "stability", lambda *a: None)  # N=6 trained: no depth group
-    monkeypatch.setattr(suites, "_run_rows", lambda suite, rows, common, ctx, only, render: ran.extend(
+    monkeypatch.setattr(suites, "run_rows", lambda suite, rows, common, ctx, only, render: ran.extend(
         r.name for r in rows if not only or r.name in only or r.group in only))
     monkeypatch.setattr(suites, "pair_with_references", lambda *a: None)
     ctx = {"results": tmp_path / "results", "data_dir": tmp_path}
@@ -571,7 +596,7 @@ def test_the_tune_suite_seeds_a_family_only_once_its_grid_is_done_and_matches_th
     same); a family spending fewer training FLOPs per token than the Transformer's choice trains to the
     updates where it has spent the Transformer's FLOPs at the budget; one spending more does not."""
     from aiayn.evidence.plan import tune_rows
-    from aiayn.evidence.suites import flops_parity, tune_choices
+    from aiayn.evidence.tuning import flops_parity, tune_choices
 
     rows = tune_rows()
     out = tmp_path / "results" / "tune"
@@ -594,10 +619,10 @@ def test_the_tune_suite_seeds_a_family_only_once_its_grid_is_done_and_matches_th
 
 def test_a_choice_at_the_grids_highest_rate_extends_the_grid_by_doublings_until_inside_or_capped(tmp_path,
                                                                                                    monkeypatch):
-    """_extend_grid: a family whose choice has the grid's highest peak rate gets one row at twice it (the
+    """extend_grid: a family whose choice has the grid's highest peak rate gets one row at twice it (the
     choice's clipping), again while the choice stays at the top, TUNE_EXTEND times at most; a choice at
     the lowest rate or inside is not extended; resumed on the same results, it runs nothing new."""
-    from aiayn.evidence import suites
+    from aiayn.evidence import suites, tuning
     from aiayn.evidence.plan import TUNE_EXTEND, tune_rows
 
     out = tmp_path / "results" / "tune"
@@ -616,19 +641,19 @@ def test_a_choice_at_the_grids_highest_rate_extends_the_grid_by_doublings_until_
                                                                 "valid_ppl": math.exp(nll), "curve": [],
                                                                 "overrides": r.overrides}))
 
-    monkeypatch.setattr(suites, "_run_rows", train)
+    monkeypatch.setattr(tuning, "run_rows", train)
     ctx = {"results": tmp_path / "results"}
     train("tune", tune_rows(), {}, ctx, None, None)
-    rows = suites._extend_grid(tune_rows(), {}, ctx, lambda: None)
+    rows = tuning.extend_grid(tune_rows(), {}, ctx, lambda: None)
     assert TUNE_EXTEND == 4 and ran[16:] == ["transformer-lr0.004-clip0", "bahdanau-lr0.004-clip0",
                                              "luong-lr0.004-clip0", "transformer-lr0.008-clip0",
                                              "bahdanau-lr0.008-clip0", "bahdanau-lr0.016-clip0",
                                              "bahdanau-lr0.032-clip0"]
-    picks = suites.tune_choices(rows, ctx["results"])
+    picks = tuning.tune_choices(rows, ctx["results"])
     assert {f: r.name for f, r in picks.items()} == {
         "transformer": "transformer-lr0.004-clip0", "bahdanau": "bahdanau-lr0.032-clip0",  # inside; capped at an edge
         "luong": "luong-lr0.002-clip0", "conv": "conv-lr0.001-clip0"}  # inside after one row; the lowest rate
-    assert suites._extend_grid(tune_rows(), {}, ctx, lambda: None) == rows and len(ran) == 23  # resumed: the same
+    assert tuning.extend_grid(tune_rows(), {}, ctx, lambda: None) == rows and len(ran) == 23  # resumed: the same
     assert suites.planned(tmp_path)["tune"] == 16 + 7 + 4 * 2  # grid, its extension, 2 more seeds a family
     (out / "bahdanau-lr0.032-clip0.json").rename(tmp_path / "b32")  # as the suite stood before it ran
     assert suites.planned(tmp_path)["tune"] == 16 + 7 + 4 * 2  # 6 extensions run, the 7th counted before it runs
@@ -999,3 +1024,36 @@ def test_the_report_lists_test_set_nll_only_for_rows_that_recorded_it():
                             {"row": "E", "valid_nll": 1.6}])
     assert lines[2] == "| row | valid NLL | test_2016_flickr | test_2017_flickr |"
     assert lines[4:6] == ["| ref-s1 | 1.7000 | 1.7500 | 2.1000 |", "| A-h1 | 1.8000 | 1.9000 | – |"]
+
+
+def test_the_decode_suite_without_a_finished_tune_grid_is_one_clear_line(toy_prepared, tmp_path):
+    """--suite decode trains the tune suite's choices again: with no tune results there is nothing to
+    train, and it says so in one line, writing no run folder."""
+    p = reproduce("--suite", "decode", "--data", toy_prepared, "--work", tmp_path / "work", "--report",
+                  tmp_path / "report")
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert "no family's tune grid has finished" in p.stderr and "--suite tune" in p.stderr
+    assert not (tmp_path / "work" / "decode").exists()
+
+
+def test_decode_rows_are_the_tune_suites_compared_runs(tmp_path):
+    """decode_rows, from finished tune results: each family's choice with its seeds, then the runs at the
+    Transformer's FLOPs for a choice that spends fewer (with their seeds); a family whose grid is unfinished
+    has none."""
+    from aiayn.evidence.plan import tune_rows
+    from aiayn.evidence.tuning import decode_rows
+
+    out = tmp_path / "tune"
+    out.mkdir()
+    for r in tune_rows():
+        if r.group == "luong" and r.overrides["train.peak_lr"] == 2e-3:
+            continue  # luong's grid unfinished
+        nll = 1.7 + (0.0 if r.overrides["train.peak_lr"] == 1e-3 and r.overrides["train.clip_norm"] else 0.1)
+        (out / f"{r.name}.json").write_text(json.dumps({
+            "row": r.name, "of": r.name, "group": r.group, "family": "main", "valid_nll": nll, "valid_ppl": 6.0,
+            "curve": [], "overrides": r.overrides, "flops_per_token": 1.0 if r.group == "conv" else 2.0}))
+    names = [r.name for r in decode_rows(tune_rows(), tmp_path, 100, seeds=3)]
+    picks = [f"{f}-lr0.001-clip1" for f in ("transformer", "bahdanau", "conv")]  # at the lowest rate: no extension
+    assert names == [x for p in picks for x in (p, f"{p}-s2", f"{p}-s3")] + [
+        "conv-lr0.001-clip1-flops", "conv-lr0.001-clip1-flops-s2", "conv-lr0.001-clip1-flops-s3"]
+    assert decode_rows(tune_rows(), tmp_path, 100)[-1].overrides["train.max_steps"] == 200  # twice the FLOPs
