@@ -400,3 +400,31 @@ def test_an_unfinished_suite_names_each_familys_reference_seeds_as_its_files_hol
         assert f"unfinished, {want} of 5 reference seeds" in brief(rs)
     else:  # the references complete: what may still keep it unfinished is second seeds, tested above
         assert "of 5 reference seeds" not in brief(rs)
+
+
+def test_the_decode_section_shows_each_runs_tuned_setting_and_both_bleus_and_the_summary_waits_for_seeds():
+    """The decode suite's table: a run's chosen beam and α, its BLEU (BP) at that setting then at beam 4,
+    α 0.6, its NLL beside the tune suite's; the comparison over seeds at the tuned settings; the summary's
+    sentence (test BLEU, family minus Transformer) only once every family has the Transformer's seeds."""
+    from aiayn.evidence.families import decoded_section, decoded_words
+
+    def decoded(rs: list[dict], beam: int, alpha: float) -> list[dict]:
+        grid = [{"beam": b, "alpha": a, "bleu": 30.0, "bp": 1.0} for b in (2, 4, 6) for a in (0.0, 0.6, 2.0)]
+        return [{**r, "decode": {"beam": beam, "alpha": alpha, "tuned": {"points": grid}},
+                 "bleu": {k: {**v, "bp": 0.97} for k, v in r["bleu"].items()},
+                 "bleu_paper": {k: {"bleu": v["bleu"] - 0.5, "bp": 0.93} for k, v in r["bleu"].items()}} for r in rs]
+
+    base = decoded(_seeds("transformer-lr0.002-clip1", "transformer", [1.66, 1.67, 1.68], [39.0, 39.2, 39.4]), 6, 1.5)
+    luong = decoded(_seeds("luong-lr0.008-clip1", "luong", [1.64, 1.63], [40.0, 40.4]), 4, 0.6)
+    tune = [{**r, "valid_nll": r["valid_nll"] + 1e-5} for r in base]
+    text = "\n".join(decoded_section(base + luong, tune))
+    assert "beams 2, 4, 6 × α 0, 0.6, 2" in text
+    assert "| transformer-lr0.002-clip1 | transformer | 6, 1.5 | 1.6600 (1.6600) | 39.00 (0.97) / 38.50 (0.93) | " \
+           "38.00 (0.97) / 37.50 (0.93) | – |" in text
+    assert "3 runs reach the tune suite's validation NLL within 1e-05 nats" in text
+    assert "- **luong-lr0.008-clip1** (luong), 2 seeds, 2,750 updates: valid NLL 1.6350 (-0.0350" in text
+    assert decoded_words(base + luong) == ""  # luong has 2 of the Transformer's 3 seeds
+    luong += decoded(_seeds("luong-lr0.008-clip1", "luong", [1.64, 1.63, 1.65], [40.0, 40.4, 40.2]), 4, 0.6)[2:]
+    words = decoded_words(base + luong)
+    assert words.startswith("Each family decoded at the beam and α chosen on its own validation set")
+    assert "luong, 3 seeds: test2016 BLEU 39.20 (+1.00" in words and "valid NLL" not in words
