@@ -20,15 +20,15 @@ def summarize():
     return module
 
 
-def _model(work: Path, name: str, hyps: list[str] | None, averaged: bool = True) -> None:
-    (work / name).mkdir()
+def _model(work: Path, name: str, hyps: list[str] | None, averaged: bool = True, tag: str = "") -> None:
+    (work / name).mkdir(exist_ok=True)
     if averaged:
         (work / name / "averaged.safetensors").write_bytes(b"")
     for t in ("test_2016_flickr", "test_2017_flickr"):
         if hyps is not None:
-            (work / f"{name}.{t}.de").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+            (work / f"{name}{tag}.{t}.de").write_text("\n".join(hyps) + "\n", encoding="utf-8")
             score = sacrebleu.corpus_bleu(hyps, [REFS]).score
-            (work / f"{name}.{t}.score").write_text(f"BLEU = {score:.2f} 60.0/40.0/30.0/20.0\n")
+            (work / f"{name}{tag}.{t}.score").write_text(f"BLEU = {score:.2f} 60.0/40.0/30.0/20.0\n")
 
 
 def test_seeds_are_found_in_order_and_differences_are_means_with_a_paired_interval(summarize, tmp_path):
@@ -55,3 +55,22 @@ def test_seeds_are_found_in_order_and_differences_are_means_with_a_paired_interv
     assert 0 < gain["ci95"][0] <= gain["delta"] <= gain["ci95"][1]
     vs_teacher = out["student_minus_teacher"]["test2017"]
     assert vs_teacher["seeds"] == [3, 1] and vs_teacher["delta"] < 0 and vs_teacher["ci95"][1] <= 0
+
+
+def test_tuned_differences_are_kept_apart_and_carry_each_seeds_own_difference(summarize, tmp_path):
+    (tmp_path / "data").mkdir()
+    for t in ("test_2016_flickr", "test_2017_flickr"):
+        (tmp_path / "data" / f"{t}.de.txt").write_text("\n".join(REFS) + "\n", encoding="utf-8")
+    worse = [r.replace("Wiese", "Straße") if i % 2 else r for i, r in enumerate(REFS)]
+    for name, b4, tuned in (("teacher", REFS, REFS), ("student", worse, REFS), ("student-s2", worse, worse),
+                            ("student-orig", worse, worse), ("student-orig-s2", REFS, worse)):
+        _model(tmp_path, name, b4, averaged=name != "teacher")
+        _model(tmp_path, name, tuned, averaged=False, tag=".tuned")
+    out = summarize.differences(tmp_path, summarize.models(tmp_path))
+    bleu = {h: sacrebleu.corpus_bleu(x, [REFS]).score for h, x in (("r", REFS), ("w", worse))}
+    gap = bleu["r"] - bleu["w"]
+    assert out["kd_gain"]["test2016"]["per_seed"] == pytest.approx([0, -gap], abs=0.01)
+    assert out["kd_gain_tuned"]["test2016"]["per_seed"] == pytest.approx([gap, 0], abs=0.01)
+    assert out["kd_gain_tuned"]["test2016"]["delta"] == pytest.approx(gap / 2, abs=0.01)
+    assert out["student_minus_teacher_tuned"]["test2017"]["per_seed"] == pytest.approx([0, -gap], abs=0.01)
+    assert out["student_minus_teacher"]["test2017"]["per_seed"] == pytest.approx([-gap, -gap], abs=0.01)

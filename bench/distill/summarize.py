@@ -34,19 +34,31 @@ def _lines(path: Path) -> list[str]:
 
 
 def differences(work: Path, kinds: dict[str, list[str]]) -> dict:
-    """Mean-over-seeds BLEU differences at beam 4, alpha 0.6, fp32, with their paired bootstrap interval."""
+    """Mean-over-seeds BLEU differences, at beam 4, alpha 0.6, fp32 and at each model's tuned setting (the
+    keys ending in _tuned), with their paired bootstrap interval over the test sentences; per_seed holds
+    each seed's own difference (against the same seed's student-orig, or the one teacher)."""
     out = {}
-    for name, a, b in (("kd_gain", "student", "student-orig"), ("student_minus_teacher", "student", "teacher")):
-        for t, short in TESTS:
-            hyps = [[_lines(work / f"{m}.{t}.de") for m in kinds[k]] for k in (a, b)]
-            if not all(hyps) or not (work / "data" / f"{t}.de.txt").is_file():
-                continue
-            refs = _lines(work / "data" / f"{t}.de.txt")
-            bleu = [[_bleu(work / f"{m}.{t}.score") for m in kinds[k]] for k in (a, b)]
-            lo, hi = paired_interval(hyps[0], hyps[1], refs)
-            out.setdefault(name, {})[short] = {"seeds": [len(h) for h in hyps], "delta": statistics.mean(bleu[0])
-                                               - statistics.mean(bleu[1]), "ci95": [lo, hi]}
+    for tag in ("", ".tuned"):
+        for name, a, b in (("kd_gain", "student", "student-orig"), ("student_minus_teacher", "student", "teacher")):
+            for t, short in TESTS:
+                row = _difference(work, kinds[a], kinds[b], tag, t)
+                if row:
+                    out.setdefault(name + tag.replace(".", "_"), {})[short] = row
     return out
+
+
+def _difference(work: Path, a: list[str], b: list[str], tag: str, test: str) -> dict | None:
+    files = [[work / f"{m}{tag}.{test}.de" for m in ms] for ms in (a, b)]
+    ref = work / "data" / f"{test}.de.txt"
+    if not a or not b or not ref.is_file() or not all(f.is_file() for fs in files for f in fs):
+        return None
+    refs = _lines(ref)
+    hyps = [[_lines(f) for f in fs] for fs in files]
+    bleu = [[_bleu(work / f"{m}{tag}.{test}.score") for m in ms] for ms in (a, b)]
+    lo, hi = paired_interval(hyps[0], hyps[1], refs)
+    per_seed = [x - bleu[1][0] for x in bleu[0]] if len(b) == 1 else [x - y for x, y in zip(bleu[0], bleu[1])]
+    return {"seeds": [len(a), len(b)], "delta": statistics.mean(bleu[0]) - statistics.mean(bleu[1]),
+            "ci95": [lo, hi], "per_seed": per_seed}
 
 
 def _bleu(path: Path) -> float | None:
