@@ -3,6 +3,7 @@ mean-over-seeds differences with their paired bootstrap interval (a second imple
 corpus scores, computed here)."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,35 @@ def test_tuned_differences_are_kept_apart_and_carry_each_seeds_own_difference(su
     assert out["kd_gain_tuned"]["test2016"]["delta"] == pytest.approx(gap / 2, abs=0.01)
     assert out["student_minus_teacher_tuned"]["test2017"]["per_seed"] == pytest.approx([0, -gap], abs=0.01)
     assert out["student_minus_teacher"]["test2017"]["per_seed"] == pytest.approx([-gap, -gap], abs=0.01)
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.2f}".replace("-", "−")
+
+
+def test_the_students_page_gives_the_committed_run_s_figures_beside_their_own_rows():
+    """docs/students.md's two-seed tables against the JSON bench/distill/summarize.py wrote for that run."""
+    root = Path(__file__).resolve().parents[1]
+    run = json.loads((root / "bench" / "distill" / "2026-12-07_family26_distill.json").read_text())
+    page = (root / "docs" / "students.md").read_text(encoding="utf-8")
+    section = page[page.index("## Measured"):page.index("On a Zen 3")]
+    rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| ")}
+    bleu = run["bleu"]
+    for label, models in (("teacher", ["teacher"]),
+                          ("student on the teacher's translations", ["student", "student-s2"]),
+                          ("student on the original targets", ["student-orig", "student-orig-s2"])):
+        cells = [c.strip() for c in rows[label].split("|")[3:-1]]
+        want = [", ".join(f"{run['tuned'][m]['precisions']['fp32']['valid_bleu']:.2f}" for m in models)]
+        for test in ("test_2016_flickr", "test_2017_flickr"):
+            want += [", ".join(f"{bleu[m + tag][test]:.2f}" for m in models) for tag in ("", ".tuned")]
+        assert cells == want, label
+    diffs = run["differences"]
+    for label, key in (("distillation's gain", "kd_gain"), ("student − teacher", "student_minus_teacher")):
+        cells = rows[label].split("|")[2:-1]
+        for cell, (tag, test) in zip(cells, [("", "test2016"), ("", "test2017"), ("_tuned", "test2016"),
+                                             ("_tuned", "test2017")]):
+            d = diffs[key + tag][test]
+            want = f"{_signed(d['delta'])} ({_signed(d['ci95'][0])} … {_signed(d['ci95'][1])})"
+            if key == "kd_gain":  # each seed's own gain beside the mean
+                want += "; " + ", ".join(_signed(x) for x in d["per_seed"])
+            assert cell.replace("**", "").strip() == want, (label, test)
