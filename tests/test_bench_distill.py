@@ -75,6 +75,9 @@ def test_tuned_differences_are_kept_apart_and_carry_each_seeds_own_difference(su
     assert out["kd_gain_tuned"]["test2016"]["delta"] == pytest.approx(gap / 2, abs=0.01)
     assert out["student_minus_teacher_tuned"]["test2017"]["per_seed"] == pytest.approx([0, -gap], abs=0.01)
     assert out["student_minus_teacher"]["test2017"]["per_seed"] == pytest.approx([-gap, -gap], abs=0.01)
+    (tmp_path / "student-orig-s2.tuned.test_2017_flickr.score").unlink()  # translated, not yet scored
+    out = summarize.differences(tmp_path, summarize.models(tmp_path))
+    assert "test2017" not in out["kd_gain_tuned"] and "test2016" in out["kd_gain_tuned"]
 
 
 def _signed(x: float) -> str:

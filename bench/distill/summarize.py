@@ -50,11 +50,12 @@ def differences(work: Path, kinds: dict[str, list[str]]) -> dict:
 def _difference(work: Path, a: list[str], b: list[str], tag: str, test: str) -> dict | None:
     files = [[work / f"{m}{tag}.{test}.de" for m in ms] for ms in (a, b)]
     ref = work / "data" / f"{test}.de.txt"
-    if not a or not b or not ref.is_file() or not all(f.is_file() for fs in files for f in fs):
-        return None
+    bleu = [[_bleu(work / f"{m}{tag}.{test}.score") for m in ms] for ms in (a, b)]
+    if not a or not b or not ref.is_file() or not all(f.is_file() for fs in files for f in fs) \
+            or None in bleu[0] + bleu[1]:
+        return None  # a model not yet translated or scored at this setting
     refs = _lines(ref)
     hyps = [[_lines(f) for f in fs] for fs in files]
-    bleu = [[_bleu(work / f"{m}{tag}.{test}.score") for m in ms] for ms in (a, b)]
     lo, hi = paired_interval(hyps[0], hyps[1], refs)
     per_seed = [x - bleu[1][0] for x in bleu[0]] if len(b) == 1 else [x - y for x, y in zip(bleu[0], bleu[1])]
     return {"seeds": [len(a), len(b)], "delta": statistics.mean(bleu[0]) - statistics.mean(bleu[1]),
