@@ -223,8 +223,9 @@ def decoded_section(rs: list[dict], tune: list[dict]) -> list[str]:
                    f"{_decoded_cell(r, 'test_2017_flickr')} |")
     same = [abs(r["valid_nll"] - tune_nll[r["row"]]) for r in rs if r["row"] in tune_nll]
     if same:
-        out += ["", f"Trained again, {len(same)} runs reach the tune suite's validation NLL within "
-                f"{max(same):.2g} nats (training is deterministic; a difference is another processor's arithmetic)."]
+        within = "exactly" if max(same) == 0 else f"within {max(same):.2g} nats"
+        out += ["", f"Trained again, {len(same)} runs reach the tune suite's validation NLL {within} "
+                "(training is deterministic; a difference is another processor's arithmetic)."]
     base, updates, flops = tuned_groups(rs)
     if len(base) > 1:
         out += ["", f"Over seeds at the tuned settings (family minus the Transformer's {len(base)} seeds of "
