@@ -173,16 +173,17 @@ def tuned_complete(rs: list[dict]) -> bool:
     return len(base) > 1 and bool(updates) and all(len(g) >= len(base) for g in updates.values())
 
 
-def tuned_words(rs: list[dict]) -> str:
-    """The summary's sentence on the families, from the tune suite's choices and their seeds."""
+def tuned_words(rs: list[dict], labels: tuple[str, ...] | None = None) -> str:
+    """The summary's sentence on the families, from the tune suite's choices and their seeds (`labels`: the
+    scores it gives, all when None)."""
     base, updates, flops = tuned_groups(rs)
     seeded = {f: g for f, g in updates.items() if len(g) > 1}
     if len(base) < 2 or not seeded:
         return ""
     waiting = sorted(f for f, g in updates.items() if len(g) < len(base))  # their seeds not all in yet
-    parts = [f"{f}, {len(g)} seeds: {comparison_words(g, base)}" for f, g in sorted(seeded.items())]
+    parts = [f"{f}, {len(g)} seeds: {comparison_words(g, base, labels)}" for f, g in sorted(seeded.items())]
     parts += [f"{f} at the Transformer's training FLOPs ({g[0]['updates']:,} updates), {len(g)} seeds: "
-              f"{comparison_words(g, base)}"
+              f"{comparison_words(g, base, labels)}"
               for f, g in sorted(flops.items()) if len(g) > 1]
     return (f"Every family tuned on validation (peak rate × clipping, one seed a setting) and run with seeds at its "
             f"choice, family minus the Transformer ({base[0]['row']}, {len(base)} seeds; mean, Δ ± 95 % interval, "
@@ -237,13 +238,23 @@ def decoded_section(rs: list[dict], tune: list[dict]) -> list[str]:
     return out + [""]
 
 
-def decoded_words(rs: list[dict]) -> str:
-    """The summary's sentence on the families at their own tuned decoding (the decode suite's), once every
-    family has as many seeds as the Transformer."""
-    if not tuned_complete(rs):
+def decoded_complete(rs: list[dict], tune: list[dict]) -> bool:
+    """Whether the decode suite holds every family's seeds at equal updates and every run at the
+    Transformer's FLOPs that the tune suite has."""
+    _, _, flops = tuned_groups(rs)
+    _, _, planned = tuned_groups(tune)
+    return tuned_complete(rs) and all(len(flops.get(f, [])) >= len(g) for f, g in planned.items())
+
+
+def decoded_words(rs: list[dict], tune: list[dict]) -> str:
+    """The summary's sentence on the families at their own tuned decoding (the decode suite's), test BLEU
+    at equal updates and at the Transformer's training FLOPs, once every run the tune suite compares is in."""
+    if not decoded_complete(rs, tune):
         return ""
-    base, updates, _ = tuned_groups(rs)
-    parts = [f"{f}, {len(g)} seeds: {comparison_words(g, base, ('test2016 BLEU', 'test2017 BLEU'))}"
-             for f, g in sorted(updates.items())]
+    base, updates, flops = tuned_groups(rs)
+    labels = ("test2016 BLEU", "test2017 BLEU")
+    parts = [f"{f}, {len(g)} seeds: {comparison_words(g, base, labels)}" for f, g in sorted(updates.items())]
+    parts += [f"{f} at the Transformer's training FLOPs ({g[0]['updates']:,} updates), {len(g)} seeds: "
+              f"{comparison_words(g, base, labels)}" for f, g in sorted(flops.items())]
     return (f"Each family decoded at the beam and α chosen on its own validation set (the decode suite), family "
             f"minus the Transformer ({base[0]['row']}, {len(base)} seeds): " + ". ".join(parts) + ".")

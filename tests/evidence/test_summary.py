@@ -423,8 +423,21 @@ def test_the_decode_section_shows_each_runs_tuned_setting_and_both_bleus_and_the
            "38.00 (0.97) / 37.50 (0.93) | – |" in text
     assert "3 runs reach the tune suite's validation NLL within 1e-05 nats" in text
     assert "- **luong-lr0.008-clip1** (luong), 2 seeds, 2,750 updates: valid NLL 1.6350 (-0.0350" in text
-    assert decoded_words(base + luong) == ""  # luong has 2 of the Transformer's 3 seeds
+    assert decoded_words(base + luong, tune) == ""  # luong has 2 of the Transformer's 3 seeds
     luong += decoded(_seeds("luong-lr0.008-clip1", "luong", [1.64, 1.63, 1.65], [40.0, 40.4, 40.2]), 4, 0.6)[2:]
-    words = decoded_words(base + luong)
+    words = decoded_words(base + luong, tune)
     assert words.startswith("Each family decoded at the beam and α chosen on its own validation set")
     assert "luong, 3 seeds: test2016 BLEU 39.20 (+1.00" in words and "valid NLL" not in words
+    # the runs at the Transformer's training FLOPs: the sentence waits for every one the tune suite has
+    flops = [{**r, "updates": 3064} for r in _seeds("luong-lr0.008-clip1-flops", "luong", [1.62, 1.63],
+                                                    [40.6, 40.8], family="flops")]
+    tune_all = tune + luong + flops
+    assert decoded_words(base + luong + decoded(flops, 4, 1.0)[:1], tune_all) == ""
+    words = decoded_words(base + luong + decoded(flops, 4, 1.0), tune_all)
+    assert "luong at the Transformer's training FLOPs (3,064 updates), 2 seeds: test2016 BLEU 39.70 (+1.50" in words
+    # once it is complete, the summary's BLEU is each family's own decoding's, not beam 4, alpha 0.6 for all
+    summary = " ".join(summary_section({"tune": tune_all, "decode": base + luong + decoded(flops, 4, 1.0)}))
+    tuned_sentence = summary[summary.index("Every family tuned"):summary.index("Each family decoded")]
+    assert "valid NLL" in tuned_sentence and "BLEU" not in tuned_sentence
+    before = " ".join(summary_section({"tune": tune_all, "decode": base + luong}))
+    assert "valid BLEU" in before[before.index("Every family tuned"):] and "Each family decoded" not in before
