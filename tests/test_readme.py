@@ -103,6 +103,28 @@ def test_the_reproduction_summary_is_generated_and_each_number_stands_beside_its
             assert lines, f"{suite}: {row} {delta} ± {pi} is not {row}'s line of its REPORT.md"
 
 
+def test_the_families_readme_figure_is_generated_and_each_difference_is_its_familys_line_of_the_report():
+    """The README's figure for the families at their own tuned decoding is evidence/families.families_cell of
+    the committed result files; once complete, each "FAMILY Δ ± interval / Δ ± interval" is that family's
+    bullet of REPORT.md's decode section, test2016 then test2017 (a number moved to another family fails)."""
+    from aiayn.evidence.families import families_cell
+    from aiayn.evidence.report import load_results
+
+    results = load_results(README.parent / "results" / "reproduction")
+    cell = families_cell(results.get("decode", []), results.get("tune", []))
+    assert cell and f"| the models it replaced, each at its own beam and α | {cell} | [REPORT]" in README.read_text()
+    report = (README.parent / "docs" / "reproduction" / "REPORT.md").read_text()
+    section = report[report.index("## Every family decoded at the beam and α"):].split("\n## ")[0]
+    found = re.findall(r"(\w+(?: at equal FLOPs)?) ([+-][\d.]+ ± [\d.]+) / ([+-][\d.]+ ± [\d.]+)", cell)
+    assert cell.startswith("unfinished: ") or len(found) == cell.count(";") + 1, cell
+    for name, d16, d17 in found:
+        family = name.replace(" at equal FLOPs", " at the Transformer's training FLOPs")
+        lines = [x for x in section.splitlines() if x.startswith("- **") and f"({family})" in x]
+        assert len(lines) == 1, (name, lines)
+        assert re.search(rf"test2016 BLEU [\d.]+ \({re.escape(d16)}, .*test2017 BLEU [\d.]+ \({re.escape(d17)},",
+                         lines[0]), (name, d16, d17)
+
+
 def heading_anchors(page: Path) -> set[str]:
     """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens,
     a repeated heading's anchor numbered (-1, -2, ...)."""

@@ -14,6 +14,7 @@ from .verdicts import with_repeats
 # What is compared: (label, BLEU split or None for the validation NLL, decimals)
 SCORES = (("valid NLL", None, 4), ("valid BLEU", "valid", 2), ("test2016 BLEU", "test_2016_flickr", 2),
           ("test2017 BLEU", "test_2017_flickr", 2))
+SCORES_TEST = ("test2016 BLEU", "test2017 BLEU")  # the sets no setting was chosen on
 FLOPS = "flops"  # the family of the runs trained to the Transformer's training FLOPs (tune suite)
 
 
@@ -252,9 +253,28 @@ def decoded_words(rs: list[dict], tune: list[dict]) -> str:
     if not decoded_complete(rs, tune):
         return ""
     base, updates, flops = tuned_groups(rs)
-    labels = ("test2016 BLEU", "test2017 BLEU")
-    parts = [f"{f}, {len(g)} seeds: {comparison_words(g, base, labels)}" for f, g in sorted(updates.items())]
+    parts = [f"{f}, {len(g)} seeds: {comparison_words(g, base, SCORES_TEST)}" for f, g in sorted(updates.items())]
     parts += [f"{f} at the Transformer's training FLOPs ({g[0]['updates']:,} updates), {len(g)} seeds: "
-              f"{comparison_words(g, base, labels)}" for f, g in sorted(flops.items())]
+              f"{comparison_words(g, base, SCORES_TEST)}" for f, g in sorted(flops.items())]
     return (f"Each family decoded at the beam and α chosen on its own validation set (the decode suite), family "
             f"minus the Transformer ({base[0]['row']}, {len(base)} seeds): " + ". ".join(parts) + ".")
+
+
+def families_cell(decode: list[dict], tune: list[dict]) -> str:
+    """The README's figure for the families at their own tuned decoding: test BLEU, family minus the
+    Transformer, Δ ± 95 % interval for test2016 / test2017 (tests/test_readme.py); "" before the tune suite."""
+    base, updates, flops = tuned_groups(tune)
+    planned = len(base) + sum(map(len, updates.values())) + sum(map(len, flops.values()))
+    if not planned:
+        return ""
+    if not decoded_complete(decode, tune):
+        return f"unfinished: {len(decode)} of {planned} runs, no comparison"
+    base, updates, flops = tuned_groups(decode)
+
+    def deltas(g: list[dict]) -> str:
+        tests = compare(g, base)
+        return " / ".join(f"{t.delta:+.2f} ± {t.pi95:.2f}" for t in (tests[k][1] for k in SCORES_TEST))
+
+    named = sorted(updates.items()) + [(f"{f} at equal FLOPs", g) for f, g in sorted(flops.items())]
+    return (f"test2016 / test2017 BLEU minus the Transformer, {len(base)} seeds each: "
+            + "; ".join(f"{name} {deltas(g)}" for name, g in named))
