@@ -13,15 +13,20 @@ from .verdicts import with_repeats
 
 # What is compared: (label, BLEU split or None for the validation NLL, decimals)
 SCORES = (("valid NLL", None, 4), ("valid BLEU", "valid", 2), ("test2016 BLEU", "test_2016_flickr", 2),
-          ("test2017 BLEU", "test_2017_flickr", 2))
+          ("test2017 BLEU", "test_2017_flickr", 2), ("test2016 NLL", "nll:test_2016_flickr", 4),
+          ("test2017 NLL", "nll:test_2017_flickr", 4))  # test NLL: length-free, where a run recorded it
 SCORES_TEST = ("test2016 BLEU", "test2017 BLEU")  # the sets no setting was chosen on
 FLOPS = "flops"  # the family of the runs trained to the Transformer's training FLOPs (tune suite)
 
 
 def score(r: dict, split: str | None) -> float | None:
-    """A run's validation NLL (split None) or its BLEU on a split; None where it was not scored."""
+    """A run's validation NLL (split None), its NLL on a test set ("nll:SET") or its BLEU on a split; None
+    where it was not scored."""
     if split is None:
         return float(r["valid_nll"])
+    if split.startswith("nll:"):
+        nll = r.get("test_nll", {}).get(split[4:])
+        return None if nll is None else float(nll)
     b = r.get("bleu", {}).get(split)
     return float(b["bleu"]) if b else None
 
@@ -58,7 +63,7 @@ def comparison_words(runs: list[dict], base: list[dict], labels: tuple[str, ...]
 def _length_words(runs: list[dict], base: list[dict], split: str | None) -> str:
     """Beside a BLEU: the mean brevity penalty (and the base's), and chrF (its Δ and test against the
     base) where every run recorded it, so that a BLEU difference made by output length shows."""
-    if split is None:
+    if split is None or split.startswith("nll:"):
         return ""
     bp = [r["bleu"][split].get("bp") for r in runs]
     if None in bp:

@@ -441,3 +441,23 @@ def test_the_decode_section_shows_each_runs_tuned_setting_and_both_bleus_and_the
     assert "valid NLL" in tuned_sentence and "BLEU" not in tuned_sentence
     before = " ".join(summary_section({"tune": tune_all, "decode": base + luong}))
     assert "valid BLEU" in before[before.index("Every family tuned"):] and "Each family decoded" not in before
+
+
+def test_the_families_test_nll_is_compared_like_bleu_where_every_run_recorded_it():
+    """Test-set NLL (length-free) beside test BLEU: family minus Transformer over seeds, scipy's pooled t
+    test; a family one of whose runs lacks it gets no test NLL at all, never a mean of the rest."""
+    from scipy import stats
+
+    from aiayn.evidence.families import comparison_words
+
+    def with_nll(rs: list[dict], nlls: list[float]) -> list[dict]:
+        return [{**r, "test_nll": {"test_2016_flickr": v}} for r, v in zip(rs, nlls)]
+
+    base = with_nll(_seeds("t", "transformer", [1.66, 1.67, 1.68], [39.0, 39.2, 39.4]), [1.64, 1.65, 1.67])
+    luong = with_nll(_seeds("l", "luong", [1.64, 1.63, 1.65], [40.0, 40.4, 40.2]), [1.60, 1.62, 1.61])
+    words = comparison_words(luong, base)
+    t = stats.ttest_ind([1.60, 1.62, 1.61], [1.64, 1.65, 1.67])
+    assert f"test2016 NLL 1.6100 ({1.61 - 1.6533333:+.4f} ± " in words and f"p {t.pvalue:.3f})" in words
+    assert "test2017 NLL" not in words  # no run recorded it
+    luong[1] = {k: v for k, v in luong[1].items() if k != "test_nll"}
+    assert "test2016 NLL" not in comparison_words(luong, base)
