@@ -269,7 +269,7 @@ CLI_CASES = [
                                                  "--valid", "ok"], ["precious", "not empty"]),
     ("prepare into an existing file", P[:-3] + ["{w}/out.txt", "--data.vocab_size", "60", "--train", "ok",
                                                  "--valid", "ok"], ["out.txt", "is a file"]),
-    # names alone never make a folder aiayn's (#59): only its marker, listing all the folder holds
+    # names alone never make a folder aiayn's: only its marker, listing all the folder holds
     ("export hf into the user's own MarianMT folder", ["export", "hf", "--checkpoint", "{w}/model.safetensors", "-o",
                                                        "{w}/user-hf"], ["user-hf", "not empty", "aiayn did not write"]),
     ("export into a folder of the user's config.json", ["export", "hf", "--checkpoint", "{w}/model.safetensors", "-o",
@@ -317,7 +317,7 @@ CLI_CASES = [
      ["bad-spm.safetensors", "spm_model"]),
     ("checkpoint whose config is a list", T[:2] + ["{w}/list-config.safetensors"] + T[3:],
      ["list-config.safetensors", "config", "list"]),
-    # a checkpoint's config is bounded and checked against its weights before anything is allocated (#59)
+    # a checkpoint's config is bounded and checked against its weights before anything is allocated
     ("checkpoint asking for 2^24 positions", T[:2] + ["{w}/huge-positions.safetensors"] + T[3:],
      ["huge-positions.safetensors", "max_positions", "at most"]),
     ("checkpoint asking for d_ff 2^21", T[:2] + ["{w}/huge-dff.safetensors"] + T[3:],

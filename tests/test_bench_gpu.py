@@ -1,9 +1,9 @@
-"""bench/gpu/gpu.py's CPU dry run (`--device cpu --tiny`), through bench/gpu/gpu_run.sh as a GPU visit runs it:
+"""bench/gpu/gpu.py's CPU dry run (`--device cpu --tiny`), through bench/gpu/gpu_run.sh as a GPU run calls it:
 every section of the GPU bench runs end to end in its own process — training throughput beside HF
 Marian, the paper-budget projection, bf16 and fp16 runs of the CLI, the torchrun SIGKILL-resume,
 decoding beside CTranslate2, the profile — so the GPU run is one command.
 The GPU benches' tooling, not the package: every test here is `long` (scripts/test.sh --long, before
-a GPU visit)."""
+a GPU run)."""
 
 import importlib
 import json
@@ -154,7 +154,7 @@ def test_a_section_that_fails_keeps_what_it_saved(tmp_path):
 
 @pytest.mark.slow
 def test_training_only_times_the_training_rows_and_nothing_else(toy_prepared, tmp_path):
-    """A short GPU visit's `--training-only`: the training sections, no learning runs, no decoding."""
+    """A short GPU run's `--training-only`: the training sections, no learning runs, no decoding."""
     res = subprocess.run([sys.executable, str(RUN.parent / "gpu.py"), "--data", str(toy_prepared), "--device", "cpu",
                           "--tiny", "--skip-compile", "--training-only", "--length", "24", "--models", "big",
                           "--out", str(tmp_path / "g.json"), "--work", str(tmp_path / "w")],

@@ -311,8 +311,11 @@ def test_a_translation_model_is_built_and_decoded_without_the_parser():
     assert res.stdout.strip() == "[]", res.stdout
 
 
-HISTORY = re.compile(r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|GPU) visit\b|\bvisit\d|"
+ORDINAL = (r"((twenty|thirty)-)?(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|"
+           r"thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|\d+(st|nd|rd|th))")
+HISTORY = re.compile(rf"\b{ORDINAL} (visit|session)\b|\bGPU visit\b|\bvisit\d|"
                      r"(?<![\w/-])(issue |task )?#\d{2,3}\b(?!\d)", re.IGNORECASE)
+TEXT = (".py", ".sh", ".md", ".yaml", ".yml", ".toml", ".cfg", ".txt")
 OTHERS = re.compile(r"[\w-]+/[\w-]+ ?#\d+|[\w-]+ issues? (#\d+(, )?)+")  # another project's issues, cited
 
 
@@ -322,13 +325,25 @@ def history_mentions(source: str) -> list[str]:
 
 def test_the_history_check_sees_a_visit_and_an_issue_but_not_another_projects_issue():
     assert history_mentions("as the sixth visit measured (issue #58)") == ["sixth visit", "issue #58"]
+    assert history_mentions("since the thirteenth session; twenty-fourth session; a 3rd visit") == [
+        "thirteenth session", "twenty-fourth session", "3rd visit"]
+    assert history_mentions("run.json's sessions; a training session resumes") == []
     assert history_mentions("pytorch/pytorch#176653; uvicorn issues #160, #1192") == []
 
 
-def test_no_comment_or_docstring_names_a_visit_or_an_issue_number():
-    """History lives in commits and notes: a comment that cites "the fifth visit" or "#61" rots."""
-    found = [f"{p.relative_to(PACKAGE)}: {m}" for p in sorted(PACKAGE.rglob("*.py"))
-             for m in history_mentions(p.read_text())]
+def project_text_files() -> list[Path]:
+    """The repository's own text (code, scripts, docs, configs), not the environment, caches or data."""
+    root = PACKAGE.parent
+    skip = {".git", ".venv", "node_modules", "__pycache__", ".pytest_cache", ".ruff_cache", ".whl", ".gpudata"}
+    return sorted(p for p in root.rglob("*") if p.suffix in TEXT and p.is_file()
+                  and not skip.intersection(p.relative_to(root).parts) and p != Path(__file__))
+
+
+def test_no_comment_docstring_or_doc_names_a_session_a_visit_or_an_issue_number():
+    """History lives in commits and notes: a comment or a doc that cites "the fifth visit", "the sixth
+    session" or "#61" rots. Every text file of the repository is read, the package's and the rest."""
+    root = PACKAGE.parent
+    found = [f"{p.relative_to(root)}: {m}" for p in project_text_files() for m in history_mentions(p.read_text())]
     assert not found, found
 
 

@@ -1,4 +1,4 @@
-"""Where the compiled decoding step's time goes (issue #64): its compiling, graph by graph, then
+"""Where the compiled decoding step's time goes: its compiling, graph by graph, then
 eager against compiled beam search on real sentences.
 
 An H200's `--decode-only` run (2026-11-28) spent over 360 s in the compiled step's first use and was

@@ -1,4 +1,4 @@
-"""How many kernels one decoding step launches (issue #64): a GPU's eager step is launch-bound.
+"""How many kernels one decoding step launches: a GPU's eager step is launch-bound.
 
 Counts the ATen operations that compute (views, which launch nothing, left out) in one `FusedDecoder`
 step and in one step of beam search (the step plus the search's own bookkeeping), for each attention

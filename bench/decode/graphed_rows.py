@@ -1,4 +1,4 @@
-"""How much decoder work the graphed beam search spends on sentences that are done (issue #64).
+"""How much decoder work the graphed beam search spends on sentences that are done.
 
 A CUDA graph computes every row it was recorded with, so `graphed_beam_search` runs a batch's done
 sentences on until it shrinks (`graphed.SHRINK`: once at most half the batch is open, the open ones go

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue #64: the paper's recipe on one GPU, measured in one run beside its peers.
+"""The paper's recipe on one GPU, measured in one run beside its peers.
 
 Writes bench/gpu_<device>.json section by section (what finished survives a timeout) and prints a table:
 - training: target tokens/s, peak memory and MFU (evidence/mfu.py's formula: every product forward and

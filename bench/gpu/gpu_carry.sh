@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Here, before a GPU visit (issue #64): what bench/gpu/gpu_run.sh needs on a GPU machine that has PyTorch
-# but no package registry, in two git-ignored folders that the visit carries:
+# Here, before a GPU run: what bench/gpu/gpu_run.sh needs on a GPU machine that has PyTorch
+# but no package registry, in two git-ignored folders that the device call carries:
 #   .whl/      CTranslate2 (its CPython 3.12 manylinux wheel: the GPU image's Python) and the two
 #              pure-Python dependencies that image lacks (pysbd, sacremoses) — ~43 MB;
 #   .gpudata/  Multi30k EN->DE prepared as the main job prepares it (needs ../shared/data/multi30k).

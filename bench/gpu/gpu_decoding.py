@@ -1,4 +1,4 @@
-"""bench/gpu/gpu.py's decoding rows (issue #64): beam 4 (α 0.6, §6.1) of the test split by aiayn (eager,
+"""bench/gpu/gpu.py's decoding rows: beam 4 (α 0.6, §6.1) of the test split by aiayn (eager,
 CUDA graphs, compiled, two batch sizes) against CTranslate2 on the same device and weights, in
 interleaved rounds saved as they end, and a profile of beam search."""
 

@@ -1,4 +1,4 @@
-"""bench/gpu/gpu.py's learning runs (issue #64): `aiayn train` (the CLI) on Multi30k side by side on the one
+"""bench/gpu/gpu.py's learning runs: `aiayn train` (the CLI) on Multi30k side by side on the one
 GPU (bf16 and fp16, 2 seeds each, and a base-sized model for decoding), their validations and test BLEU;
 and a `torchrun` run SIGKILLed after a checkpoint and resumed in a new process, against one run straight."""
 

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# On a GPU machine (issue #64), from the working tree, after bench/gpu/gpu_carry.sh made .whl and .gpudata
+# On a GPU machine, from the working tree, after bench/gpu/gpu_carry.sh made .whl and .gpudata
 # here: installs the carried wheels into /tmp/site, lets CTranslate2's CUDA 12 build load a CUDA 13
 # cuBLAS (libcublas.so.12 -> libcublas.so.13 links in /tmp/cu12: the only difference it meets, seen
 # working on an H200), runs bench/gpu/gpu.py and leaves its JSON, log and the runs' logs in OUT.
 #   OUT=/some/dir bash bench/gpu/gpu_run.sh [bench/gpu/gpu.py options, e.g. --budget-s 480, --decode-only or --training-only]
 # (python3 is the machine's, the one with PyTorch; the device tool's call: carry .whl and .gpudata,
-# command `OUT=$OUT bash bench/gpu/gpu_run.sh --budget-s 480`, timeout 560: a visit is 15 minutes, start included.)
+# command `OUT=$OUT bash bench/gpu/gpu_run.sh --budget-s 480`, timeout 560: a GPU lease is 15 minutes, start included.)
 #   BENCH=compile_shapes OUT=/some/dir bash bench/gpu/gpu_run.sh --preset base --max-tokens 8192
 # runs bench/train/compile_shapes.py instead; BENCH=compile_probe runs bench/decode/compile_probe.py (no trained model needed) (train.compile's bucketed shapes against automatic dynamic ones).
 # LIMIT_S (default 530 for the bench, 585 for compile_shapes) ends the Python run early enough, inside the
-# device call's 560 s, for the logs to be packed (the third visit's call ended inside decoding and packed none).
+# device call's 560 s, for the logs to be packed (GPU run 3's call ended inside decoding and packed none).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu-out}

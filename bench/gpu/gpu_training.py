@@ -1,4 +1,4 @@
-"""bench/gpu/gpu.py's training rows (issue #64): aiayn's train_step and Hugging Face's MarianMTModel on the
+"""bench/gpu/gpu.py's training rows: aiayn's train_step and Hugging Face's MarianMTModel on the
 same synthetic ~25k-token batches, warmed up, timed in interleaved rounds, with MFU (evidence/mfu.py's
 formula), the paper's budgets (§5.2) at the fastest rate, and a profile of a base update."""
 

@@ -1,4 +1,4 @@
-"""`train.compile`'s batch shapes: eager vs torch.compile on real token-count batches (issue #64).
+"""`train.compile`'s batch shapes: eager vs torch.compile on real token-count batches.
 
 Three ways to train on the same Multi30k batches (varied sizes and lengths, as `aiayn train` makes
 them): eager; compiled with PyTorch's automatic dynamic shapes (`train.compile`: the model recompiles

@@ -205,7 +205,7 @@ def test_quick_suite_runs_skips_finished_rows_and_resumes_interrupted_ones(toy_p
     for f in (row / "checkpoints").glob("step-*"):
         if int(f.name[5:13]) > 4:
             f.unlink()
-    record = json.loads((row / "run.json").read_text())  # as if its first session had run on another CPU
+    record = json.loads((row / "run.json").read_text())  # as if its first training session had run on another CPU
     here, record["sessions"][0]["cpu"] = record["sessions"][0]["cpu"], "Other CPU family 1 model 2, AVX2"
     (row / "run.json").write_text(json.dumps(record))
     p = reproduce("--suite", "quick", "--data", toy_prepared, "--work", work, "--report", report)
@@ -290,7 +290,7 @@ def test_a_row_selection_counts_what_the_suite_would_run_of_it(tmp_path):
 def test_the_longer_rerun_covers_the_rows_the_curve_leaves_unsettled():
     """LONGER holds every row whose verdict changes sign along the committed 2,750-update curve or
     whose final verdict none of its last three points shows (as REPORT.md names them), and the rows
-    issue #61 named: A-h16, the depth rows, C-dmodel512, D-ls0.0, E."""
+    the review named: A-h16, the depth rows, C-dmodel512, D-ls0.0, E."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "reproduction" / "REPORT.md").read_text()
     line = next(x for x in text.splitlines() if x.startswith("Verdicts that change sign along the curve"))
     flips, unsupported = (part.split(": ", 1)[1].split(". ")[0] for part in line.split(". Final verdicts"))
@@ -848,7 +848,7 @@ def test_the_report_is_rendered_at_most_once_a_minute_while_rows_run():
 
 
 def test_the_progress_line_counts_the_arch_seeds_and_names_suites_not_run(tmp_path):
-    """Issue #27: five models, then seeds 2 and 3 of the Transformer, the best recurrent and ConvS2S: 11 runs;
+    """The arch suite: five models, then seeds 2 and 3 of the Transformer, the best recurrent and ConvS2S: 11 runs;
     a suite without results reads "not run", not "0 of 12"."""
     from aiayn.evidence.report import render
     from aiayn.evidence.suites import planned
@@ -867,7 +867,7 @@ def test_the_progress_line_counts_the_arch_seeds_and_names_suites_not_run(tmp_pa
 
 def test_a_resumed_suite_keeps_the_paired_tests_of_the_rows_it_skips(tmp_path):
     """A finished row is copied to results/ again when its suite resumes; the paired bootstrap added to
-    that copy stays (the #27 rerun lost its arch p-values on every restart), a changed result replaces it."""
+    that copy stays (a rerun once lost its arch p-values on every restart), a changed result replaces it."""
     from aiayn.evidence.plan import Row
     from aiayn.evidence.rows import run_row
 

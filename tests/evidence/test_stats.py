@@ -72,7 +72,7 @@ def test_verdicts_are_symmetric_in_what_the_paper_claims(claim, delta, tests, hi
 
 
 def test_an_equivalent_row_contradicts_a_change_claim_and_agrees_with_no_change():
-    """Issue #61: the rule is symmetric in practice. One synthetic row, ten seeds equivalent within the
+    """The rule is symmetric in practice. One synthetic row, ten seeds equivalent within the
     margin against five reference seeds: it must contradict "worse" and agree with "no change"; a row
     clearly outside the margin must contradict "no change" (by the minimum-effect test, not ≠ 0)."""
     from aiayn.evidence.stats import Tests, margin_ps

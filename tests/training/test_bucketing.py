@@ -1,4 +1,4 @@
-"""Bucketed batches for `train.compile` (issue #64): a few padded lengths, one graph per length,
+"""Bucketed batches for `train.compile`: a few padded lengths, one graph per length,
 and the same update as the paper's unpadded batches."""
 
 from __future__ import annotations
