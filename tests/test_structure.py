@@ -316,7 +316,8 @@ ORDINAL = (r"((twenty|thirty)-)?(first|second|third|fourth|fifth|sixth|seventh|e
 HISTORY = re.compile(rf"\b{ORDINAL} (visit|session)\b|\bGPU visit\b|\bvisit\d|"
                      r"(?<![\w/-])(issue |task )?#\d{2,3}\b(?!\d)", re.IGNORECASE)
 TEXT = (".py", ".sh", ".md", ".yaml", ".yml", ".toml", ".cfg", ".txt")
-OTHERS = re.compile(r"[\w-]+/[\w-]+ ?#\d+|[\w-]+ issues? (#\d+(, )?)+")  # another project's issues, cited
+OTHERS = re.compile(r"[\w-]+/[\w-]+ ?#\d+|\b(?!(?:in|of|on|against|from|see|this|that|the|our|an?|and|by|per|as|at|to|for|with|since|under|after|before)\b)"
+                    r"[\w-]+ issues? (#\d+(, )?)+", re.IGNORECASE)  # another project's issues, cited
 
 
 def history_mentions(source: str) -> list[str]:
@@ -328,6 +329,7 @@ def test_the_history_check_sees_a_visit_and_an_issue_but_not_another_projects_is
     assert history_mentions("since the thirteenth session; twenty-fourth session; a 3rd visit") == [
         "thirteenth session", "twenty-fourth session", "3rd visit"]
     assert history_mentions("run.json's sessions; a training session resumes") == []
+    assert history_mentions("measured in issue #58; against Issue #30's target") == ["issue #58", "Issue #30"]
     assert history_mentions("pytorch/pytorch#176653; uvicorn issues #160, #1192") == []
 
 

@@ -40,7 +40,7 @@ def sync(device: torch.device) -> None:
 def synthetic_batches(vocab: int, tokens: int, length: int, n: int, seed: int, device: torch.device) -> list:
     """n batches of one shape (B, length): lengths uniform in [3/4 length, length] (mean ≈ 7/8 of it;
     WMT's subword sentences average ~28), B chosen so the real target tokens are ≈ `tokens`.
-    One shape: a compiled model compiles once (the bucketed batches of issue #64, one bucket)."""
+    One shape: a compiled model compiles once (`train.compile`'s bucketed batches, one bucket)."""
     g = torch.Generator().manual_seed(seed)
     B = max(1, round(tokens / (length * 7 / 8)))
     out = []
