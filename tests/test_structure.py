@@ -316,8 +316,9 @@ ORDINAL = (r"((twenty|thirty)-)?(first|second|third|fourth|fifth|sixth|seventh|e
 HISTORY = re.compile(rf"\b{ORDINAL} (visit|session)\b|\bGPU visit\b|\bvisit\d|"
                      r"(?<![\w/-])(issue |task )?#\d{2,3}\b(?!\d)", re.IGNORECASE)
 TEXT = (".py", ".sh", ".md", ".yaml", ".yml", ".toml", ".cfg", ".txt")
-OTHERS = re.compile(r"[\w-]+/[\w-]+ ?#\d+|\b(?!(?:in|of|on|against|from|see|this|that|the|our|an?|and|by|per|as|at|to|for|with|since|under|after|before)\b)"
-                    r"[\w-]+ issues? (#\d+(, )?)+", re.IGNORECASE)  # another project's issues, cited
+PROSE = r"in|of|on|against|from|see|this|that|the|our|an?|and|by|per|as|at|to|for|with|since|under|after|before"
+OTHERS = re.compile(rf"[\w-]+/[\w-]+ ?#\d+|\b(?!(?:{PROSE})\b)[\w-]+ issues? (#\d+(, )?)+",  # another project's, cited
+                    re.IGNORECASE)
 
 
 def history_mentions(source: str) -> list[str]:
