@@ -335,18 +335,28 @@ def test_the_history_check_sees_a_visit_and_an_issue_but_not_another_projects_is
 
 
 def project_text_files() -> list[Path]:
-    """The repository's own text (code, scripts, docs, configs), not the environment, caches or data."""
+    """The repository's own text (code, scripts, docs, configs): git's tracked files, or outside a checkout
+    every file but the environment, caches and a user's runs and data (the git-ignored folders)."""
+    import subprocess
+
     root = PACKAGE.parent
-    skip = {".git", ".venv", "node_modules", "__pycache__", ".pytest_cache", ".ruff_cache", ".whl", ".gpudata"}
-    return sorted(p for p in root.rglob("*") if p.suffix in TEXT and p.is_file()
-                  and not skip.intersection(p.relative_to(root).parts) and p != Path(__file__))
+    listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True)
+    if listed.returncode == 0 and listed.stdout.strip():
+        files = [root / name for name in listed.stdout.splitlines()]
+    else:
+        skip = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".whl", ".gpudata", "runs", "work",
+                "build", "dist"}
+        files = [p for p in root.rglob("*") if not skip.intersection(p.relative_to(root).parts)
+                 and not any(part.endswith(".egg-info") for part in p.relative_to(root).parts)]
+    return sorted(p for p in files if p.suffix in TEXT and p.is_file() and p != Path(__file__))
 
 
 def test_no_comment_docstring_or_doc_names_a_session_a_visit_or_an_issue_number():
     """History lives in commits and notes: a comment or a doc that cites "the fifth visit", "the sixth
     session" or "#61" rots. Every text file of the repository is read, the package's and the rest."""
     root = PACKAGE.parent
-    found = [f"{p.relative_to(root)}: {m}" for p in project_text_files() for m in history_mentions(p.read_text())]
+    found = [f"{p.relative_to(root)}: {m}" for p in project_text_files()
+             for m in history_mentions(p.read_text(errors="replace"))]
     assert not found, found
 
 
